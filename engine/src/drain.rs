@@ -1,0 +1,230 @@
+//! Drain policy: why lockstep takes a Slurm node out of service, and how it
+//! tells its own drains from everybody else's.
+//!
+//! | row | holds when                                   | rule               |
+//! |-----|----------------------------------------------|--------------------|
+//! | 1   | the Kubernetes node is cordoned              | `drain.cordon`     |
+//! | 2   | the pod is being deleted                     | `drain.pod_deleting` |
+//! | 3   | the pod is evicted (DisruptionTarget=True)   | `drain.pod_evicted` |
+//! | 4   | pod mode, the pod is gone after row 2, 3 or 4 held: slurmd has no pod until its replacement runs | `drain.pod_missing` |
+//!
+//! Health rows follow in `health`. The first row that holds names the drain.
+//! A drain is lockstep's own when its reason starts with the policy's reason
+//! prefix; lockstep resumes only those, never anybody else's.
+
+use lockstep_schemas::{DrainPolicy, MappingMode, SlurmBaseState, SlurmNode, SlurmNodeFlag};
+use serde::{Deserialize, Serialize};
+
+use crate::model::NodeView;
+use crate::transition::Rule;
+
+/// A reason lockstep wants a Slurm node out of service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Cause {
+    Cordoned,
+    PodDeleting,
+    PodEvicted,
+    PodMissing,
+    NotReady,
+    NodeCondition(String),
+}
+
+impl Cause {
+    pub fn rule(&self) -> Rule {
+        match self {
+            Self::Cordoned => Rule::Cordoned,
+            Self::PodDeleting => Rule::PodDeleting,
+            Self::PodEvicted => Rule::PodEvicted,
+            Self::PodMissing => Rule::PodMissing,
+            Self::NotReady => Rule::NotReady,
+            Self::NodeCondition(_) => Rule::NodeCondition,
+        }
+    }
+
+    /// Health causes are rate-bounded and damped; drain causes are operator
+    /// intent and act at once.
+    pub fn is_health(&self) -> bool {
+        matches!(self, Self::NotReady | Self::NodeCondition(_))
+    }
+
+    /// What to write after the reason prefix. Stable for a given cause, so an
+    /// unchanged cause never rewrites the Slurm reason.
+    pub fn describe(&self, view: &NodeView<'_>) -> String {
+        let kube = view.kube_name.unwrap_or("?");
+        let pod = view.pod_key.unwrap_or("?");
+        match self {
+            Self::Cordoned => format!("kubernetes node {kube} cordoned"),
+            Self::PodDeleting => format!("pod {pod} being deleted"),
+            Self::PodEvicted => format!("pod {pod} evicted"),
+            Self::PodMissing => "slurmd pod gone, waiting for its replacement".to_owned(),
+            Self::NotReady => format!("kubernetes node {kube} not ready"),
+            Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
+        }
+    }
+}
+
+/// Rows 1-4 of the table. `previous` are the causes in force before.
+pub(crate) fn causes(
+    view: &NodeView<'_>,
+    policy: &DrainPolicy,
+    mode: MappingMode,
+    previous: &[Cause],
+    out: &mut Vec<Cause>,
+) {
+    if policy.on_cordon && view.kube.is_some_and(|k| k.obs.unschedulable) {
+        out.push(Cause::Cordoned);
+    }
+    if policy.on_pod_disruption {
+        if let Some(pod) = view.pod {
+            if pod.obs.deleting {
+                out.push(Cause::PodDeleting);
+            }
+            if pod.obs.disruption_target {
+                out.push(Cause::PodEvicted);
+            }
+        } else if mode == MappingMode::Pod
+            && previous.iter().any(|c| {
+                matches!(
+                    c,
+                    Cause::PodDeleting | Cause::PodEvicted | Cause::PodMissing
+                )
+            })
+        {
+            out.push(Cause::PodMissing);
+        }
+    }
+}
+
+/// What Slurm shows, from lockstep's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlurmSide {
+    /// DRAIN flag set.
+    pub drained: bool,
+    /// Base state DOWN.
+    pub down: bool,
+    /// The drain or down carries lockstep's reason prefix.
+    pub owned: bool,
+    /// Slurm reports DOWN, NOT_RESPONDING or FAIL, and not by lockstep's doing.
+    pub unhealthy: bool,
+}
+
+impl SlurmSide {
+    pub fn of(node: &SlurmNode, prefix: &str) -> Self {
+        let drained = node.has(&SlurmNodeFlag::Drain);
+        let down = node.state == SlurmBaseState::Down;
+        let owned = (drained || down)
+            && node
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(prefix));
+        let unhealthy = !owned
+            && (down || node.has(&SlurmNodeFlag::NotResponding) || node.has(&SlurmNodeFlag::Fail));
+        Self {
+            drained,
+            down,
+            owned,
+            unhealthy,
+        }
+    }
+
+    /// Drained by somebody else.
+    pub fn foreign_drain(self) -> bool {
+        self.drained && !self.owned
+    }
+
+    /// Out of service by lockstep's doing.
+    pub fn owned_out(self) -> bool {
+        self.owned
+    }
+}
+
+/// Slurm's word for what is wrong, for pod conditions: `SlurmDown`,
+/// `SlurmNotResponding` or `SlurmFail`.
+pub(crate) fn unhealthy_reason(node: &SlurmNode) -> &'static str {
+    if node.has(&SlurmNodeFlag::NotResponding) {
+        "SlurmNotResponding"
+    } else if node.has(&SlurmNodeFlag::Fail) {
+        "SlurmFail"
+    } else {
+        "SlurmDown"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(state: SlurmBaseState, flags: &[SlurmNodeFlag], reason: Option<&str>) -> SlurmNode {
+        SlurmNode {
+            name: "n1".into(),
+            state,
+            flags: flags.to_vec(),
+            reason: reason.map(str::to_owned),
+            reason_user: None,
+            features: vec![],
+            topology: None,
+            partitions: vec![],
+        }
+    }
+
+    #[test]
+    fn ownership_table() {
+        use SlurmBaseState::*;
+        use SlurmNodeFlag::*;
+        // (state, flags, reason) -> (drained, down, owned, unhealthy)
+        let rows: &[(
+            SlurmBaseState,
+            &[SlurmNodeFlag],
+            Option<&str>,
+            (bool, bool, bool, bool),
+        )] = &[
+            (Idle, &[], None, (false, false, false, false)),
+            (
+                Idle,
+                &[Drain],
+                Some("lockstep: kubernetes node k cordoned"),
+                (true, false, true, false),
+            ),
+            (
+                Allocated,
+                &[Drain],
+                Some("admin: bad dimm"),
+                (true, false, false, false),
+            ),
+            (Idle, &[Drain], None, (true, false, false, false)),
+            (
+                Down,
+                &[],
+                Some("lockstep: kubernetes node k not ready"),
+                (false, true, true, false),
+            ),
+            (
+                Down,
+                &[NotResponding],
+                Some("Not responding"),
+                (false, true, false, true),
+            ),
+            (Idle, &[NotResponding], None, (false, false, false, true)),
+            (
+                Mixed,
+                &[Fail],
+                Some("lockstep-ish"),
+                (false, false, false, true),
+            ),
+            (
+                Idle,
+                &[Drain],
+                Some("LOCKSTEP: upper case is not ours"),
+                (true, false, false, false),
+            ),
+        ];
+        for (state, flags, reason, want) in rows {
+            let s = SlurmSide::of(&node(state.clone(), flags, *reason), "lockstep:");
+            assert_eq!(
+                (s.drained, s.down, s.owned, s.unhealthy),
+                *want,
+                "{state:?} {flags:?} {reason:?}"
+            );
+        }
+    }
+}

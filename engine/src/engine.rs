@@ -1,0 +1,1261 @@
+//! The reducer: applies log records in sequence order to the model, then
+//! re-evaluates every node the record touched (level-triggered: the whole
+//! observed state decides, never the event alone) and every node whose timer
+//! is due.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use lockstep_schemas::{
+    Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, PodCondition,
+    Policy, Taint, TaintSpec, Target,
+};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::drain::{self, Cause, SlurmSide};
+use crate::health::{self, min_wake};
+use crate::model::{
+    domain_index, pod_key, slurm_name_of_pod, KubeEntry, Model, Origin, PodEntry, Seen,
+};
+use crate::slot::{Flight, Issue, Slot, Step};
+use crate::sorted;
+use crate::transition::{Phase, Rule, Transition};
+
+/// What applying records produced. Reuse one across calls; [`Output::clear`]
+/// between batches.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// State transitions, in order.
+    pub transitions: Vec<Transition>,
+    /// Actions issued, in order.
+    pub actions: Vec<IssuedAction>,
+}
+
+impl Output {
+    /// Empties both lists, keeping their capacity.
+    pub fn clear(&mut self) {
+        self.transitions.clear();
+        self.actions.clear();
+    }
+}
+
+/// A node to re-evaluate.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+enum Wake {
+    Slurm(String),
+    Kube(String),
+}
+
+/// The phase of a node and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Status {
+    phase: Phase,
+    rule: Rule,
+    cause: Option<Cause>,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Self {
+            phase: Phase::Unknown,
+            rule: Rule::Observed,
+            cause: None,
+        }
+    }
+}
+
+/// Per Slurm node: its status, the causes in force with their origins, the
+/// state slot, and damping history.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct NodeCtl {
+    status: Status,
+    causes: Vec<(Cause, Origin)>,
+    state_slot: Slot,
+    /// Log times of recent health drains (flap damping), bounded.
+    health_drains: VecDeque<u64>,
+    /// Whether the last drain cause was a health cause (resume hysteresis).
+    last_cause_health: bool,
+    /// When the last cause cleared.
+    clear_since_ms: Option<u64>,
+    wake_ms: Option<u64>,
+}
+
+/// Record being applied.
+struct Ctx<'a> {
+    seq: u64,
+    now_ms: u64,
+    event: &'a EventId,
+}
+
+/// The reducer.
+///
+/// Feed it records in sequence order with [`Engine::apply`]; read what it
+/// decided from the [`Output`]. The same records give the same state hash,
+/// transitions and action ids, however they are batched.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Engine {
+    policy: Policy,
+    last_seq: u64,
+    now_ms: u64,
+    model: Model,
+    #[serde(with = "sorted")]
+    ctl: FxHashMap<String, NodeCtl>,
+    timers: BTreeSet<(u64, Wake)>,
+    /// Log times of recent health drains, cluster-wide (rate bound).
+    health_drains: VecDeque<u64>,
+    /// `--policy` replays: ignore `PolicyChanged` records.
+    #[serde(skip)]
+    pinned: bool,
+    #[serde(skip)]
+    dirty: Vec<Wake>,
+    #[serde(skip)]
+    scratch_causes: Vec<Cause>,
+    #[serde(skip)]
+    scratch_names: Vec<String>,
+}
+
+/// Errors restoring a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The bytes are not an engine snapshot of this version.
+    #[error("engine snapshot does not decode")]
+    Decode(#[source] rmp_serde::decode::Error),
+}
+
+impl Engine {
+    /// A reducer with nothing applied yet.
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            last_seq: 0,
+            now_ms: 0,
+            model: Model::new(),
+            ctl: FxHashMap::default(),
+            timers: BTreeSet::new(),
+            health_drains: VecDeque::new(),
+            pinned: false,
+            dirty: Vec::new(),
+            scratch_causes: Vec::new(),
+            scratch_names: Vec::new(),
+        }
+    }
+
+    /// Keeps this policy whatever `PolicyChanged` records say: "what would
+    /// this policy have done".
+    pub fn pin_policy(&mut self) {
+        self.pinned = true;
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Sequence of the last applied record (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// The reducer's clock: the largest append time seen (ms).
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Every known Slurm node's phase, by name.
+    pub fn phases(&self) -> Vec<(String, Phase)> {
+        let mut v: Vec<_> = self
+            .ctl
+            .iter()
+            .map(|(n, c)| (n.clone(), c.status.phase))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// One Slurm node's phase.
+    pub fn phase(&self, node: &str) -> Phase {
+        self.ctl
+            .get(node)
+            .map_or(Phase::Unknown, |c| c.status.phase)
+    }
+
+    /// Targets with an action sent and no outcome yet, sorted.
+    pub fn pending(&self) -> Vec<(Target, lockstep_schemas::ActionId)> {
+        let mut v = Vec::new();
+        let mut add = |slot: &Slot| {
+            if let Some(f) = slot.pending() {
+                v.push((f.action.target(), f.id.clone()));
+            }
+        };
+        for c in self.ctl.values() {
+            add(&c.state_slot);
+        }
+        for p in self.model.pods.values() {
+            p.condition_slots.iter().for_each(|(_, s)| add(s));
+        }
+        for k in self.model.kube_nodes.values() {
+            k.taint_slots.iter().for_each(|(_, s)| add(s));
+        }
+        v.sort();
+        v
+    }
+
+    /// Number of Slurm nodes, Kubernetes nodes, pods and jobs in the model.
+    pub fn sizes(&self) -> [usize; 4] {
+        [
+            self.model.slurm_nodes.len(),
+            self.model.kube_nodes.len(),
+            self.model.pods.len(),
+            self.model.jobs.len(),
+        ]
+    }
+
+    /// The Kubernetes node a Slurm node runs on, if known.
+    pub fn placement(&self, node: &str) -> Option<String> {
+        self.model.placement(node, &self.policy).map(str::to_owned)
+    }
+
+    /// `namespace/name` of the pod that runs a Slurm node, if any.
+    pub fn pod_key_of(&self, node: &str) -> Option<String> {
+        self.model.pod_of(node).map(|(k, _)| k.to_owned())
+    }
+
+    /// Jobs holding a Slurm node.
+    pub fn jobs_on(&self, node: &str) -> u32 {
+        self.model.jobs_on(node)
+    }
+
+    /// The whole state as named-field MessagePack, maps in key order.
+    pub fn snapshot(&self) -> Vec<u8> {
+        rmp_serde::to_vec_named(self).expect("engine state always encodes")
+    }
+
+    /// Rebuilds an engine from [`Engine::snapshot`].
+    pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
+        e.model.rebuild_indexes(&e.policy);
+        Ok(e)
+    }
+
+    /// SHA-256 of the snapshot, in hex: equal on every machine for the same log.
+    pub fn hash(&self) -> String {
+        let digest = Sha256::digest(self.snapshot());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Applies one record.
+    ///
+    /// # Panics
+    /// If `rec.seq` does not follow the last applied sequence: log readers
+    /// reject such input, so reaching here is a bug.
+    pub fn apply(&mut self, rec: &EventRecord, out: &mut Output) {
+        assert!(
+            rec.seq > self.last_seq,
+            "sequence numbers must go up: {} after {}",
+            rec.seq,
+            self.last_seq
+        );
+        self.last_seq = rec.seq;
+        // One clock for all sources, and it never goes back.
+        self.now_ms = self.now_ms.max(rec.time_ms);
+        let ctx = Ctx {
+            seq: rec.seq,
+            now_ms: self.now_ms,
+            event: &rec.envelope.id,
+        };
+        self.dirty.clear();
+        self.handle_event(&rec.envelope.event, &ctx);
+        while let Some((at, _)) = self.timers.first() {
+            if *at > ctx.now_ms {
+                break;
+            }
+            let (_, wake) = self.timers.pop_first().expect("checked above");
+            match &wake {
+                Wake::Slurm(n) => {
+                    if let Some(c) = self.ctl.get_mut(n) {
+                        c.wake_ms = None;
+                    }
+                }
+                Wake::Kube(n) => {
+                    if let Some(k) = self.model.kube_nodes.get_mut(n) {
+                        k.wake_ms = None;
+                    }
+                }
+            }
+            self.dirty.push(wake);
+        }
+        if self.dirty.is_empty() {
+            return;
+        }
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for wake in &dirty {
+            match wake {
+                Wake::Slurm(n) => self.eval_slurm(n, &ctx, out),
+                Wake::Kube(n) => self.eval_kube(n, &ctx, out),
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
+    }
+
+    /// Marks a Slurm node and the Kubernetes node under it for evaluation.
+    fn touch_slurm(&mut self, name: &str) {
+        self.dirty.push(Wake::Slurm(name.to_owned()));
+        if let Some(k) = self.model.placement(name, &self.policy) {
+            self.dirty.push(Wake::Kube(k.to_owned()));
+        }
+    }
+
+    /// Marks a Kubernetes node and the Slurm nodes on it for evaluation.
+    fn touch_kube(&mut self, name: &str) {
+        let mut names = std::mem::take(&mut self.scratch_names);
+        self.model.slurm_nodes_on(name, &self.policy, &mut names);
+        self.dirty.extend(names.drain(..).map(Wake::Slurm));
+        self.scratch_names = names;
+        self.dirty.push(Wake::Kube(name.to_owned()));
+    }
+
+    fn touch_all(&mut self) {
+        let mut names: Vec<String> = self.model.slurm_nodes.keys().cloned().collect();
+        names.extend(self.ctl.keys().cloned());
+        self.dirty.extend(names.into_iter().map(Wake::Slurm));
+        let kube: Vec<String> = self.model.kube_nodes.keys().cloned().collect();
+        self.dirty.extend(kube.into_iter().map(Wake::Kube));
+    }
+
+    fn handle_event(&mut self, event: &Event, ctx: &Ctx<'_>) {
+        match event {
+            Event::SlurmNode(node) => {
+                let gen = self.gen(Domain::SlurmNodes);
+                match self.model.slurm_nodes.get_mut(&node.name) {
+                    Some(seen) if seen.obs == *node => seen.gen = gen,
+                    Some(seen) => {
+                        seen.obs.clone_from(node);
+                        seen.gen = gen;
+                        self.touch_slurm(&node.name);
+                    }
+                    None => {
+                        self.model.slurm_nodes.insert(
+                            node.name.clone(),
+                            Seen {
+                                obs: node.clone(),
+                                gen,
+                            },
+                        );
+                        self.touch_slurm(&node.name);
+                    }
+                }
+            }
+            Event::SlurmNodeGone { name } => self.remove_slurm_node(name),
+            Event::SlurmJob(job) => {
+                let gen = self.gen(Domain::SlurmJobs);
+                let old = match self.model.jobs.get_mut(&job.job_id) {
+                    Some(seen) if seen.obs == *job => {
+                        seen.gen = gen;
+                        return;
+                    }
+                    Some(seen) => {
+                        seen.gen = gen;
+                        Some(std::mem::replace(&mut seen.obs, job.clone()))
+                    }
+                    None => {
+                        self.model.jobs.insert(
+                            job.job_id,
+                            Seen {
+                                obs: job.clone(),
+                                gen,
+                            },
+                        );
+                        None
+                    }
+                };
+                if let Some(old) = &old {
+                    self.model.index_job(old, false);
+                }
+                self.model.index_job(job, true);
+            }
+            Event::SlurmJobGone { job_id } => self.remove_job(*job_id),
+            Event::SlurmPartition(p) => {
+                let gen = self.gen(Domain::SlurmPartitions);
+                self.model.partitions.insert(
+                    p.name.clone(),
+                    Seen {
+                        obs: p.clone(),
+                        gen,
+                    },
+                );
+            }
+            Event::SlurmPartitionGone { name } => {
+                self.model.partitions.remove(name);
+            }
+            Event::KubeNode(node) => {
+                let gen = self.gen(Domain::KubeNodes);
+                let now = ctx.now_ms;
+                let entry = self
+                    .model
+                    .kube_nodes
+                    .entry(node.name.clone())
+                    .or_insert_with(|| KubeEntry {
+                        obs: node.clone(),
+                        gen,
+                        not_ready_since: None,
+                        taint_slots: Vec::new(),
+                        wake_ms: None,
+                    });
+                entry.gen = gen;
+                let ready = node.ready == ConditionStatus::True;
+                let spell_changed = ready == entry.not_ready_since.is_some();
+                if entry.obs == *node && !spell_changed {
+                    return;
+                }
+                entry.obs.clone_from(node);
+                if ready {
+                    entry.not_ready_since = None;
+                } else if entry.not_ready_since.is_none() {
+                    entry.not_ready_since = Some(Origin {
+                        ms: now,
+                        seq: ctx.seq,
+                        event: ctx.event.clone(),
+                    });
+                }
+                self.touch_kube(&node.name);
+            }
+            Event::KubeNodeGone { name } => self.remove_kube_node(name),
+            Event::KubePod(pod) => {
+                let gen = self.gen(Domain::KubePods);
+                let key = pod_key(&pod.namespace, &pod.name);
+                let old = match self.model.pods.get_mut(&key) {
+                    Some(e) if e.obs == *pod => {
+                        e.gen = gen;
+                        return;
+                    }
+                    Some(e) => {
+                        e.gen = gen;
+                        Some(e.obs.clone())
+                    }
+                    None => None,
+                };
+                if let Some(old) = &old {
+                    self.unindex_pod(&key, old);
+                }
+                let entry = self
+                    .model
+                    .pods
+                    .entry(key.clone())
+                    .or_insert_with(|| PodEntry {
+                        obs: pod.clone(),
+                        gen,
+                        condition_slots: Vec::new(),
+                    });
+                entry.obs.clone_from(pod);
+                let pod = pod.clone();
+                self.index_pod(&key, &pod);
+            }
+            Event::KubePodGone { namespace, name } => {
+                self.remove_pod(&pod_key(namespace, name));
+            }
+            Event::KubeScaleTarget(t) => {
+                let gen = self.gen(Domain::KubeScaleTargets);
+                self.model.scale_targets.insert(
+                    t.target.clone(),
+                    Seen {
+                        obs: t.clone(),
+                        gen,
+                    },
+                );
+            }
+            Event::KubeScaleTargetGone { target } => {
+                self.model.scale_targets.remove(target);
+            }
+            Event::SyncStarted { domain } => {
+                let s = &mut self.model.sync[domain_index(*domain)];
+                s.gen += 1;
+                s.listing = true;
+            }
+            Event::SyncDone { domain } => self.finish_sync(*domain),
+            Event::ConnectorStatus {
+                connector, visible, ..
+            } => {
+                let flag = match connector {
+                    lockstep_schemas::Connector::Slurm => &mut self.model.slurm_visible,
+                    lockstep_schemas::Connector::Kubernetes => &mut self.model.kube_visible,
+                };
+                if *flag != *visible {
+                    *flag = *visible;
+                    self.touch_all();
+                }
+            }
+            Event::Tick => {}
+            Event::ActionOutcome(o) => self.handle_outcome(o, ctx.now_ms),
+            Event::PolicyChanged(policy) => {
+                if self.pinned || **policy == self.policy {
+                    return;
+                }
+                self.policy = (**policy).clone();
+                self.model.rebuild_indexes(&self.policy);
+                self.touch_all();
+            }
+        }
+    }
+
+    fn gen(&self, d: Domain) -> u32 {
+        self.model.sync[domain_index(d)].gen
+    }
+
+    fn index_pod(&mut self, key: &str, pod: &lockstep_schemas::KubePod) {
+        self.model.index_pod(key, pod, &self.policy, true);
+        if let Some(s) = slurm_name_of_pod(pod, &self.policy) {
+            self.touch_slurm(s);
+        }
+    }
+
+    /// Removes a pod's claim; touches its Slurm node and the node it was on.
+    fn unindex_pod(&mut self, key: &str, pod: &lockstep_schemas::KubePod) {
+        if let Some(s) = slurm_name_of_pod(pod, &self.policy) {
+            let s = s.to_owned();
+            self.touch_slurm(&s);
+            self.model.index_pod(key, pod, &self.policy, false);
+            self.touch_slurm(&s);
+        }
+    }
+
+    fn remove_pod(&mut self, key: &str) {
+        if let Some(entry) = self.model.pods.get(key) {
+            let pod = entry.obs.clone();
+            self.unindex_pod(key, &pod);
+            self.model.pods.remove(key);
+        }
+    }
+
+    fn remove_slurm_node(&mut self, name: &str) {
+        if self.model.slurm_nodes.remove(name).is_some() {
+            self.touch_slurm(name);
+        }
+    }
+
+    fn remove_kube_node(&mut self, name: &str) {
+        if let Some(entry) = self.model.kube_nodes.remove(name) {
+            if let Some(at) = entry.wake_ms {
+                self.timers.remove(&(at, Wake::Kube(name.to_owned())));
+            }
+            self.touch_kube(name);
+        }
+    }
+
+    fn remove_job(&mut self, job_id: u64) {
+        if let Some(seen) = self.model.jobs.remove(&job_id) {
+            self.model.index_job(&seen.obs, false);
+        }
+    }
+
+    /// Everything of the domain not listed since `SyncStarted` is gone.
+    fn finish_sync(&mut self, domain: Domain) {
+        let state = self.model.sync[domain_index(domain)];
+        if !state.listing {
+            // A log cut in the middle of a listing: we did not see its start,
+            // so we cannot tell what was listed. Keep everything.
+            return;
+        }
+        self.model.sync[domain_index(domain)].listing = false;
+        let gen = state.gen;
+        fn stale<K: Clone + Ord, V>(
+            m: &FxHashMap<K, V>,
+            gen: u32,
+            g: impl Fn(&V) -> u32,
+        ) -> Vec<K> {
+            let mut v: Vec<K> = m
+                .iter()
+                .filter(|(_, e)| g(e) < gen)
+                .map(|(k, _)| k.clone())
+                .collect();
+            v.sort();
+            v
+        }
+        match domain {
+            Domain::SlurmNodes => {
+                for n in stale(&self.model.slurm_nodes, gen, |e| e.gen) {
+                    self.remove_slurm_node(&n);
+                }
+            }
+            Domain::SlurmJobs => {
+                for j in stale(&self.model.jobs, gen, |e| e.gen) {
+                    self.remove_job(j);
+                }
+            }
+            Domain::SlurmPartitions => {
+                for p in stale(&self.model.partitions, gen, |e| e.gen) {
+                    self.model.partitions.remove(&p);
+                }
+            }
+            Domain::KubeNodes => {
+                for n in stale(&self.model.kube_nodes, gen, |e| e.gen) {
+                    self.remove_kube_node(&n);
+                }
+            }
+            Domain::KubePods => {
+                for k in stale(&self.model.pods, gen, |e| e.gen) {
+                    self.remove_pod(&k);
+                }
+            }
+            Domain::KubeScaleTargets => {
+                for t in stale(&self.model.scale_targets, gen, |e| e.gen) {
+                    self.model.scale_targets.remove(&t);
+                }
+            }
+        }
+    }
+
+    fn handle_outcome(&mut self, o: &lockstep_schemas::ActionOutcome, now_ms: u64) {
+        let policy = &self.policy.actions;
+        match &o.target {
+            Target::SlurmNodeState { node } => {
+                if let Some(c) = self.ctl.get_mut(node) {
+                    if c.state_slot
+                        .handle_outcome(&o.action_id, &o.result, now_ms, policy)
+                    {
+                        self.touch_slurm(node);
+                    }
+                }
+            }
+            Target::PodCondition {
+                namespace,
+                pod,
+                condition,
+            } => {
+                let key = pod_key(namespace, pod);
+                let Some(entry) = self.model.pods.get_mut(&key) else {
+                    return;
+                };
+                let Some((_, slot)) = entry
+                    .condition_slots
+                    .iter_mut()
+                    .find(|(t, _)| t == condition)
+                else {
+                    return;
+                };
+                if slot.handle_outcome(&o.action_id, &o.result, now_ms, policy) {
+                    let pod = entry.obs.clone();
+                    if let Some(s) = slurm_name_of_pod(&pod, &self.policy) {
+                        self.touch_slurm(s);
+                    }
+                }
+            }
+            Target::NodeTaint { node, key } => {
+                let Some(entry) = self.model.kube_nodes.get_mut(node) else {
+                    return;
+                };
+                let Some((_, slot)) = entry.taint_slots.iter_mut().find(|(k, _)| k == key) else {
+                    return;
+                };
+                if slot.handle_outcome(&o.action_id, &o.result, now_ms, policy) {
+                    self.dirty.push(Wake::Kube(node.clone()));
+                }
+            }
+            // Features, topology, labels, deletes and scaling belong to the
+            // topology and scaling policies; their outcomes change nothing here.
+            Target::SlurmNodeFeatures { .. }
+            | Target::SlurmNodeTopology { .. }
+            | Target::PodLabel { .. }
+            | Target::Pod { .. }
+            | Target::Scale { .. } => {}
+        }
+    }
+
+    /// Re-evaluates one Slurm node: its causes, what Slurm should show, what
+    /// its pod should show, and its phase.
+    fn eval_slurm(&mut self, name: &str, ctx: &Ctx<'_>, out: &mut Output) {
+        let policy = &self.policy;
+        let view = self.model.view(name, policy);
+        let now = ctx.now_ms;
+        let mut wake = None;
+        let mut causes = std::mem::take(&mut self.scratch_causes);
+        causes.clear();
+        let previous: &[(Cause, Origin)] = self.ctl.get(name).map_or(&[], |c| &c.causes);
+        let mut prev_causes: Vec<Cause> = Vec::new();
+        if !previous.is_empty() {
+            prev_causes.extend(previous.iter().map(|(c, _)| c.clone()));
+        }
+        drain::causes(
+            &view,
+            &policy.drain,
+            policy.mapping.mode,
+            &prev_causes,
+            &mut causes,
+        );
+        health::causes(&view, &policy.health, now, &mut causes, &mut wake);
+
+        let Some(slurm) = view.slurm else {
+            // Slurm does not know this node: nothing to drain or resume.
+            if let Some(mut ctl) = self.ctl.remove(name) {
+                let status = Status {
+                    phase: Phase::Unknown,
+                    rule: Rule::Gone,
+                    cause: None,
+                };
+                if ctl.status != status {
+                    out.transitions.push(Transition {
+                        seq: ctx.seq,
+                        time_ms: now,
+                        node: name.to_owned(),
+                        from: ctl.status.phase,
+                        to: Phase::Unknown,
+                        rule: Rule::Gone,
+                        cause: ctx.event.clone(),
+                        detail: "slurm no longer reports the node".to_owned(),
+                    });
+                }
+                if let Some(at) = ctl.wake_ms.take() {
+                    self.timers.remove(&(at, Wake::Slurm(name.to_owned())));
+                }
+            }
+            self.scratch_causes = causes;
+            return;
+        };
+        let side = SlurmSide::of(slurm, &policy.drain.reason_prefix);
+        if !self.ctl.contains_key(name) {
+            self.ctl.insert(name.to_owned(), NodeCtl::default());
+        }
+        let ctl = self.ctl.get_mut(name).expect("inserted above");
+
+        // Causes keep their origin while they hold.
+        let had_causes = !ctl.causes.is_empty();
+        if !ctl.causes.iter().map(|(c, _)| c).eq(causes.iter()) {
+            let mut next = Vec::with_capacity(causes.len());
+            for c in &causes {
+                let origin = ctl
+                    .causes
+                    .iter()
+                    .find(|(old, _)| old == c)
+                    .map(|(_, o)| o.clone())
+                    .or_else(|| match c {
+                        Cause::NotReady => view.kube.and_then(|k| k.not_ready_since.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| Origin {
+                        ms: now,
+                        seq: ctx.seq,
+                        event: ctx.event.clone(),
+                    });
+                next.push((c.clone(), origin));
+            }
+            ctl.causes = next;
+        }
+        let cause_event = ctl
+            .causes
+            .first()
+            .map_or(ctx.event, |(_, o)| &o.event)
+            .clone();
+
+        // What Slurm should show.
+        let mut want = None;
+        let mut act = true;
+        let (phase, mut rule) = if let Some(primary) = causes.first() {
+            ctl.last_cause_health = primary.is_health();
+            ctl.clear_since_ms = None;
+            let down =
+                primary.is_health() && policy.health.action == lockstep_schemas::HealthAction::Down;
+            let satisfied = if down {
+                side.down
+            } else {
+                side.drained || (side.down && side.owned)
+            };
+            if satisfied {
+                (Phase::Drained, primary.rule())
+            } else {
+                // Drained for a cause that still holds, and Slurm no longer
+                // shows it: someone removed lockstep's drain early.
+                let reapply = (ctl.status.phase == Phase::Drained && ctl.status.cause.is_some())
+                    || (ctl.status.phase == Phase::Draining && ctl.status.rule == Rule::Reapplied);
+                let mut rule = if reapply {
+                    Rule::Reapplied
+                } else {
+                    primary.rule()
+                };
+                let reason = format!("{} {}", policy.drain.reason_prefix, primary.describe(&view));
+                let action = if down {
+                    Action::SlurmDown {
+                        node: name.to_owned(),
+                        reason,
+                    }
+                } else {
+                    Action::SlurmDrain {
+                        node: name.to_owned(),
+                        reason,
+                    }
+                };
+                let already = ctl
+                    .state_slot
+                    .current
+                    .as_ref()
+                    .is_some_and(|f| f.action == action);
+                if primary.is_health() && !already {
+                    if let Some(at) = health::rate_limited(
+                        &mut self.health_drains,
+                        now,
+                        policy.health.drains_per_minute_max,
+                    ) {
+                        rule = Rule::RateLimited;
+                        act = false;
+                        min_wake(&mut wake, at);
+                    }
+                }
+                want = Some(action);
+                (Phase::Draining, rule)
+            }
+        } else {
+            if had_causes {
+                ctl.clear_since_ms = Some(now);
+            }
+            if side.owned_out() {
+                let hold = if ctl.last_cause_health {
+                    let resume_at = ctl
+                        .clear_since_ms
+                        .unwrap_or(0)
+                        .saturating_add(policy.health.resume_after_s.saturating_mul(1000));
+                    match health::flap_hold(&ctl.health_drains, now, &policy.health) {
+                        Some(until) => Some((Rule::FlapHold, until.max(resume_at))),
+                        None if now < resume_at => Some((Rule::ResumeDelayed, resume_at)),
+                        None => None,
+                    }
+                } else {
+                    None
+                };
+                match hold {
+                    Some((rule, until)) => {
+                        min_wake(&mut wake, until);
+                        act = false;
+                        (Phase::Resuming, rule)
+                    }
+                    None => {
+                        want = Some(Action::SlurmResume {
+                            node: name.to_owned(),
+                        });
+                        (Phase::Resuming, Rule::CauseCleared)
+                    }
+                }
+            } else if side.foreign_drain() {
+                (Phase::ForeignDrain, Rule::ForeignDrain)
+            } else if side.unhealthy {
+                (Phase::SlurmUnhealthy, Rule::SlurmUnhealthy)
+            } else {
+                (Phase::InService, Rule::Observed)
+            }
+        };
+
+        let mut gave_up = None;
+        if !self.model.slurm_visible {
+            rule = Rule::SlurmInvisible;
+        } else if act {
+            let before = out.actions.len();
+            let issue = Issue {
+                seq: ctx.seq,
+                now_ms: now,
+                cause: &cause_event,
+                rule: rule.name(),
+            };
+            let (step, w) =
+                ctl.state_slot
+                    .reconcile(want, &issue, &policy.actions, &mut out.actions);
+            if let Some(w) = w {
+                min_wake(&mut wake, w);
+            }
+            if let Step::GaveUp { attempts, error } = step {
+                rule = Rule::GaveUp;
+                gave_up = Some(format!("gave up after {attempts} attempts: {error}"));
+            }
+            let new_health_out = out.actions[before..].iter().any(|a| {
+                a.attempt == 1
+                    && matches!(
+                        a.action,
+                        Action::SlurmDrain { .. } | Action::SlurmDown { .. }
+                    )
+            }) && causes.first().is_some_and(Cause::is_health);
+            if new_health_out {
+                let window_ms = policy.health.flap_window_s.saturating_mul(1000);
+                let bound = policy.health.flaps_max as usize + 1;
+                health::record(&mut ctl.health_drains, now, window_ms, bound);
+                health::record(
+                    &mut self.health_drains,
+                    now,
+                    60_000,
+                    policy.health.drains_per_minute_max as usize,
+                );
+            }
+        } else if matches!(ctl.state_slot.current, Some(ref f) if f.flight != Flight::Sent) {
+            // Held (rate bound, damping): forget a finished action so the
+            // next attempt starts fresh.
+            ctl.state_slot.current = None;
+        }
+
+        // Phase and the rule behind it.
+        let status = Status {
+            phase,
+            rule,
+            cause: causes.first().cloned(),
+        };
+        if status != ctl.status {
+            let detail = gave_up
+                .unwrap_or_else(|| detail(&status, &view, slurm, policy, ctl.health_drains.len()));
+            out.transitions.push(Transition {
+                seq: ctx.seq,
+                time_ms: now,
+                node: name.to_owned(),
+                from: ctl.status.phase,
+                to: phase,
+                rule,
+                cause: cause_event.clone(),
+                detail,
+            });
+            ctl.status = status;
+        }
+
+        // What the pod should show (Slurm -> Kubernetes).
+        let mut cond_wants: [(Option<&str>, Option<PodCondition>); 2] =
+            [(None, None), (None, None)];
+        let mut pod_work = None;
+        if let (Some(key), Some(pod)) = (view.pod_key, view.pod) {
+            if self.model.kube_visible {
+                let fd = policy.drain.foreign_drain_condition.as_str();
+                if !fd.is_empty() {
+                    let wanted = if side.foreign_drain() {
+                        Some((
+                            ConditionStatus::True,
+                            "SlurmDrain",
+                            slurm.reason.as_deref().unwrap_or(""),
+                        ))
+                    } else {
+                        None
+                    };
+                    cond_wants[0] = (
+                        Some(fd),
+                        condition_want(&pod.obs.conditions, fd, wanted, "SlurmNotDrained"),
+                    );
+                }
+                let hc = policy.health.slurm_health_condition.as_str();
+                if !hc.is_empty() {
+                    let wanted = if side.unhealthy {
+                        Some((
+                            ConditionStatus::False,
+                            drain::unhealthy_reason(slurm),
+                            slurm.reason.as_deref().unwrap_or(""),
+                        ))
+                    } else {
+                        None
+                    };
+                    cond_wants[1] = (
+                        Some(hc),
+                        condition_want_health(&pod.obs.conditions, hc, wanted),
+                    );
+                }
+                let has_slots = !pod.condition_slots.is_empty();
+                if has_slots || cond_wants.iter().any(|(_, w)| w.is_some()) {
+                    pod_work = Some((
+                        key.to_owned(),
+                        pod.obs.namespace.clone(),
+                        pod.obs.name.clone(),
+                    ));
+                }
+            }
+        }
+        let cond_types: [Option<String>; 2] = [
+            cond_wants[0].0.map(str::to_owned),
+            cond_wants[1].0.map(str::to_owned),
+        ];
+        let wants: [Option<PodCondition>; 2] = [cond_wants[0].1.take(), cond_wants[1].1.take()];
+
+        if let Some((key, namespace, pod_name)) = pod_work {
+            let entry = self
+                .model
+                .pods
+                .get_mut(&key)
+                .expect("pod seen in this view");
+            for (ty, want) in cond_types.into_iter().zip(wants) {
+                let Some(ty) = ty else { continue };
+                let idx = entry.condition_slots.iter().position(|(t, _)| *t == ty);
+                let idx = match (idx, &want) {
+                    (Some(i), _) => i,
+                    (None, Some(_)) => {
+                        entry.condition_slots.push((ty.clone(), Slot::default()));
+                        entry.condition_slots.len() - 1
+                    }
+                    (None, None) => continue,
+                };
+                let action = want.map(|condition| Action::KubeSetPodCondition {
+                    namespace: namespace.clone(),
+                    pod: pod_name.clone(),
+                    condition,
+                });
+                let issue = Issue {
+                    seq: ctx.seq,
+                    now_ms: now,
+                    cause: ctx.event,
+                    rule: if ty == policy.drain.foreign_drain_condition {
+                        Rule::ForeignDrain.name()
+                    } else {
+                        Rule::SlurmUnhealthy.name()
+                    },
+                };
+                let (_, w) = entry.condition_slots[idx].1.reconcile(
+                    action,
+                    &issue,
+                    &policy.actions,
+                    &mut out.actions,
+                );
+                if let Some(w) = w {
+                    min_wake(&mut wake, w);
+                }
+                if entry.condition_slots[idx].1.current.is_none() {
+                    entry.condition_slots.remove(idx);
+                }
+            }
+        }
+
+        self.scratch_causes = causes;
+        let ctl = self.ctl.get_mut(name).expect("inserted above");
+        set_timer(&mut self.timers, &mut ctl.wake_ms, wake, || {
+            Wake::Slurm(name.to_owned())
+        });
+    }
+
+    /// Re-evaluates one Kubernetes node's taints from the Slurm nodes on it.
+    fn eval_kube(&mut self, name: &str, ctx: &Ctx<'_>, out: &mut Output) {
+        if !self.model.kube_visible {
+            return;
+        }
+        let policy = &self.policy;
+        let Some(entry) = self.model.kube_nodes.get(name) else {
+            return;
+        };
+        let mut names = std::mem::take(&mut self.scratch_names);
+        names.clear();
+        self.model.slurm_nodes_on(name, policy, &mut names);
+        let (mut unhealthy, mut foreign) = (false, false);
+        for n in &names {
+            if let Some(s) = self.model.slurm_nodes.get(n) {
+                let side = SlurmSide::of(&s.obs, &policy.drain.reason_prefix);
+                unhealthy |= side.unhealthy;
+                foreign |= side.foreign_drain();
+            }
+        }
+        self.scratch_names = names;
+        let rows: [(Option<&TaintSpec>, bool, Rule); 2] = [
+            (
+                policy.health.unhealthy_taint.as_ref(),
+                unhealthy,
+                Rule::SlurmUnhealthy,
+            ),
+            (
+                policy.drain.foreign_drain_taint.as_ref(),
+                foreign,
+                Rule::ForeignDrain,
+            ),
+        ];
+        let mut wants: Vec<(String, Option<Action>, Rule)> = Vec::new();
+        for (spec, needed, rule) in rows {
+            let Some(spec) = spec else { continue };
+            let present = entry.obs.taints.iter().find(|t| t.key == spec.key);
+            let want = match (needed, present) {
+                (true, Some(t)) if t.value == spec.value && t.effect == spec.effect => None,
+                (true, _) => Some(Action::KubeTaintNode {
+                    node: name.to_owned(),
+                    taint: Taint {
+                        key: spec.key.clone(),
+                        value: spec.value.clone(),
+                        effect: spec.effect,
+                    },
+                }),
+                (false, Some(_)) => Some(Action::KubeUntaintNode {
+                    node: name.to_owned(),
+                    key: spec.key.clone(),
+                }),
+                (false, None) => None,
+            };
+            if want.is_some() || entry.taint_slots.iter().any(|(k, _)| *k == spec.key) {
+                wants.push((spec.key.clone(), want, rule));
+            }
+        }
+        if wants.is_empty() {
+            return;
+        }
+        let entry = self
+            .model
+            .kube_nodes
+            .get_mut(name)
+            .expect("looked up above");
+        let mut wake = None;
+        for (key, want, rule) in wants {
+            let idx = match entry.taint_slots.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    entry.taint_slots.push((key, Slot::default()));
+                    entry.taint_slots.len() - 1
+                }
+            };
+            let issue = Issue {
+                seq: ctx.seq,
+                now_ms: ctx.now_ms,
+                cause: ctx.event,
+                rule: rule.name(),
+            };
+            let (_, w) =
+                entry.taint_slots[idx]
+                    .1
+                    .reconcile(want, &issue, &policy.actions, &mut out.actions);
+            if let Some(w) = w {
+                min_wake(&mut wake, w);
+            }
+            if entry.taint_slots[idx].1.current.is_none() {
+                entry.taint_slots.remove(idx);
+            }
+        }
+        set_timer(&mut self.timers, &mut entry.wake_ms, wake, || {
+            Wake::Kube(name.to_owned())
+        });
+    }
+}
+
+/// Keeps one timer per node: the earliest time it needs another look.
+fn set_timer(
+    timers: &mut BTreeSet<(u64, Wake)>,
+    current: &mut Option<u64>,
+    next: Option<u64>,
+    key: impl Fn() -> Wake,
+) {
+    if *current == next {
+        return;
+    }
+    if let Some(at) = current.take() {
+        timers.remove(&(at, key()));
+    }
+    if let Some(at) = next {
+        timers.insert((at, key()));
+        *current = Some(at);
+    }
+}
+
+/// The condition lockstep wants on a pod, or `None` if the pod already shows
+/// it. `wanted` is `(status, reason, message)` while the condition applies;
+/// once it no longer does, a condition lockstep set is flipped to False with
+/// `clear_reason`, and an absent one stays absent.
+fn condition_want(
+    observed: &[PodCondition],
+    ty: &str,
+    wanted: Option<(ConditionStatus, &str, &str)>,
+    clear_reason: &str,
+) -> Option<PodCondition> {
+    let present = observed.iter().find(|c| c.type_ == ty);
+    let (status, reason, message) = match (wanted, present) {
+        (Some(w), _) => w,
+        (None, Some(c)) if c.status == ConditionStatus::True => {
+            (ConditionStatus::False, clear_reason, "")
+        }
+        (None, _) => return None,
+    };
+    if present.is_some_and(|c| c.status == status && c.reason == reason && c.message == message) {
+        return None;
+    }
+    Some(PodCondition {
+        type_: ty.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+    })
+}
+
+/// Like [`condition_want`] for the health condition, whose healthy state is True.
+fn condition_want_health(
+    observed: &[PodCondition],
+    ty: &str,
+    wanted: Option<(ConditionStatus, &str, &str)>,
+) -> Option<PodCondition> {
+    let present = observed.iter().find(|c| c.type_ == ty);
+    let (status, reason, message) = match (wanted, present) {
+        (Some(w), _) => w,
+        (None, Some(c)) if c.status != ConditionStatus::True => {
+            (ConditionStatus::True, "SlurmHealthy", "")
+        }
+        (None, _) => return None,
+    };
+    if present.is_some_and(|c| c.status == status && c.reason == reason && c.message == message) {
+        return None;
+    }
+    Some(PodCondition {
+        type_: ty.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+    })
+}
+
+/// The human-readable explanation of a status.
+fn detail(
+    status: &Status,
+    view: &crate::model::NodeView<'_>,
+    slurm: &lockstep_schemas::SlurmNode,
+    policy: &Policy,
+    flaps: usize,
+) -> String {
+    let cause = || {
+        status
+            .cause
+            .as_ref()
+            .map_or_else(String::new, |c| c.describe(view))
+    };
+    let slurm_state = || {
+        let mut s = slurm.state.to_string();
+        for f in &slurm.flags {
+            s.push('+');
+            s.push_str(f.as_str());
+        }
+        s
+    };
+    match status.rule {
+        Rule::Cordoned
+        | Rule::PodDeleting
+        | Rule::PodEvicted
+        | Rule::PodMissing
+        | Rule::NotReady
+        | Rule::NodeCondition => match status.phase {
+            Phase::Drained => format!("{}; slurm shows {}", cause(), slurm_state()),
+            _ => cause(),
+        },
+        Rule::Reapplied => format!("{}; the drain was removed while its cause holds", cause()),
+        Rule::RateLimited => format!(
+            "{}; deferred: health drains are at the bound of {} per minute",
+            cause(),
+            policy.health.drains_per_minute_max
+        ),
+        Rule::CauseCleared => "cause cleared; resuming lockstep's drain".to_owned(),
+        Rule::ResumeDelayed => format!(
+            "cause cleared; resume once healthy for {}s",
+            policy.health.resume_after_s
+        ),
+        Rule::FlapHold => format!(
+            "cause cleared, but {flaps} health drains within {}s; held for {}s",
+            policy.health.flap_window_s, policy.health.flap_hold_s
+        ),
+        Rule::ForeignDrain => format!(
+            "drained by {}: {}",
+            slurm.reason_user.as_deref().unwrap_or("someone else"),
+            slurm.reason.as_deref().unwrap_or("(no reason)")
+        ),
+        Rule::SlurmUnhealthy => format!(
+            "slurm reports {}{}",
+            slurm_state(),
+            slurm
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        Rule::SlurmInvisible => {
+            "lockstep cannot see slurm; no slurm actions until it can".to_owned()
+        }
+        Rule::Observed => format!("slurm shows {}", slurm_state()),
+        Rule::Gone => "slurm no longer reports the node".to_owned(),
+        Rule::GaveUp => "gave up".to_owned(),
+    }
+}

@@ -1,0 +1,26 @@
+//! lockstep-engine: the deterministic reducer at the heart of lockstep.
+//!
+//! Like quinn-proto for QUIC, this crate is pure logic: it contains no
+//! networking or storage code, does not depend on tokio, kube, async-nats or
+//! sled, never reads a clock and uses no randomness. Time comes in with every
+//! log record (its append time), and everything it decides comes out as
+//! values: [`Transition`]s and [`IssuedAction`](lockstep_schemas::IssuedAction)s.
+//! Because every decision is a function of the log, the same log gives the
+//! same state hash, transitions and action ids on any machine, at any batch
+//! size, after any restart.
+//!
+//! Policies live in their own modules, each a table of rules: `drain`
+//! (cordons, evictions, pod deletions, foreign drains) and `health`
+//! (NotReady, node conditions, Slurm health shown in Kubernetes, damping).
+
+mod drain;
+mod engine;
+mod health;
+mod model;
+pub mod replay;
+mod slot;
+mod sorted;
+mod transition;
+
+pub use engine::{Engine, Output, SnapshotError};
+pub use transition::{Phase, Rule, Transition};

@@ -1,0 +1,304 @@
+//! The joined node model: what the log says Slurm and Kubernetes look like,
+//! with the indexes that join a Slurm node to its pod and Kubernetes node.
+//!
+//! The model only records observations (and the slots of actions in flight on
+//! the objects they target). It decides nothing: the rules in `drain` and
+//! `health` read it through [`NodeView`].
+
+use std::collections::BTreeSet;
+
+use lockstep_schemas::{
+    Domain, EventId, KubeNode, KubePod, KubeScaleTarget, MappingMode, Policy, ScaleTargetRef,
+    SlurmJob, SlurmNode, SlurmPartition,
+};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::slot::Slot;
+use crate::sorted;
+
+/// An observed object and the sync generation in which it was last listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Seen<T> {
+    pub obs: T,
+    pub gen: u32,
+}
+
+/// Where a condition started: log time and the event that made it true.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Origin {
+    pub ms: u64,
+    pub seq: u64,
+    pub event: EventId,
+}
+
+/// A pod and the slots of the actions lockstep has in flight on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PodEntry {
+    pub obs: KubePod,
+    pub gen: u32,
+    /// Condition type -> slot.
+    pub condition_slots: Vec<(String, Slot)>,
+}
+
+/// A Kubernetes node, since when it is not Ready, and its taint slots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KubeEntry {
+    pub obs: KubeNode,
+    pub gen: u32,
+    /// Log time of the first observation in the current NotReady/Unknown spell.
+    pub not_ready_since: Option<Origin>,
+    /// Taint key -> slot.
+    pub taint_slots: Vec<(String, Slot)>,
+    /// Pending timer, if any.
+    pub wake_ms: Option<u64>,
+}
+
+/// A full listing in progress.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SyncState {
+    /// Generation of the current or last listing.
+    pub gen: u32,
+    /// Whether a listing is in progress.
+    pub listing: bool,
+}
+
+/// Everything observed, plus derived join indexes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct Model {
+    #[serde(with = "sorted")]
+    pub slurm_nodes: FxHashMap<String, Seen<SlurmNode>>,
+    #[serde(with = "sorted")]
+    pub jobs: FxHashMap<u64, Seen<SlurmJob>>,
+    #[serde(with = "sorted")]
+    pub partitions: FxHashMap<String, Seen<SlurmPartition>>,
+    #[serde(with = "sorted")]
+    pub kube_nodes: FxHashMap<String, KubeEntry>,
+    /// Key: `namespace/name`.
+    #[serde(with = "sorted")]
+    pub pods: FxHashMap<String, PodEntry>,
+    #[serde(with = "sorted")]
+    pub scale_targets: FxHashMap<ScaleTargetRef, Seen<KubeScaleTarget>>,
+    /// Indexed by [`domain_index`].
+    pub sync: [SyncState; 6],
+    pub slurm_visible: bool,
+    pub kube_visible: bool,
+
+    // Derived from the above and the policy; rebuilt on restore and on a
+    // mapping change, so neither serialized nor hashed.
+    /// Slurm node -> keys of the pods that claim it, sorted.
+    #[serde(skip)]
+    pod_claims: FxHashMap<String, Vec<String>>,
+    /// Kubernetes node -> Slurm nodes whose pod runs on it (pod mode).
+    #[serde(skip)]
+    on_kube_node: FxHashMap<String, BTreeSet<String>>,
+    /// Slurm node -> the Kubernetes node in `on_kube_node` it is filed under.
+    #[serde(skip)]
+    placed_on: FxHashMap<String, String>,
+    /// Slurm node -> jobs holding it.
+    #[serde(skip)]
+    running_jobs: FxHashMap<String, u32>,
+}
+
+pub(crate) const fn domain_index(d: Domain) -> usize {
+    match d {
+        Domain::SlurmNodes => 0,
+        Domain::SlurmJobs => 1,
+        Domain::SlurmPartitions => 2,
+        Domain::KubeNodes => 3,
+        Domain::KubePods => 4,
+        Domain::KubeScaleTargets => 5,
+    }
+}
+
+/// `namespace/name`.
+pub(crate) fn pod_key(namespace: &str, name: &str) -> String {
+    let mut k = String::with_capacity(namespace.len() + name.len() + 1);
+    k.push_str(namespace);
+    k.push('/');
+    k.push_str(name);
+    k
+}
+
+/// The Slurm node a pod runs, under the policy's mapping.
+pub(crate) fn slurm_name_of_pod<'a>(pod: &'a KubePod, policy: &Policy) -> Option<&'a str> {
+    match policy.mapping.mode {
+        MappingMode::Host => None,
+        MappingMode::Pod => match &policy.mapping.node_name_label {
+            Some(label) => pod.labels.get(label).map(String::as_str),
+            None => Some(pod.name.as_str()),
+        },
+    }
+}
+
+/// One Slurm node joined with its pod and Kubernetes node.
+pub(crate) struct NodeView<'a> {
+    pub slurm: Option<&'a SlurmNode>,
+    pub pod_key: Option<&'a str>,
+    pub pod: Option<&'a PodEntry>,
+    pub kube_name: Option<&'a str>,
+    pub kube: Option<&'a KubeEntry>,
+}
+
+impl Model {
+    pub fn new() -> Self {
+        Self {
+            slurm_visible: true,
+            kube_visible: true,
+            ..Self::default()
+        }
+    }
+
+    /// Joins one Slurm node with its pod and Kubernetes node.
+    pub fn view<'a>(&'a self, name: &'a str, policy: &Policy) -> NodeView<'a> {
+        let slurm = self.slurm_nodes.get(name).map(|s| &s.obs);
+        let (pod_key, pod) = match self.pod_of(name) {
+            Some((k, p)) => (Some(k), Some(p)),
+            None => (None, None),
+        };
+        let kube_name = match policy.mapping.mode {
+            MappingMode::Host => Some(name),
+            MappingMode::Pod => pod.and_then(|p| p.obs.node_name.as_deref()),
+        };
+        let kube = kube_name.and_then(|k| self.kube_nodes.get(k));
+        NodeView {
+            slurm,
+            pod_key,
+            pod,
+            kube_name,
+            kube,
+        }
+    }
+
+    /// The pod that runs a Slurm node. When several claim it (a replacement
+    /// starting while the old one terminates), the first not being deleted,
+    /// by key, wins; the choice is deterministic.
+    pub fn pod_of(&self, slurm: &str) -> Option<(&str, &PodEntry)> {
+        let claims = self.pod_claims.get(slurm)?;
+        let mut first = None;
+        for key in claims {
+            let Some(entry) = self.pods.get(key) else {
+                continue;
+            };
+            if !entry.obs.deleting {
+                return Some((key.as_str(), entry));
+            }
+            first.get_or_insert((key.as_str(), entry));
+        }
+        first
+    }
+
+    /// The Slurm nodes on a Kubernetes node, sorted.
+    pub fn slurm_nodes_on(&self, kube: &str, policy: &Policy, out: &mut Vec<String>) {
+        match policy.mapping.mode {
+            MappingMode::Host => out.push(kube.to_owned()),
+            MappingMode::Pod => {
+                if let Some(set) = self.on_kube_node.get(kube) {
+                    out.extend(set.iter().cloned());
+                }
+            }
+        }
+    }
+
+    /// How many jobs hold a Slurm node.
+    pub fn jobs_on(&self, slurm: &str) -> u32 {
+        self.running_jobs.get(slurm).copied().unwrap_or(0)
+    }
+
+    /// Adds or removes a pod's claim and placement in the indexes.
+    pub fn index_pod(&mut self, key: &str, pod: &KubePod, policy: &Policy, add: bool) {
+        let Some(slurm) = slurm_name_of_pod(pod, policy) else {
+            return;
+        };
+        if add {
+            let claims = self.pod_claims.entry(slurm.to_owned()).or_default();
+            if let Err(i) = claims.binary_search_by(|k| k.as_str().cmp(key)) {
+                claims.insert(i, key.to_owned());
+            }
+        } else if let Some(claims) = self.pod_claims.get_mut(slurm) {
+            claims.retain(|k| k != key);
+            if claims.is_empty() {
+                self.pod_claims.remove(slurm);
+            }
+        }
+        self.reindex_placement(slurm, policy);
+    }
+
+    /// Re-derives which Kubernetes node a Slurm node runs on (pod mode: the
+    /// node of the pod that wins its claims).
+    fn reindex_placement(&mut self, slurm: &str, policy: &Policy) {
+        if let Some(old) = self.placed_on.remove(slurm) {
+            if let Some(set) = self.on_kube_node.get_mut(&old) {
+                set.remove(slurm);
+                if set.is_empty() {
+                    self.on_kube_node.remove(&old);
+                }
+            }
+        }
+        if policy.mapping.mode != MappingMode::Pod {
+            return;
+        }
+        let node = self
+            .pod_of(slurm)
+            .and_then(|(_, p)| p.obs.node_name.clone());
+        if let Some(node) = node {
+            self.on_kube_node
+                .entry(node.clone())
+                .or_default()
+                .insert(slurm.to_owned());
+            self.placed_on.insert(slurm.to_owned(), node);
+        }
+    }
+
+    /// The Kubernetes node a Slurm node runs on, if known.
+    pub fn placement<'a>(&'a self, slurm: &'a str, policy: &Policy) -> Option<&'a str> {
+        match policy.mapping.mode {
+            MappingMode::Host => Some(slurm),
+            MappingMode::Pod => self.placed_on.get(slurm).map(String::as_str),
+        }
+    }
+
+    /// Adds or removes a job's hold on its nodes.
+    pub fn index_job(&mut self, job: &SlurmJob, add: bool) {
+        if !job.state.holds_nodes() {
+            return;
+        }
+        for node in &job.nodes {
+            if add {
+                *self.running_jobs.entry(node.clone()).or_default() += 1;
+            } else if let Some(n) = self.running_jobs.get_mut(node) {
+                *n -= 1;
+                if *n == 0 {
+                    self.running_jobs.remove(node);
+                }
+            }
+        }
+    }
+
+    /// Rebuilds every derived index from the observations.
+    pub fn rebuild_indexes(&mut self, policy: &Policy) {
+        self.pod_claims.clear();
+        self.on_kube_node.clear();
+        self.placed_on.clear();
+        self.running_jobs.clear();
+        let mut keys: Vec<String> = self.pods.keys().cloned().collect();
+        keys.sort_unstable();
+        for key in &keys {
+            let pod = self.pods[key].obs.clone();
+            if let Some(slurm) = slurm_name_of_pod(&pod, policy) {
+                self.pod_claims
+                    .entry(slurm.to_owned())
+                    .or_default()
+                    .push(key.clone());
+            }
+        }
+        let slurm: Vec<String> = self.pod_claims.keys().cloned().collect();
+        for s in slurm {
+            self.reindex_placement(&s, policy);
+        }
+        let jobs: Vec<SlurmJob> = self.jobs.values().map(|j| j.obs.clone()).collect();
+        for job in &jobs {
+            self.index_job(job, true);
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! Incident logs and the simulator that writes them.
+//!
+//! [`Sim`] is a small virtual cluster: a Slurm side and a Kubernetes side
+//! whose changes are appended to a log as the connectors would append them,
+//! a reducer folding that log as the service would, and simulated actuators
+//! that carry out the reducer's actions on the virtual cluster and report
+//! outcomes back into the log. Time is virtual and moves only when told.
+//!
+//! Each incident in [`scenarios`] drives a `Sim` through one story and keeps
+//! the resulting log; the tests check the committed log files and their
+//! expected timelines against it.
+
+use std::collections::BTreeMap;
+
+use lockstep_engine::{Engine, Output, Phase, Transition};
+use lockstep_schemas::{
+    Action, ActionOutcome, ConditionStatus, Envelope, Event, EventRecord, IssuedAction, KubeNode,
+    KubePod, NodeCondition, OutcomeResult, PodPhase, Policy, Record, SlurmBaseState, SlurmJob,
+    SlurmJobState, SlurmNode, SlurmNodeFlag, Source,
+};
+
+pub mod scenarios;
+
+/// 2026-03-01T03:00:00Z: incidents start at 03:00 so their timelines read
+/// like a night on call.
+pub const EPOCH_MS: u64 = 1_772_334_000_000;
+
+/// A virtual Slurm + Kubernetes cluster, its log, and the reducer folding it.
+pub struct Sim {
+    engine: Engine,
+    records: Vec<Record>,
+    seq: u64,
+    now_ms: u64,
+    /// Actions issued and not yet carried out or failed.
+    pending: Vec<IssuedAction>,
+    /// Every transition so far.
+    pub transitions: Vec<Transition>,
+    /// Every action issued so far.
+    pub actions: Vec<IssuedAction>,
+    /// Slurm nodes as slurmctld has them.
+    pub slurm: BTreeMap<String, SlurmNode>,
+    /// Kubernetes nodes as the API server has them.
+    pub kube: BTreeMap<String, KubeNode>,
+    /// Pods as the API server has them, by `namespace/name`.
+    pub pods: BTreeMap<String, KubePod>,
+    /// Slurm jobs.
+    pub jobs: BTreeMap<u64, SlurmJob>,
+    out: Output,
+}
+
+impl Sim {
+    /// An empty cluster at [`EPOCH_MS`]; the policy is the log's first event.
+    pub fn new(policy: Policy) -> Self {
+        let mut sim = Self {
+            engine: Engine::new(policy.clone()),
+            records: Vec::new(),
+            seq: 0,
+            now_ms: EPOCH_MS,
+            pending: Vec::new(),
+            transitions: Vec::new(),
+            actions: Vec::new(),
+            slurm: BTreeMap::new(),
+            kube: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            out: Output::default(),
+        };
+        sim.append(Source::Lockstep, Event::PolicyChanged(Box::new(policy)));
+        sim
+    }
+
+    /// The log so far (without a header).
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    /// The reducer.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Virtual time, ms since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Actions issued and not yet carried out.
+    pub fn pending(&self) -> &[IssuedAction] {
+        &self.pending
+    }
+
+    /// A Slurm node's phase in the reducer.
+    pub fn phase(&self, node: &str) -> Phase {
+        self.engine.phase(node)
+    }
+
+    /// Appends one event, applies it, and keeps what the reducer decided.
+    pub fn append(&mut self, source: Source, event: Event) -> &Output {
+        self.seq += 1;
+        let rec = EventRecord {
+            seq: self.seq,
+            time_ms: self.now_ms,
+            envelope: Envelope::new(source, self.now_ms, event),
+        };
+        self.out.clear();
+        self.engine.apply(&rec, &mut self.out);
+        self.records.push(Record::Event(rec));
+        for a in &self.out.actions {
+            self.records.push(Record::Action(a.clone()));
+            self.pending
+                .retain(|p| p.action.target() != a.action.target());
+            self.pending.push(a.clone());
+        }
+        self.actions.extend(self.out.actions.iter().cloned());
+        self.transitions
+            .extend(self.out.transitions.iter().cloned());
+        &self.out
+    }
+
+    /// Moves virtual time forward.
+    pub fn advance_s(&mut self, s: u64) -> &mut Self {
+        self.now_ms += s * 1000;
+        self
+    }
+
+    /// Appends a tick, as the service does when the log is quiet.
+    pub fn tick(&mut self) -> &mut Self {
+        self.append(Source::Lockstep, Event::Tick);
+        self
+    }
+
+    /// Moves time forward in ticks of `step_s` until `s` have passed.
+    pub fn idle_s(&mut self, s: u64, step_s: u64) -> &mut Self {
+        let mut left = s;
+        while left > 0 {
+            let step = step_s.min(left);
+            self.advance_s(step).tick();
+            left -= step;
+        }
+        self
+    }
+
+    /// Like [`Sim::idle_s`], carrying out pending actions at every step.
+    pub fn run_s(&mut self, s: u64, step_s: u64) -> &mut Self {
+        let mut left = s;
+        while left > 0 {
+            let step = step_s.min(left);
+            self.advance_s(step).tick().actuate();
+            left -= step;
+        }
+        self
+    }
+
+    // ---- Slurm side ----
+
+    /// Adds an idle Slurm node.
+    pub fn add_slurm_node(&mut self, name: &str) -> &mut Self {
+        let node = SlurmNode {
+            name: name.to_owned(),
+            state: SlurmBaseState::Idle,
+            flags: vec![],
+            reason: None,
+            reason_user: None,
+            features: vec![],
+            topology: None,
+            partitions: vec!["batch".to_owned()],
+        };
+        self.slurm.insert(name.to_owned(), node);
+        self.observe_slurm(name)
+    }
+
+    /// Changes a Slurm node and publishes the new observation.
+    pub fn slurm_change(&mut self, name: &str, f: impl FnOnce(&mut SlurmNode)) -> &mut Self {
+        let node = self.slurm.get_mut(name).expect("known slurm node");
+        f(node);
+        node.flags.sort();
+        self.observe_slurm(name)
+    }
+
+    fn observe_slurm(&mut self, name: &str) -> &mut Self {
+        let node = self.slurm[name].clone();
+        self.append(Source::Slurm, Event::SlurmNode(node));
+        self
+    }
+
+    /// `scontrol update nodename=N state=drain reason=R` by an admin.
+    pub fn admin_drain(&mut self, name: &str, reason: &str) -> &mut Self {
+        self.slurm_change(name, |n| set_drain(n, reason, "admin"))
+    }
+
+    /// `scontrol update nodename=N state=resume` by an admin.
+    pub fn admin_resume(&mut self, name: &str) -> &mut Self {
+        self.slurm_change(name, resume)
+    }
+
+    /// slurmd stops answering.
+    pub fn slurmd_not_responding(&mut self, name: &str) -> &mut Self {
+        self.slurm_change(name, |n| {
+            n.state = SlurmBaseState::Down;
+            n.flags.push(SlurmNodeFlag::NotResponding);
+            n.reason = Some("Not responding".to_owned());
+            n.reason_user = Some("slurm".to_owned());
+        })
+    }
+
+    /// slurmd answers again and slurmctld returns the node to service.
+    pub fn slurmd_back(&mut self, name: &str) -> &mut Self {
+        self.slurm_change(name, |n| {
+            n.flags.retain(|f| *f != SlurmNodeFlag::NotResponding);
+            if n.reason.as_deref() == Some("Not responding") {
+                n.state = SlurmBaseState::Idle;
+                n.reason = None;
+                n.reason_user = None;
+            }
+        })
+    }
+
+    /// A job starts on some nodes; they become ALLOCATED.
+    pub fn start_job(&mut self, job_id: u64, nodes: &[&str]) -> &mut Self {
+        let job = SlurmJob {
+            job_id,
+            state: SlurmJobState::Running,
+            partition: "batch".to_owned(),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            node_count: nodes.len() as u32,
+            pending_reason: None,
+        };
+        self.jobs.insert(job_id, job.clone());
+        self.append(Source::Slurm, Event::SlurmJob(job));
+        for n in nodes {
+            self.slurm_change(n, |s| s.state = SlurmBaseState::Allocated);
+        }
+        self
+    }
+
+    /// A job ends; its nodes become IDLE.
+    pub fn end_job(&mut self, job_id: u64) -> &mut Self {
+        let mut job = self.jobs.remove(&job_id).expect("known job");
+        job.state = SlurmJobState::Completed;
+        let nodes = job.nodes.clone();
+        self.append(Source::Slurm, Event::SlurmJob(job));
+        self.append(Source::Slurm, Event::SlurmJobGone { job_id });
+        for n in &nodes {
+            self.slurm_change(n, |s| s.state = SlurmBaseState::Idle);
+        }
+        self
+    }
+
+    // ---- Kubernetes side ----
+
+    /// Adds a Ready Kubernetes node.
+    pub fn add_kube_node(&mut self, name: &str) -> &mut Self {
+        let node = KubeNode {
+            name: name.to_owned(),
+            unschedulable: false,
+            ready: ConditionStatus::True,
+            conditions: vec![],
+            labels: BTreeMap::new(),
+            taints: vec![],
+        };
+        self.kube.insert(name.to_owned(), node);
+        self.observe_kube(name)
+    }
+
+    /// Changes a Kubernetes node and publishes the new observation.
+    pub fn kube_change(&mut self, name: &str, f: impl FnOnce(&mut KubeNode)) -> &mut Self {
+        f(self.kube.get_mut(name).expect("known kubernetes node"));
+        self.observe_kube(name)
+    }
+
+    fn observe_kube(&mut self, name: &str) -> &mut Self {
+        let node = self.kube[name].clone();
+        self.append(Source::Kubernetes, Event::KubeNode(node));
+        self
+    }
+
+    /// `kubectl cordon`.
+    pub fn cordon(&mut self, name: &str) -> &mut Self {
+        self.kube_change(name, |n| n.unschedulable = true)
+    }
+
+    /// `kubectl uncordon`.
+    pub fn uncordon(&mut self, name: &str) -> &mut Self {
+        self.kube_change(name, |n| n.unschedulable = false)
+    }
+
+    /// The kubelet's Ready condition changes.
+    pub fn set_ready(&mut self, name: &str, ready: ConditionStatus) -> &mut Self {
+        self.kube_change(name, |n| n.ready = ready)
+    }
+
+    /// A node condition (GPU XID, NVLink, node-problem-detector) changes.
+    pub fn set_node_condition(
+        &mut self,
+        name: &str,
+        ty: &str,
+        status: ConditionStatus,
+    ) -> &mut Self {
+        self.kube_change(name, |n| {
+            n.conditions.retain(|c| c.type_ != ty);
+            n.conditions.push(NodeCondition {
+                type_: ty.to_owned(),
+                status,
+                reason: String::new(),
+            });
+            n.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+        })
+    }
+
+    /// A running slurmd pod for Slurm node `name` on Kubernetes node `node`.
+    pub fn add_pod(&mut self, name: &str, node: &str) -> &mut Self {
+        let pod = KubePod {
+            namespace: "slurm".to_owned(),
+            name: name.to_owned(),
+            uid: format!("uid-{name}"),
+            node_name: Some(node.to_owned()),
+            phase: PodPhase::Running,
+            deleting: false,
+            disruption_target: false,
+            labels: BTreeMap::new(),
+            conditions: vec![],
+            owner: None,
+            revision: None,
+        };
+        self.pods.insert(format!("slurm/{name}"), pod);
+        self.observe_pod(name)
+    }
+
+    /// Changes a pod (namespace `slurm`) and publishes the new observation.
+    pub fn pod_change(&mut self, name: &str, f: impl FnOnce(&mut KubePod)) -> &mut Self {
+        f(self
+            .pods
+            .get_mut(&format!("slurm/{name}"))
+            .expect("known pod"));
+        self.observe_pod(name)
+    }
+
+    /// The pod object is removed (deletion finished).
+    pub fn remove_pod(&mut self, name: &str) -> &mut Self {
+        self.pods
+            .remove(&format!("slurm/{name}"))
+            .expect("known pod");
+        self.append(
+            Source::Kubernetes,
+            Event::KubePodGone {
+                namespace: "slurm".to_owned(),
+                name: name.to_owned(),
+            },
+        );
+        self
+    }
+
+    fn observe_pod(&mut self, name: &str) -> &mut Self {
+        let pod = self.pods[&format!("slurm/{name}")].clone();
+        self.append(Source::Kubernetes, Event::KubePod(pod));
+        self
+    }
+
+    // ---- actuators ----
+
+    /// Carries out every pending action: changes the virtual cluster, reports
+    /// the outcome, and publishes the changed object, as the real actuators
+    /// and observers would.
+    pub fn actuate(&mut self) -> &mut Self {
+        while let Some(a) = self.take_pending() {
+            self.report(&a, OutcomeResult::Succeeded);
+            self.carry_out(&a.action);
+        }
+        self
+    }
+
+    /// The next pending action fails.
+    pub fn fail_next(&mut self, retryable: bool, error: &str) -> &mut Self {
+        let a = self.take_pending().expect("an action is pending");
+        self.report(
+            &a,
+            OutcomeResult::Failed {
+                retryable,
+                error: error.to_owned(),
+            },
+        );
+        self
+    }
+
+    /// The next pending action is lost: no outcome ever comes.
+    pub fn lose_next(&mut self) -> &mut Self {
+        self.take_pending().expect("an action is pending");
+        self
+    }
+
+    fn take_pending(&mut self) -> Option<IssuedAction> {
+        if self.pending.is_empty() {
+            None
+        } else {
+            Some(self.pending.remove(0))
+        }
+    }
+
+    fn report(&mut self, a: &IssuedAction, result: OutcomeResult) {
+        let outcome = ActionOutcome {
+            action_id: a.id.clone(),
+            kind: a.action.kind(),
+            target: a.action.target(),
+            result,
+        };
+        self.append(Source::Actuator, Event::ActionOutcome(outcome));
+    }
+
+    fn carry_out(&mut self, action: &Action) {
+        match action {
+            Action::SlurmDrain { node, reason } => {
+                let reason = reason.clone();
+                self.slurm_change(node, |n| set_drain(n, &reason, "lockstep"));
+            }
+            Action::SlurmDown { node, reason } => {
+                let reason = reason.clone();
+                self.slurm_change(node, |n| {
+                    n.state = SlurmBaseState::Down;
+                    n.reason = Some(reason);
+                    n.reason_user = Some("lockstep".to_owned());
+                });
+            }
+            Action::SlurmResume { node } => {
+                self.slurm_change(node, resume);
+            }
+            Action::KubeSetPodCondition { pod, condition, .. } => {
+                let condition = condition.clone();
+                self.pod_change(pod, |p| {
+                    p.conditions.retain(|c| c.type_ != condition.type_);
+                    p.conditions.push(condition);
+                    p.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+                });
+            }
+            Action::KubeTaintNode { node, taint } => {
+                let taint = taint.clone();
+                self.kube_change(node, |n| {
+                    n.taints.retain(|t| t.key != taint.key);
+                    n.taints.push(taint);
+                });
+            }
+            Action::KubeUntaintNode { node, key } => {
+                let key = key.clone();
+                self.kube_change(node, |n| n.taints.retain(|t| t.key != key));
+            }
+            other => panic!("the simulator does not carry out {other:?} yet"),
+        }
+    }
+}
+
+fn set_drain(n: &mut SlurmNode, reason: &str, user: &str) {
+    if !n.flags.contains(&SlurmNodeFlag::Drain) {
+        n.flags.push(SlurmNodeFlag::Drain);
+    }
+    n.reason = Some(reason.to_owned());
+    n.reason_user = Some(user.to_owned());
+}
+
+fn resume(n: &mut SlurmNode) {
+    n.flags.retain(|f| *f != SlurmNodeFlag::Drain);
+    if n.state == SlurmBaseState::Down {
+        n.state = SlurmBaseState::Idle;
+    }
+    n.reason = None;
+    n.reason_user = None;
+}

@@ -1,0 +1,229 @@
+//! The incidents. Each function tells one story on a [`Sim`] and returns it;
+//! `incidents/<name>.jsonl` is its log and `incidents/<name>.expected` the
+//! timeline `lockstep replay` prints for it.
+
+use lockstep_schemas::{ConditionStatus, HealthAction, MappingMode, Policy};
+
+use crate::Sim;
+
+/// An incident: its file name, what it shows, and how to build it.
+pub struct Incident {
+    /// File stem under `incidents/`.
+    pub name: &'static str,
+    /// One line for the README and the test output.
+    pub about: &'static str,
+    /// Builds the log.
+    pub build: fn() -> Sim,
+}
+
+/// Every shipped incident.
+pub const ALL: &[Incident] = &[
+    Incident {
+        name: "cordon-while-job-runs",
+        about: "kubectl cordon under a running job drains Slurm (the job keeps running); uncordon resumes",
+        build: cordon_while_job_runs,
+    },
+    Incident {
+        name: "uncordon-resumes-only-owned",
+        about: "two Slurm nodes on one Kubernetes node; uncordon resumes lockstep's drain, never the admin's",
+        build: uncordon_resumes_only_owned,
+    },
+    Incident {
+        name: "admin-drain-reflected",
+        about: "an admin drain shows as a pod condition and is never undone",
+        build: admin_drain_reflected,
+    },
+    Incident {
+        name: "not-ready-grace",
+        about: "a 20 s NotReady blip does nothing; 90 s NotReady drains at the grace period and resumes after recovery",
+        build: not_ready_grace,
+    },
+    Incident {
+        name: "slurm-not-responding",
+        about: "slurmd stops answering: pod condition and node taint, both cleared when it answers again",
+        build: slurm_not_responding,
+    },
+    Incident {
+        name: "owned-drain-removed-early",
+        about: "an admin resumes a node while it is still cordoned; lockstep re-applies its drain",
+        build: owned_drain_removed_early,
+    },
+    Incident {
+        name: "flapping-node-damped",
+        about: "a node that flaps NotReady is held drained after the flap bound",
+        build: flapping_node_damped,
+    },
+    Incident {
+        name: "action-fails-then-retried",
+        about: "a drain fails, is retried with backoff, is lost, times out, and finally succeeds",
+        build: action_fails_then_retried,
+    },
+    Incident {
+        name: "gpu-xid-host-mode-down",
+        about: "host mode: a GPU XID node condition takes the node DOWN; cleared, it is resumed",
+        build: gpu_xid_host_mode_down,
+    },
+    Incident {
+        name: "mass-not-ready-rate-bound",
+        about: "six nodes NotReady at once: health drains are bounded per minute, the rest deferred",
+        build: mass_not_ready_rate_bound,
+    },
+    Incident {
+        name: "pod-evicted",
+        about: "a slurmd pod is evicted: its Slurm node drains; the replacement pod resumes it",
+        build: pod_evicted,
+    },
+];
+
+/// The incident with this name.
+pub fn by_name(name: &str) -> Option<&'static Incident> {
+    ALL.iter().find(|i| i.name == name)
+}
+
+/// One Kubernetes node per Slurm node, pod mode: `k<i>` runs pod `n<i>`.
+fn cluster(policy: Policy, nodes: usize) -> Sim {
+    let mut sim = Sim::new(policy);
+    for i in 1..=nodes {
+        let (n, k) = (format!("n{i}"), format!("k{i}"));
+        sim.add_kube_node(&k).add_slurm_node(&n).add_pod(&n, &k);
+    }
+    sim
+}
+
+fn cordon_while_job_runs() -> Sim {
+    let mut sim = cluster(Policy::default(), 2);
+    sim.advance_s(10).start_job(1001, &["n1", "n2"]);
+    sim.advance_s(60).cordon("k1").actuate();
+    sim.advance_s(600).end_job(1001);
+    sim.advance_s(60).uncordon("k1").actuate();
+    sim
+}
+
+fn uncordon_resumes_only_owned() -> Sim {
+    let mut sim = Sim::new(Policy::default());
+    sim.add_kube_node("k1");
+    for n in ["n1", "n2"] {
+        sim.add_slurm_node(n).add_pod(n, "k1");
+    }
+    sim.advance_s(5)
+        .admin_drain("n2", "bad DIMM, ticket 4411")
+        .actuate();
+    sim.advance_s(30).cordon("k1").actuate();
+    sim.advance_s(300).uncordon("k1").actuate();
+    sim
+}
+
+fn admin_drain_reflected() -> Sim {
+    let mut sim = cluster(Policy::default(), 1);
+    sim.advance_s(30)
+        .admin_drain("n1", "reseat GPU 3")
+        .actuate();
+    sim.advance_s(3600).idle_s(120, 60);
+    sim.advance_s(10).admin_resume("n1").actuate();
+    sim
+}
+
+fn not_ready_grace() -> Sim {
+    let mut sim = cluster(Policy::default(), 2);
+    sim.advance_s(5).set_ready("k1", ConditionStatus::Unknown);
+    sim.idle_s(20, 10).set_ready("k1", ConditionStatus::True);
+    sim.advance_s(5).set_ready("k2", ConditionStatus::False);
+    sim.idle_s(90, 10).actuate();
+    sim.advance_s(5).set_ready("k2", ConditionStatus::True);
+    sim.idle_s(40, 10).actuate();
+    sim
+}
+
+fn slurm_not_responding() -> Sim {
+    let mut sim = cluster(Policy::default(), 2);
+    sim.advance_s(30).slurmd_not_responding("n2").actuate();
+    sim.advance_s(300).slurmd_back("n2").actuate();
+    sim
+}
+
+fn owned_drain_removed_early() -> Sim {
+    let mut sim = cluster(Policy::default(), 1);
+    sim.advance_s(10).cordon("k1").actuate();
+    sim.advance_s(120).admin_resume("n1").actuate();
+    sim.advance_s(120).uncordon("k1").actuate();
+    sim
+}
+
+fn flapping_node_damped() -> Sim {
+    let mut policy = Policy::default();
+    policy.health.not_ready_grace_s = 30;
+    policy.health.resume_after_s = 60;
+    policy.health.flaps_max = 2;
+    policy.health.flap_window_s = 3600;
+    policy.health.flap_hold_s = 900;
+    let mut sim = cluster(policy, 1);
+    for _ in 0..3 {
+        sim.advance_s(60).set_ready("k1", ConditionStatus::False);
+        sim.idle_s(40, 10).actuate();
+        sim.advance_s(10).set_ready("k1", ConditionStatus::True);
+        sim.idle_s(70, 10).actuate();
+    }
+    // Held: the third drain is past the bound, so no resume until the hold ends.
+    sim.run_s(900, 60);
+    sim
+}
+
+fn action_fails_then_retried() -> Sim {
+    let mut policy = Policy::default();
+    policy.actions.retry_backoff_initial_s = 5;
+    policy.actions.timeout_s = 30;
+    let mut sim = cluster(policy, 1);
+    sim.advance_s(10).cordon("k1");
+    sim.advance_s(1)
+        .fail_next(true, "slurmctld: Socket timed out on send/recv operation");
+    sim.idle_s(5, 5);
+    sim.advance_s(1).lose_next();
+    sim.idle_s(30, 10);
+    sim.advance_s(1).actuate();
+    sim
+}
+
+fn gpu_xid_host_mode_down() -> Sim {
+    let mut policy = Policy::default();
+    policy.mapping.mode = MappingMode::Host;
+    policy.health.node_conditions = vec!["GpuXidError".to_owned()];
+    policy.health.action = HealthAction::Down;
+    policy.health.resume_after_s = 60;
+    let mut sim = Sim::new(policy);
+    for n in ["gpu-001", "gpu-002"] {
+        sim.add_kube_node(n).add_slurm_node(n);
+    }
+    sim.advance_s(20)
+        .set_node_condition("gpu-002", "GpuXidError", ConditionStatus::True);
+    sim.actuate();
+    sim.advance_s(600)
+        .set_node_condition("gpu-002", "GpuXidError", ConditionStatus::False);
+    sim.idle_s(60, 30).actuate();
+    sim
+}
+
+fn mass_not_ready_rate_bound() -> Sim {
+    let mut policy = Policy::default();
+    policy.health.drains_per_minute_max = 2;
+    policy.health.not_ready_grace_s = 30;
+    let mut sim = cluster(policy, 6);
+    sim.advance_s(10);
+    for i in 1..=6 {
+        sim.set_ready(&format!("k{i}"), ConditionStatus::Unknown);
+    }
+    for _ in 0..16 {
+        sim.advance_s(10).tick().actuate();
+    }
+    sim
+}
+
+fn pod_evicted() -> Sim {
+    let mut sim = cluster(Policy::default(), 2);
+    sim.advance_s(30)
+        .pod_change("n1", |p| p.disruption_target = true);
+    sim.actuate();
+    sim.advance_s(20).pod_change("n1", |p| p.deleting = true);
+    sim.advance_s(10).remove_pod("n1");
+    sim.advance_s(15).add_pod("n1", "k2").actuate();
+    sim
+}

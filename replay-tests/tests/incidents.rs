@@ -1,0 +1,381 @@
+//! The shipped incidents: each log must be what its scenario writes, must
+//! replay to its expected timeline, and must verify against the actions it
+//! recorded. Then each story is checked for what it is about.
+//!
+//! `LOCKSTEP_BLESS=1 cargo test -p lockstep-replay-tests` rewrites the logs
+//! and expected timelines from the scenarios; review the diff before
+//! committing it.
+
+use std::path::PathBuf;
+
+use lockstep::commands::{self, ReplayOptions};
+use lockstep_engine::{Phase, Rule};
+use lockstep_replay_tests::scenarios::{self, ALL};
+use lockstep_replay_tests::Sim;
+use lockstep_schemas::log::{Format, LogReader, LogWriter};
+use lockstep_schemas::{Action, ActionKind};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("incidents")
+}
+
+fn bless() -> bool {
+    std::env::var_os("LOCKSTEP_BLESS").is_some_and(|v| v == "1")
+}
+
+fn log_bytes(sim: &Sim) -> Vec<u8> {
+    let mut w =
+        LogWriter::new(Vec::new(), Format::JsonLines, "lockstep incident scenarios").unwrap();
+    for r in sim.records() {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap()
+}
+
+fn check_golden(path: &PathBuf, actual: &[u8]) {
+    if bless() {
+        std::fs::write(path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read(path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with LOCKSTEP_BLESS=1 to create it)",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let exp = String::from_utf8_lossy(&expected);
+        let act = String::from_utf8_lossy(actual);
+        let first = exp
+            .lines()
+            .zip(act.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(exp.lines().count().min(act.lines().count()));
+        panic!(
+            "{} is stale from line {}:\n  expected: {}\n  actual:   {}\n(if the change is intended, rerun with LOCKSTEP_BLESS=1 and review the diff)",
+            path.display(),
+            first + 1,
+            exp.lines().nth(first).unwrap_or("<end>"),
+            act.lines().nth(first).unwrap_or("<end>")
+        );
+    }
+}
+
+fn replay_text(path: &PathBuf, verify: bool) -> (String, commands::ReplayReport) {
+    let reader = lockstep_schemas::log::open(path).unwrap();
+    let mut out = Vec::new();
+    let opts = ReplayOptions {
+        verify,
+        ..ReplayOptions::default()
+    };
+    let report = commands::replay(reader, &opts, &mut out, &mut |_| {}).unwrap();
+    (String::from_utf8(out).unwrap(), report)
+}
+
+#[test]
+fn every_incident_log_replays_to_its_expected_timeline_and_verifies() {
+    assert!(ALL.len() >= 8);
+    for incident in ALL {
+        let sim = (incident.build)();
+        let log = dir().join(format!("{}.jsonl", incident.name));
+        check_golden(&log, &log_bytes(&sim));
+        let (text, report) = replay_text(&log, true);
+        check_golden(
+            &dir().join(format!("{}.expected", incident.name)),
+            text.as_bytes(),
+        );
+        assert!(
+            report.damage.is_none(),
+            "{}: {:?}",
+            incident.name,
+            report.damage
+        );
+        assert_eq!(
+            report.divergence, None,
+            "{}: recomputed actions differ",
+            incident.name
+        );
+        assert_eq!(report.recorded_actions, report.actions, "{}", incident.name);
+        assert_eq!(
+            report.state_hash,
+            sim.engine().hash(),
+            "{}: replay hash differs from the live run",
+            incident.name
+        );
+    }
+}
+
+#[test]
+fn every_incident_also_replays_from_messagepack() {
+    for incident in ALL {
+        let sim = (incident.build)();
+        let mut w = LogWriter::new(Vec::new(), Format::MessagePack, "t").unwrap();
+        for r in sim.records() {
+            w.write(r).unwrap();
+        }
+        let bytes = w.finish().unwrap();
+        let mut out = Vec::new();
+        let opts = ReplayOptions {
+            verify: true,
+            ..ReplayOptions::default()
+        };
+        let report =
+            commands::replay(LogReader::msgpack(bytes), &opts, &mut out, &mut |_| {}).unwrap();
+        assert!(report.damage.is_none());
+        assert_eq!(report.divergence, None);
+        assert_eq!(report.state_hash, sim.engine().hash(), "{}", incident.name);
+    }
+}
+
+fn build(name: &str) -> Sim {
+    (scenarios::by_name(name).unwrap().build)()
+}
+
+fn drains_of(sim: &Sim, node: &str) -> Vec<String> {
+    sim.actions
+        .iter()
+        .filter_map(|a| match &a.action {
+            Action::SlurmDrain { node: n, reason } if n == node => Some(reason.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn count(sim: &Sim, kind: ActionKind, node: &str) -> usize {
+    sim.actions
+        .iter()
+        .filter(|a| {
+            a.action.kind() == kind && a.action.target().to_string().contains(&format!("{node}/"))
+        })
+        .count()
+}
+
+#[test]
+fn cordon_while_job_runs_drains_without_touching_the_job_and_uncordon_resumes() {
+    let sim = build("cordon-while-job-runs");
+    assert_eq!(
+        drains_of(&sim, "n1"),
+        ["lockstep: kubernetes node k1 cordoned"]
+    );
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 1);
+    assert!(
+        drains_of(&sim, "n2").is_empty(),
+        "n2's node was never cordoned"
+    );
+    assert!(!sim
+        .actions
+        .iter()
+        .any(|a| a.action.kind() == ActionKind::KubeDeletePod));
+    // The drain went out while the job still held the node.
+    let drain = sim
+        .actions
+        .iter()
+        .find(|a| a.action.kind() == ActionKind::SlurmDrain)
+        .unwrap();
+    let job_end = sim
+        .records()
+        .iter()
+        .position(|r| matches!(r, lockstep_schemas::Record::Event(e) if matches!(e.envelope.event, lockstep_schemas::Event::SlurmJobGone { .. })))
+        .unwrap() as u64;
+    assert!(drain.seq < job_end);
+    assert_eq!(sim.phase("n1"), Phase::InService);
+}
+
+#[test]
+fn uncordon_never_resumes_the_admins_drain() {
+    let sim = build("uncordon-resumes-only-owned");
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 1);
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n2"), 0);
+    assert_eq!(
+        count(&sim, ActionKind::SlurmDrain, "n2"),
+        0,
+        "already drained by the admin"
+    );
+    assert_eq!(sim.phase("n2"), Phase::ForeignDrain);
+    assert_eq!(
+        sim.slurm["n2"].reason.as_deref(),
+        Some("bad DIMM, ticket 4411")
+    );
+}
+
+#[test]
+fn admin_drain_is_reflected_and_never_undone() {
+    let sim = build("admin-drain-reflected");
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 0);
+    let conds: Vec<_> = sim
+        .actions
+        .iter()
+        .filter_map(|a| match &a.action {
+            Action::KubeSetPodCondition { condition, .. } => {
+                Some((condition.status, condition.message.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    use lockstep_schemas::ConditionStatus::*;
+    assert_eq!(
+        conds,
+        [(True, "reseat GPU 3".to_owned()), (False, String::new())]
+    );
+}
+
+#[test]
+fn not_ready_drains_only_past_the_grace_period() {
+    let sim = build("not-ready-grace");
+    assert!(
+        drains_of(&sim, "n1").is_empty(),
+        "a 20 s blip must not drain"
+    );
+    assert_eq!(
+        drains_of(&sim, "n2"),
+        ["lockstep: kubernetes node k2 not ready"]
+    );
+    let t = sim
+        .transitions
+        .iter()
+        .find(|t| t.node == "n2" && t.to == Phase::Draining)
+        .unwrap();
+    let became_not_ready = sim
+        .records()
+        .iter()
+        .find_map(|r| match r {
+            lockstep_schemas::Record::Event(e) if e.envelope.id == t.cause => Some(e.time_ms),
+            _ => None,
+        })
+        .expect("the transition names the NotReady observation as its cause");
+    assert_eq!(
+        t.time_ms - became_not_ready,
+        60_000,
+        "drained when the 60 s grace ran out"
+    );
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n2"), 1);
+    assert_eq!(sim.phase("n2"), Phase::InService);
+}
+
+#[test]
+fn slurm_not_responding_sets_and_clears_condition_and_taint() {
+    let sim = build("slurm-not-responding");
+    let kinds: Vec<_> = sim.actions.iter().map(|a| a.action.kind()).collect();
+    assert_eq!(
+        kinds,
+        [
+            ActionKind::KubeSetPodCondition,
+            ActionKind::KubeTaintNode,
+            ActionKind::KubeSetPodCondition,
+            ActionKind::KubeUntaintNode
+        ]
+    );
+    assert!(sim.kube["k2"].taints.is_empty());
+    assert!(!sim
+        .actions
+        .iter()
+        .any(|a| a.action.target().to_string().contains("n1")));
+}
+
+#[test]
+fn an_owned_drain_removed_early_is_reapplied() {
+    let sim = build("owned-drain-removed-early");
+    assert_eq!(drains_of(&sim, "n1").len(), 2);
+    assert!(sim.transitions.iter().any(|t| t.rule == Rule::Reapplied));
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 1);
+    assert_eq!(sim.phase("n1"), Phase::InService);
+}
+
+#[test]
+fn a_flapping_node_is_held_drained() {
+    let sim = build("flapping-node-damped");
+    assert_eq!(drains_of(&sim, "n1").len(), 3);
+    assert!(sim.transitions.iter().any(|t| t.rule == Rule::FlapHold));
+    // Resumed after the first two flaps, then held, then resumed when the hold ended.
+    let resumes: Vec<_> = sim
+        .actions
+        .iter()
+        .filter(|a| a.action.kind() == ActionKind::SlurmResume)
+        .map(|a| a.time_ms)
+        .collect();
+    assert_eq!(resumes.len(), 3);
+    let last_drain = sim
+        .actions
+        .iter()
+        .rev()
+        .find(|a| a.action.kind() == ActionKind::SlurmDrain)
+        .unwrap();
+    assert!(
+        resumes[2] >= last_drain.time_ms + 900_000,
+        "held for flap_hold_s"
+    );
+}
+
+#[test]
+fn a_failed_drain_is_retried_with_backoff_until_it_succeeds() {
+    let sim = build("action-fails-then-retried");
+    let attempts: Vec<_> = sim
+        .actions
+        .iter()
+        .filter(|a| a.action.kind() == ActionKind::SlurmDrain)
+        .map(|a| (a.attempt, a.time_ms - sim.actions[0].time_ms))
+        .collect();
+    // Fails at +1 s, retried after the 5 s backoff; lost, retried on the
+    // first record after the 30 s timeout (ticks come every 10 s).
+    assert_eq!(attempts, [(1, 0), (2, 6_000), (3, 37_000)]);
+    assert_eq!(sim.phase("n1"), Phase::Drained);
+    assert!(sim.engine().pending().is_empty());
+}
+
+#[test]
+fn host_mode_gpu_xid_takes_the_node_down_and_back() {
+    let sim = build("gpu-xid-host-mode-down");
+    let kinds: Vec<_> = sim
+        .actions
+        .iter()
+        .map(|a| (a.action.kind(), a.action.target().to_string()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (ActionKind::SlurmDown, "slurm:gpu-002/state".to_owned()),
+            (ActionKind::SlurmResume, "slurm:gpu-002/state".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn mass_not_ready_is_rate_bound() {
+    let sim = build("mass-not-ready-rate-bound");
+    let times: Vec<_> = sim
+        .actions
+        .iter()
+        .filter(|a| a.action.kind() == ActionKind::SlurmDrain)
+        .map(|a| a.time_ms)
+        .collect();
+    assert_eq!(times.len(), 6, "all drained in the end");
+    for w in times.windows(3) {
+        assert!(
+            w[2] - w[0] >= 60_000,
+            "at most 2 health drains per minute: {times:?}"
+        );
+    }
+    assert!(sim.transitions.iter().any(|t| t.rule == Rule::RateLimited));
+}
+
+#[test]
+fn an_evicted_pod_drains_until_its_replacement_runs() {
+    let sim = build("pod-evicted");
+    assert_eq!(drains_of(&sim, "n1"), ["lockstep: pod slurm/n1 evicted"]);
+    assert!(sim.transitions.iter().any(|t| t.rule == Rule::PodMissing));
+    let resume = sim
+        .actions
+        .iter()
+        .find(|a| a.action.kind() == ActionKind::SlurmResume)
+        .unwrap();
+    let replacement = sim
+        .records()
+        .iter()
+        .rev()
+        .find_map(|r| match r {
+            lockstep_schemas::Record::Event(e) if matches!(&e.envelope.event, lockstep_schemas::Event::KubePod(p) if p.node_name.as_deref() == Some("k2") && p.name == "n1") => Some(e.seq),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(resume.seq, replacement);
+}

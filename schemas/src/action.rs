@@ -1,0 +1,408 @@
+//! The action vocabulary: what the reducer asks actuators to do.
+//!
+//! Actions are plain data (a closed enum, no closures). Each has a
+//! [`Target`], the one aspect of one object it changes; the reducer keeps at
+//! most one action in flight per target.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::event::{ConditionStatus, PodCondition, ScaleTargetRef, Taint};
+
+/// One change to Slurm or Kubernetes that the reducer wants made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// `scontrol update nodename=N state=DRAIN reason=R`.
+    SlurmDrain {
+        /// Slurm node.
+        node: String,
+        /// Reason; lockstep's own drains start with the policy's reason prefix.
+        reason: String,
+    },
+    /// `scontrol update nodename=N state=RESUME`: lifts a drain or down lockstep owns.
+    SlurmResume {
+        /// Slurm node.
+        node: String,
+    },
+    /// `scontrol update nodename=N state=DOWN reason=R`.
+    SlurmDown {
+        /// Slurm node.
+        node: String,
+        /// Reason, with the policy's reason prefix.
+        reason: String,
+    },
+    /// Set a node's active features.
+    SlurmSetFeatures {
+        /// Slurm node.
+        node: String,
+        /// The full feature list, sorted.
+        features: Vec<String>,
+    },
+    /// Set a node's topology string.
+    SlurmSetTopology {
+        /// Slurm node.
+        node: String,
+        /// Topology, e.g. `default:switch1:block3`.
+        topology: String,
+    },
+    /// Set (create or update) one condition on a pod's status.
+    KubeSetPodCondition {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// The condition as it should be.
+        condition: PodCondition,
+    },
+    /// Add a taint to a Kubernetes node (replacing one with the same key).
+    KubeTaintNode {
+        /// Kubernetes node.
+        node: String,
+        /// The taint.
+        taint: Taint,
+    },
+    /// Remove the taint with this key from a Kubernetes node.
+    KubeUntaintNode {
+        /// Kubernetes node.
+        node: String,
+        /// Taint key.
+        key: String,
+    },
+    /// Set or remove one label on a pod.
+    KubeLabelPod {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// Label key.
+        key: String,
+        /// Value to set; `None` removes the label.
+        value: Option<String>,
+    },
+    /// Delete a pod, only if its UID is still this one.
+    KubeDeletePod {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// UID precondition.
+        uid: String,
+    },
+    /// Set the replica count of a scale target.
+    KubeScale {
+        /// Which object.
+        target: ScaleTargetRef,
+        /// Replicas wanted.
+        replicas: u32,
+    },
+}
+
+/// The kind of an action: a closed set, usable as a metric label.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// [`Action::SlurmDrain`].
+    SlurmDrain,
+    /// [`Action::SlurmResume`].
+    SlurmResume,
+    /// [`Action::SlurmDown`].
+    SlurmDown,
+    /// [`Action::SlurmSetFeatures`].
+    SlurmSetFeatures,
+    /// [`Action::SlurmSetTopology`].
+    SlurmSetTopology,
+    /// [`Action::KubeSetPodCondition`].
+    KubeSetPodCondition,
+    /// [`Action::KubeTaintNode`].
+    KubeTaintNode,
+    /// [`Action::KubeUntaintNode`].
+    KubeUntaintNode,
+    /// [`Action::KubeLabelPod`].
+    KubeLabelPod,
+    /// [`Action::KubeDeletePod`].
+    KubeDeletePod,
+    /// [`Action::KubeScale`].
+    KubeScale,
+}
+
+impl ActionKind {
+    /// A static name, usable as a metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::SlurmDrain => "slurm_drain",
+            Self::SlurmResume => "slurm_resume",
+            Self::SlurmDown => "slurm_down",
+            Self::SlurmSetFeatures => "slurm_set_features",
+            Self::SlurmSetTopology => "slurm_set_topology",
+            Self::KubeSetPodCondition => "kube_set_pod_condition",
+            Self::KubeTaintNode => "kube_taint_node",
+            Self::KubeUntaintNode => "kube_untaint_node",
+            Self::KubeLabelPod => "kube_label_pod",
+            Self::KubeDeletePod => "kube_delete_pod",
+            Self::KubeScale => "kube_scale",
+        }
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One aspect of one object. At most one action is in flight per target.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// A Slurm node's state (drain, resume, down).
+    SlurmNodeState {
+        /// Slurm node.
+        node: String,
+    },
+    /// A Slurm node's features.
+    SlurmNodeFeatures {
+        /// Slurm node.
+        node: String,
+    },
+    /// A Slurm node's topology.
+    SlurmNodeTopology {
+        /// Slurm node.
+        node: String,
+    },
+    /// One condition type on one pod.
+    PodCondition {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// Condition type.
+        condition: String,
+    },
+    /// One label on one pod.
+    PodLabel {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// Label key.
+        key: String,
+    },
+    /// A pod's existence.
+    Pod {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+    },
+    /// One taint key on one Kubernetes node.
+    NodeTaint {
+        /// Kubernetes node.
+        node: String,
+        /// Taint key.
+        key: String,
+    },
+    /// A scale target's replica count.
+    Scale {
+        /// Which object.
+        target: ScaleTargetRef,
+    },
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::SlurmNodeState { node } => write!(f, "slurm:{node}/state"),
+            Self::SlurmNodeFeatures { node } => write!(f, "slurm:{node}/features"),
+            Self::SlurmNodeTopology { node } => write!(f, "slurm:{node}/topology"),
+            Self::PodCondition {
+                namespace,
+                pod,
+                condition,
+            } => write!(f, "pod:{namespace}/{pod}/condition/{condition}"),
+            Self::PodLabel {
+                namespace,
+                pod,
+                key,
+            } => write!(f, "pod:{namespace}/{pod}/label/{key}"),
+            Self::Pod { namespace, pod } => write!(f, "pod:{namespace}/{pod}"),
+            Self::NodeTaint { node, key } => write!(f, "node:{node}/taint/{key}"),
+            Self::Scale { target } => write!(f, "scale:{target}"),
+        }
+    }
+}
+
+impl Action {
+    /// The action's kind.
+    pub const fn kind(&self) -> ActionKind {
+        match self {
+            Self::SlurmDrain { .. } => ActionKind::SlurmDrain,
+            Self::SlurmResume { .. } => ActionKind::SlurmResume,
+            Self::SlurmDown { .. } => ActionKind::SlurmDown,
+            Self::SlurmSetFeatures { .. } => ActionKind::SlurmSetFeatures,
+            Self::SlurmSetTopology { .. } => ActionKind::SlurmSetTopology,
+            Self::KubeSetPodCondition { .. } => ActionKind::KubeSetPodCondition,
+            Self::KubeTaintNode { .. } => ActionKind::KubeTaintNode,
+            Self::KubeUntaintNode { .. } => ActionKind::KubeUntaintNode,
+            Self::KubeLabelPod { .. } => ActionKind::KubeLabelPod,
+            Self::KubeDeletePod { .. } => ActionKind::KubeDeletePod,
+            Self::KubeScale { .. } => ActionKind::KubeScale,
+        }
+    }
+
+    /// The aspect of the object this action changes.
+    pub fn target(&self) -> Target {
+        match self {
+            Self::SlurmDrain { node, .. }
+            | Self::SlurmResume { node }
+            | Self::SlurmDown { node, .. } => Target::SlurmNodeState { node: node.clone() },
+            Self::SlurmSetFeatures { node, .. } => Target::SlurmNodeFeatures { node: node.clone() },
+            Self::SlurmSetTopology { node, .. } => Target::SlurmNodeTopology { node: node.clone() },
+            Self::KubeSetPodCondition {
+                namespace,
+                pod,
+                condition,
+            } => Target::PodCondition {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+                condition: condition.type_.clone(),
+            },
+            Self::KubeTaintNode { node, taint } => Target::NodeTaint {
+                node: node.clone(),
+                key: taint.key.clone(),
+            },
+            Self::KubeUntaintNode { node, key } => Target::NodeTaint {
+                node: node.clone(),
+                key: key.clone(),
+            },
+            Self::KubeLabelPod {
+                namespace,
+                pod,
+                key,
+                ..
+            } => Target::PodLabel {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+                key: key.clone(),
+            },
+            Self::KubeDeletePod { namespace, pod, .. } => Target::Pod {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+            },
+            Self::KubeScale { target, .. } => Target::Scale {
+                target: target.clone(),
+            },
+        }
+    }
+
+    /// A one-line human-readable description.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::SlurmDrain { node, reason } => format!("drain slurm node {node} ({reason})"),
+            Self::SlurmResume { node } => format!("resume slurm node {node}"),
+            Self::SlurmDown { node, reason } => format!("down slurm node {node} ({reason})"),
+            Self::SlurmSetFeatures { node, features } => {
+                format!(
+                    "set features of slurm node {node} to [{}]",
+                    features.join(",")
+                )
+            }
+            Self::SlurmSetTopology { node, topology } => {
+                format!("set topology of slurm node {node} to {topology}")
+            }
+            Self::KubeSetPodCondition {
+                namespace,
+                pod,
+                condition,
+            } => {
+                let status = match condition.status {
+                    ConditionStatus::True => "True",
+                    ConditionStatus::False => "False",
+                    ConditionStatus::Unknown => "Unknown",
+                };
+                let mut s = format!(
+                    "set condition {}={status} on pod {namespace}/{pod}",
+                    condition.type_
+                );
+                if !condition.reason.is_empty() {
+                    s.push_str(&format!(" ({}", condition.reason));
+                    if !condition.message.is_empty() {
+                        s.push_str(&format!(": {}", condition.message));
+                    }
+                    s.push(')');
+                }
+                s
+            }
+            Self::KubeTaintNode { node, taint } => format!(
+                "taint kubernetes node {node} {}={}:{:?}",
+                taint.key, taint.value, taint.effect
+            ),
+            Self::KubeUntaintNode { node, key } => {
+                format!("remove taint {key} from kubernetes node {node}")
+            }
+            Self::KubeLabelPod {
+                namespace,
+                pod,
+                key,
+                value: Some(v),
+            } => format!("label pod {namespace}/{pod} {key}={v}"),
+            Self::KubeLabelPod {
+                namespace,
+                pod,
+                key,
+                value: None,
+            } => format!("remove label {key} from pod {namespace}/{pod}"),
+            Self::KubeDeletePod {
+                namespace,
+                pod,
+                uid,
+            } => format!("delete pod {namespace}/{pod} (uid {uid})"),
+            Self::KubeScale { target, replicas } => format!("scale {target} to {replicas}"),
+        }
+    }
+}
+
+/// An action's id, derived from (causing sequence, kind, target): the same log
+/// gives the same ids. Used as `Nats-Msg-Id` when actions are published, so a
+/// re-publish is deduplicated.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(transparent)]
+pub struct ActionId(pub String);
+
+impl ActionId {
+    /// The id of the action of `kind` on `target` caused by the record at `seq`.
+    pub fn derive(seq: u64, kind: ActionKind, target: &Target) -> Self {
+        Self(format!("{seq}.{}.{target}", kind.name()))
+    }
+}
+
+impl std::fmt::Display for ActionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An action as the reducer issued it: what, why and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct IssuedAction {
+    /// Derived id.
+    pub id: ActionId,
+    /// Sequence of the log record whose application issued it.
+    pub seq: u64,
+    /// Log time (ms) at which it was issued.
+    pub time_ms: u64,
+    /// Id of the event that caused it (the origin of the rule's cause).
+    pub cause: crate::EventId,
+    /// The rule that wanted it.
+    pub rule: String,
+    /// Which attempt this is (1 for the first).
+    pub attempt: u32,
+    /// What to do.
+    pub action: Action,
+}

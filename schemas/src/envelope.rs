@@ -1,0 +1,107 @@
+//! The envelope every event travels in.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::event::Event;
+
+/// The schema version this build writes. Readers accept every version up to
+/// it; each older version lives in its own module and converts to the
+/// current one (`TryFrom<v1::Envelope>`), so old logs stay replayable.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Who observed an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The Slurm observer (slurmrestd or scontrol).
+    Slurm,
+    /// The Kubernetes watchers.
+    Kubernetes,
+    /// An actuator reporting an outcome.
+    Actuator,
+    /// lockstep itself (ticks, policy changes).
+    Lockstep,
+    /// A test or a hand-written incident log.
+    Test,
+}
+
+impl Source {
+    /// A static name, usable as a metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Slurm => "slurm",
+            Self::Kubernetes => "kubernetes",
+            Self::Actuator => "actuator",
+            Self::Lockstep => "lockstep",
+            Self::Test => "test",
+        }
+    }
+}
+
+/// A content-derived event id: the first 128 bits of the SHA-256 of the
+/// envelope's other fields, in hex. Used as `Nats-Msg-Id`, so publishing the
+/// same envelope twice (after a crash between publish and acknowledgement) is
+/// deduplicated, while a new observation of an unchanged object (a different
+/// `observed_ms`) is a new event.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(transparent)]
+pub struct EventId(pub String);
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An event with its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Envelope {
+    /// Schema version of this envelope.
+    pub v: u32,
+    /// Content-derived id.
+    pub id: EventId,
+    /// Who observed it.
+    pub source: Source,
+    /// When the observer saw it (ms since the Unix epoch, the observer's
+    /// clock). Metadata only: the reducer's clock is the log's.
+    pub observed_ms: u64,
+    /// What happened.
+    pub event: Event,
+}
+
+impl Envelope {
+    /// Wraps an event, deriving its id.
+    pub fn new(source: Source, observed_ms: u64, event: Event) -> Self {
+        let id = content_id(SCHEMA_VERSION, source, observed_ms, &event);
+        Self {
+            v: SCHEMA_VERSION,
+            id,
+            source,
+            observed_ms,
+            event,
+        }
+    }
+
+    /// Whether `id` is the content id of the other fields.
+    pub fn id_matches(&self) -> bool {
+        content_id(self.v, self.source, self.observed_ms, &self.event) == self.id
+    }
+}
+
+fn content_id(v: u32, source: Source, observed_ms: u64, event: &Event) -> EventId {
+    // The named MessagePack encoding is deterministic for these types: maps
+    // are BTreeMaps and lists are kept sorted by the connectors.
+    let bytes = rmp_serde::to_vec_named(&(v, source, observed_ms, event))
+        .expect("events always encode to MessagePack");
+    let digest = Sha256::digest(&bytes);
+    let mut hex = String::with_capacity(32);
+    for b in &digest[..16] {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+    }
+    EventId(hex)
+}

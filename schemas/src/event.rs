@@ -1,0 +1,651 @@
+//! The observation vocabulary: what connectors, actuators and lockstep itself
+//! put into the log.
+//!
+//! An observation carries only what the reducer reads. Connectors strip
+//! everything else (heartbeat timestamps, resource versions) so that an
+//! unchanged object produces an identical event, and the reducer, which is
+//! level-triggered, does nothing with it.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::action::{ActionId, ActionKind, Target};
+use crate::open_enum::open_enum;
+use crate::policy::Policy;
+
+/// One thing that happened, as observed by a connector, an actuator or
+/// lockstep itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    /// A Slurm node as slurmctld reports it now.
+    SlurmNode(SlurmNode),
+    /// A Slurm node is no longer in slurmctld's configuration.
+    SlurmNodeGone {
+        /// Slurm node name.
+        name: String,
+    },
+    /// A Slurm job as slurmctld reports it now.
+    SlurmJob(SlurmJob),
+    /// A Slurm job left slurmctld's job table.
+    SlurmJobGone {
+        /// Slurm job id.
+        job_id: u64,
+    },
+    /// A Slurm partition as slurmctld reports it now.
+    SlurmPartition(SlurmPartition),
+    /// A Slurm partition was removed.
+    SlurmPartitionGone {
+        /// Partition name.
+        name: String,
+    },
+    /// A Kubernetes node, reduced to what lockstep reads.
+    KubeNode(KubeNode),
+    /// A Kubernetes node was deleted.
+    KubeNodeGone {
+        /// Kubernetes node name.
+        name: String,
+    },
+    /// A Kubernetes pod (one that runs slurmd), reduced to what lockstep reads.
+    KubePod(KubePod),
+    /// A Kubernetes pod was deleted.
+    KubePodGone {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        name: String,
+    },
+    /// A Kubernetes object with a scale subresource (StatefulSet, Slinky NodeSet, ...).
+    KubeScaleTarget(KubeScaleTarget),
+    /// A scale target was deleted.
+    KubeScaleTargetGone {
+        /// Which object.
+        target: ScaleTargetRef,
+    },
+    /// A connector starts a full listing of one kind of object. Every object of
+    /// that kind not observed between this marker and the matching
+    /// [`Event::SyncDone`] is gone (kube-rs `watcher` `Init` / `InitDone`).
+    SyncStarted {
+        /// The kind of object being relisted.
+        domain: Domain,
+    },
+    /// A full listing started by [`Event::SyncStarted`] is complete.
+    SyncDone {
+        /// The kind of object that was relisted.
+        domain: Domain,
+    },
+    /// A connector lost or regained sight of its system. Lets the reducer tell
+    /// "the node is down" from "lockstep cannot see".
+    ConnectorStatus {
+        /// Which connector.
+        connector: Connector,
+        /// Whether the connector currently sees its system.
+        visible: bool,
+        /// Human-readable detail (last error), for the audit trail only.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+    },
+    /// Nothing happened; appended when the log is quiet so that log time moves.
+    Tick,
+    /// An actuator finished (or gave up on) an action.
+    ActionOutcome(ActionOutcome),
+    /// The policy in force changed.
+    PolicyChanged(Box<Policy>),
+}
+
+impl Event {
+    /// A static name for the event's kind, usable as a metric label.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Self::SlurmNode(_) => "slurm_node",
+            Self::SlurmNodeGone { .. } => "slurm_node_gone",
+            Self::SlurmJob(_) => "slurm_job",
+            Self::SlurmJobGone { .. } => "slurm_job_gone",
+            Self::SlurmPartition(_) => "slurm_partition",
+            Self::SlurmPartitionGone { .. } => "slurm_partition_gone",
+            Self::KubeNode(_) => "kube_node",
+            Self::KubeNodeGone { .. } => "kube_node_gone",
+            Self::KubePod(_) => "kube_pod",
+            Self::KubePodGone { .. } => "kube_pod_gone",
+            Self::KubeScaleTarget(_) => "kube_scale_target",
+            Self::KubeScaleTargetGone { .. } => "kube_scale_target_gone",
+            Self::SyncStarted { .. } => "sync_started",
+            Self::SyncDone { .. } => "sync_done",
+            Self::ConnectorStatus { .. } => "connector_status",
+            Self::Tick => "tick",
+            Self::ActionOutcome(_) => "action_outcome",
+            Self::PolicyChanged(_) => "policy_changed",
+        }
+    }
+}
+
+impl Event {
+    /// A one-line human-readable summary, for timelines.
+    pub fn summary(&self) -> String {
+        fn flags(n: &SlurmNode) -> String {
+            let mut s = n.state.to_string();
+            for f in &n.flags {
+                s.push('+');
+                s.push_str(f.as_str());
+            }
+            s
+        }
+        match self {
+            Self::SlurmNode(n) => {
+                let mut s = format!("slurm node {} {}", n.name, flags(n));
+                if let Some(r) = &n.reason {
+                    s.push_str(&format!(" reason={r:?}"));
+                    if let Some(u) = &n.reason_user {
+                        s.push_str(&format!(" by {u}"));
+                    }
+                }
+                s
+            }
+            Self::SlurmNodeGone { name } => format!("slurm node {name} gone"),
+            Self::SlurmJob(j) => format!(
+                "slurm job {} {} on [{}]",
+                j.job_id,
+                j.state,
+                j.nodes.join(",")
+            ),
+            Self::SlurmJobGone { job_id } => format!("slurm job {job_id} gone"),
+            Self::SlurmPartition(p) => {
+                format!("slurm partition {} ({} nodes)", p.name, p.nodes.len())
+            }
+            Self::SlurmPartitionGone { name } => format!("slurm partition {name} gone"),
+            Self::KubeNode(n) => {
+                let mut s = format!("kubernetes node {} Ready={:?}", n.name, n.ready);
+                if n.unschedulable {
+                    s.push_str(" cordoned");
+                }
+                for c in &n.conditions {
+                    s.push_str(&format!(" {}={:?}", c.type_, c.status));
+                }
+                for t in &n.taints {
+                    s.push_str(&format!(" taint {}:{:?}", t.key, t.effect));
+                }
+                s
+            }
+            Self::KubeNodeGone { name } => format!("kubernetes node {name} gone"),
+            Self::KubePod(p) => {
+                let mut s = format!(
+                    "pod {}/{} {:?} on {}",
+                    p.namespace,
+                    p.name,
+                    p.phase,
+                    p.node_name.as_deref().unwrap_or("(unscheduled)")
+                );
+                if p.deleting {
+                    s.push_str(" deleting");
+                }
+                if p.disruption_target {
+                    s.push_str(" evicted");
+                }
+                for c in &p.conditions {
+                    s.push_str(&format!(" {}={:?}", c.type_, c.status));
+                }
+                s
+            }
+            Self::KubePodGone { namespace, name } => format!("pod {namespace}/{name} gone"),
+            Self::KubeScaleTarget(t) => {
+                format!("scale target {} replicas={}", t.target, t.replicas)
+            }
+            Self::KubeScaleTargetGone { target } => format!("scale target {target} gone"),
+            Self::SyncStarted { domain } => format!("full listing of {} started", domain.name()),
+            Self::SyncDone { domain } => format!("full listing of {} done", domain.name()),
+            Self::ConnectorStatus {
+                connector,
+                visible,
+                detail,
+            } => format!(
+                "{connector:?} connector {}{}",
+                if *visible {
+                    "sees its system again"
+                } else {
+                    "lost sight of its system"
+                },
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {detail}")
+                }
+            ),
+            Self::Tick => "tick".to_owned(),
+            Self::ActionOutcome(o) => {
+                let r = match &o.result {
+                    OutcomeResult::Succeeded => "succeeded".to_owned(),
+                    OutcomeResult::AlreadyDone => "already done".to_owned(),
+                    OutcomeResult::Failed { retryable, error } => format!(
+                        "failed ({}): {error}",
+                        if *retryable { "retryable" } else { "final" }
+                    ),
+                };
+                format!("outcome of {}: {r}", o.action_id)
+            }
+            Self::PolicyChanged(_) => "policy changed".to_owned(),
+        }
+    }
+}
+
+/// The kinds of object a connector lists in full.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Domain {
+    /// Slurm nodes.
+    SlurmNodes,
+    /// Slurm jobs.
+    SlurmJobs,
+    /// Slurm partitions.
+    SlurmPartitions,
+    /// Kubernetes nodes.
+    KubeNodes,
+    /// Kubernetes pods that run slurmd.
+    KubePods,
+    /// Kubernetes scale targets.
+    KubeScaleTargets,
+}
+
+impl Domain {
+    /// All domains, in a fixed order.
+    pub const ALL: [Domain; 6] = [
+        Domain::SlurmNodes,
+        Domain::SlurmJobs,
+        Domain::SlurmPartitions,
+        Domain::KubeNodes,
+        Domain::KubePods,
+        Domain::KubeScaleTargets,
+    ];
+
+    /// A static name, usable as a metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::SlurmNodes => "slurm_nodes",
+            Self::SlurmJobs => "slurm_jobs",
+            Self::SlurmPartitions => "slurm_partitions",
+            Self::KubeNodes => "kube_nodes",
+            Self::KubePods => "kube_pods",
+            Self::KubeScaleTargets => "kube_scale_targets",
+        }
+    }
+}
+
+/// The connectors whose visibility the reducer tracks.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Connector {
+    /// The Slurm observer (slurmrestd or scontrol).
+    Slurm,
+    /// The Kubernetes watchers.
+    Kubernetes,
+}
+
+open_enum! {
+    /// Slurm's base node state (the part before the `+` in `scontrol show node`).
+    pub enum SlurmBaseState {
+        /// No jobs.
+        Idle => "IDLE",
+        /// Some CPUs allocated.
+        Mixed => "MIXED",
+        /// All CPUs allocated.
+        Allocated => "ALLOCATED",
+        /// Down.
+        Down => "DOWN",
+        /// Failed.
+        Error => "ERROR",
+        /// A power-saving node that does not exist yet.
+        Future => "FUTURE",
+        /// State not known to slurmctld.
+        Unknown => "UNKNOWN",
+    }
+}
+
+open_enum! {
+    /// A Slurm node state flag (the parts after `+`).
+    pub enum SlurmNodeFlag {
+        /// Drain requested (DRAINING or DRAINED in sinfo).
+        Drain => "DRAIN",
+        /// Jobs on the node are completing.
+        Completing => "COMPLETING",
+        /// slurmd does not answer.
+        NotResponding => "NOT_RESPONDING",
+        /// FAIL: draining toward DOWN.
+        Fail => "FAIL",
+        /// Powered down by power saving.
+        PoweredDown => "POWERED_DOWN",
+        /// Powering up.
+        PoweringUp => "POWERING_UP",
+        /// Powering down.
+        PoweringDown => "POWERING_DOWN",
+        /// Reserved for maintenance.
+        Maint => "MAINTENANCE",
+        /// In a reservation.
+        Reserved => "RESERVED",
+        /// Registration failed (bad topology, memory, ...).
+        InvalidReg => "INVALID_REG",
+        /// The node is going to reboot.
+        RebootRequested => "REBOOT_REQUESTED",
+        /// Cloud node.
+        Cloud => "CLOUD",
+        /// Resumed, not yet registered.
+        Resume => "RESUME",
+    }
+}
+
+/// A Slurm node as the reducer sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SlurmNode {
+    /// Node name (the key of lockstep's node model).
+    pub name: String,
+    /// Base state.
+    pub state: SlurmBaseState,
+    /// State flags, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<SlurmNodeFlag>,
+    /// The reason set with the drain or down, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who set the reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_user: Option<String>,
+    /// Active features, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+    /// Topology string (Slurm 23.11+ `topology=`), if set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+    /// Partitions the node is in, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<String>,
+}
+
+impl SlurmNode {
+    /// Whether a flag is set.
+    pub fn has(&self, flag: &SlurmNodeFlag) -> bool {
+        self.flags.contains(flag)
+    }
+}
+
+open_enum! {
+    /// Slurm job state (base state, without flags).
+    pub enum SlurmJobState {
+        /// Waiting for resources.
+        Pending => "PENDING",
+        /// Running.
+        Running => "RUNNING",
+        /// Suspended.
+        Suspended => "SUSPENDED",
+        /// Ending.
+        Completing => "COMPLETING",
+        /// Finished successfully.
+        Completed => "COMPLETED",
+        /// Cancelled.
+        Cancelled => "CANCELLED",
+        /// Finished with an error.
+        Failed => "FAILED",
+        /// Ran out of time.
+        Timeout => "TIMEOUT",
+        /// Its node failed.
+        NodeFail => "NODE_FAIL",
+        /// Preempted.
+        Preempted => "PREEMPTED",
+        /// Out of memory.
+        OutOfMemory => "OUT_OF_MEMORY",
+        /// Reached its deadline.
+        Deadline => "DEADLINE",
+        /// Failed to launch.
+        BootFail => "BOOT_FAIL",
+    }
+}
+
+impl SlurmJobState {
+    /// Whether the job holds its nodes (running, suspended or completing).
+    pub fn holds_nodes(&self) -> bool {
+        matches!(self, Self::Running | Self::Suspended | Self::Completing)
+    }
+}
+
+/// A Slurm job as the reducer sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SlurmJob {
+    /// Job id.
+    pub job_id: u64,
+    /// State.
+    pub state: SlurmJobState,
+    /// Partition the job was submitted to (the first, if several).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub partition: String,
+    /// Nodes the job holds (hostlist expanded by the connector), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// Number of nodes requested.
+    #[serde(default)]
+    pub node_count: u32,
+    /// Why the job is pending (Slurm's reason code, e.g. `Resources`, `Dependency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reason: Option<String>,
+}
+
+/// A Slurm partition as the reducer sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SlurmPartition {
+    /// Partition name.
+    pub name: String,
+    /// Member nodes (expanded), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+}
+
+/// Status of a Kubernetes condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ConditionStatus {
+    /// The condition holds.
+    True,
+    /// The condition does not hold.
+    False,
+    /// Unknown (for Ready: the kubelet stopped reporting).
+    Unknown,
+}
+
+/// A node condition lockstep was asked to watch (policy `health.node_conditions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeCondition {
+    /// Condition type, e.g. `GpuXidError`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Status.
+    pub status: ConditionStatus,
+    /// Reason, as set by whoever reports the condition.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// Kubernetes taint effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum TaintEffect {
+    /// Do not schedule new pods.
+    NoSchedule,
+    /// Avoid scheduling new pods.
+    PreferNoSchedule,
+    /// Evict running pods.
+    NoExecute,
+}
+
+/// A Kubernetes node taint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Taint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    /// Effect.
+    pub effect: TaintEffect,
+}
+
+/// A Kubernetes node, reduced to what lockstep reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KubeNode {
+    /// Node name.
+    pub name: String,
+    /// `spec.unschedulable` (cordoned).
+    #[serde(default)]
+    pub unschedulable: bool,
+    /// Status of the `Ready` condition.
+    pub ready: ConditionStatus,
+    /// The watched conditions named in the policy, sorted by type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<NodeCondition>,
+    /// Labels and annotations named in the policy (annotations prefixed `annotation:`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Taints whose key lockstep manages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+}
+
+/// Pod phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum PodPhase {
+    /// Accepted, not all containers running.
+    Pending,
+    /// Bound and running.
+    Running,
+    /// All containers terminated successfully.
+    Succeeded,
+    /// All containers terminated, at least one in failure.
+    Failed,
+    /// State could not be obtained.
+    Unknown,
+}
+
+/// A pod condition, as observed or as lockstep wants it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PodCondition {
+    /// Condition type, e.g. `SlurmNodeDrained`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Status.
+    pub status: ConditionStatus,
+    /// Machine-readable reason (CamelCase).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Human-readable message.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// The controller that owns a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct OwnerRef {
+    /// Owner kind, e.g. `StatefulSet`.
+    pub kind: String,
+    /// Owner name.
+    pub name: String,
+}
+
+/// A Kubernetes pod that runs slurmd, reduced to what lockstep reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KubePod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (the precondition of a delete).
+    pub uid: String,
+    /// The Kubernetes node it is bound to, if scheduled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Phase.
+    pub phase: PodPhase,
+    /// `metadata.deletionTimestamp` is set.
+    #[serde(default)]
+    pub deleting: bool,
+    /// The `DisruptionTarget` condition is True (evicted or preempted).
+    #[serde(default)]
+    pub disruption_target: bool,
+    /// Labels named in the policy.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Conditions whose type lockstep manages, sorted by type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<PodCondition>,
+    /// The controller that owns the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<OwnerRef>,
+    /// Controller revision (`controller-revision-hash`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+}
+
+/// Names a scale target.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub struct ScaleTargetRef {
+    /// API group, empty for the core group (`apps` for StatefulSet).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    /// Kind, e.g. `StatefulSet` or `NodeSet`.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ScaleTargetRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// A Kubernetes object with a scale subresource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KubeScaleTarget {
+    /// Which object.
+    pub target: ScaleTargetRef,
+    /// `spec.replicas`.
+    pub replicas: u32,
+    /// `status.readyReplicas`.
+    #[serde(default)]
+    pub ready_replicas: u32,
+    /// The revision new pods get (`status.updateRevision`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_revision: Option<String>,
+}
+
+/// How an action ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeResult {
+    /// The actuator changed the target.
+    Succeeded,
+    /// The target was already in the wanted state; nothing was changed.
+    AlreadyDone,
+    /// The action failed.
+    Failed {
+        /// Whether trying again may help (timeouts, conflicts, connection errors).
+        retryable: bool,
+        /// The error, for the audit trail.
+        error: String,
+    },
+}
+
+/// An actuator's report on one action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ActionOutcome {
+    /// The action's id.
+    pub action_id: ActionId,
+    /// The action's kind.
+    pub kind: ActionKind,
+    /// The action's target.
+    pub target: Target,
+    /// What happened.
+    pub result: OutcomeResult,
+}

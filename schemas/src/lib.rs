@@ -1,0 +1,51 @@
+//! lockstep's wire types: the [`Envelope`] every event travels in, the
+//! [`Event`] and [`Action`] vocabularies, the [`Policy`], the exported log
+//! file's [`Record`]s, and their codecs (MessagePack with named fields, JSON).
+//!
+//! This crate owns the formats that outlive a process: logs written today must
+//! replay with every later build. It never changes a field's meaning; it adds
+//! fields with defaults, and a breaking change gets a new schema version with
+//! a conversion from the old one.
+
+mod action;
+mod envelope;
+mod event;
+pub mod log;
+mod open_enum;
+mod policy;
+pub mod schema;
+
+pub use action::{Action, ActionId, ActionKind, IssuedAction, Target};
+pub use envelope::{Envelope, EventId, Source, SCHEMA_VERSION};
+pub use event::{
+    ActionOutcome, ConditionStatus, Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget,
+    NodeCondition, OutcomeResult, OwnerRef, PodCondition, PodPhase, ScaleTargetRef, SlurmBaseState,
+    SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint, TaintEffect,
+};
+pub use log::{EventRecord, Record};
+pub use policy::{
+    ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, Mapping, MappingMode, Policy,
+    PolicyError, TaintSpec,
+};
+
+/// Every event kind's wire name, as [`Event::kind`] gives it.
+pub const EVENT_KINDS: &[&str] = &[
+    "slurm_node",
+    "slurm_node_gone",
+    "slurm_job",
+    "slurm_job_gone",
+    "slurm_partition",
+    "slurm_partition_gone",
+    "kube_node",
+    "kube_node_gone",
+    "kube_pod",
+    "kube_pod_gone",
+    "kube_scale_target",
+    "kube_scale_target_gone",
+    "sync_started",
+    "sync_done",
+    "connector_status",
+    "tick",
+    "action_outcome",
+    "policy_changed",
+];

@@ -1,0 +1,260 @@
+//! The policy: everything that decides what the reducer wants.
+//!
+//! A policy enters the log as a `PolicyChanged` event, so a change takes
+//! effect without restart, is audited, and replays deterministically. Every
+//! field has a default; an empty document is the default policy. Unknown
+//! fields are rejected so a typo is an error, not a silently ignored setting.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::event::TaintEffect;
+
+/// The whole policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// How Slurm nodes are joined with Kubernetes pods and nodes.
+    pub mapping: Mapping,
+    /// Drains that follow cordons, evictions and pod deletions, and how drains
+    /// set by others are shown in Kubernetes.
+    pub drain: DrainPolicy,
+    /// Health in both directions: Kubernetes node health drains Slurm, Slurm
+    /// node health shows on pods and nodes.
+    pub health: HealthPolicy,
+    /// Retries and timeouts of actions in flight.
+    pub actions: ActionPolicy,
+}
+
+/// How the reducer joins a Slurm node with its pod and Kubernetes node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Mapping {
+    /// `pod`: each Slurm node runs in a pod (Slinky, SUNK, soperator); the
+    /// Kubernetes node is the one the pod is bound to. `host`: slurmd runs on
+    /// the host; the Slurm node name is the Kubernetes node name.
+    pub mode: MappingMode,
+    /// Pod mode: the pod label whose value is the Slurm node name. Unset: the
+    /// pod name is the Slurm node name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_name_label: Option<String>,
+    /// Pod mode: label selector of the pods that run slurmd (used by the
+    /// Kubernetes watcher).
+    pub pod_selector: String,
+}
+
+impl Default for Mapping {
+    fn default() -> Self {
+        Self {
+            mode: MappingMode::Pod,
+            node_name_label: None,
+            pod_selector: default_pod_selector(),
+        }
+    }
+}
+
+fn default_pod_selector() -> String {
+    "app.kubernetes.io/component=slurmd".to_owned()
+}
+
+/// See [`Mapping::mode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MappingMode {
+    /// Slurm node = a pod.
+    Pod,
+    /// Slurm node name = Kubernetes node name.
+    Host,
+}
+
+/// Drain policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct DrainPolicy {
+    /// Reason prefix that marks a drain as lockstep's own. lockstep only ever
+    /// resumes drains whose reason starts with it.
+    pub reason_prefix: String,
+    /// Drain the Slurm nodes on a cordoned Kubernetes node; resume on uncordon.
+    pub on_cordon: bool,
+    /// Drain the Slurm node of a pod that is evicted (DisruptionTarget) or
+    /// being deleted.
+    pub on_pod_disruption: bool,
+    /// Pod condition type that shows a drain set by someone else (an admin, a
+    /// health check). Empty: not shown.
+    pub foreign_drain_condition: String,
+    /// Optional taint put on the Kubernetes node while one of its Slurm nodes
+    /// has a drain set by someone else.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub foreign_drain_taint: Option<TaintSpec>,
+}
+
+impl Default for DrainPolicy {
+    fn default() -> Self {
+        Self {
+            reason_prefix: "lockstep:".to_owned(),
+            on_cordon: true,
+            on_pod_disruption: true,
+            foreign_drain_condition: "SlurmNodeDrained".to_owned(),
+            foreign_drain_taint: None,
+        }
+    }
+}
+
+/// A taint lockstep sets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaintSpec {
+    /// Taint key.
+    pub key: String,
+    /// Taint value.
+    #[serde(default)]
+    pub value: String,
+    /// Effect.
+    #[serde(default = "default_taint_effect")]
+    pub effect: TaintEffect,
+}
+
+const fn default_taint_effect() -> TaintEffect {
+    TaintEffect::NoSchedule
+}
+
+/// Health policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthPolicy {
+    /// How long a Kubernetes node may be NotReady or Unknown before its Slurm
+    /// nodes are taken out. Shorter blips do nothing.
+    pub not_ready_grace_s: u64,
+    /// Kubernetes node conditions that take the Slurm nodes out while True
+    /// (GPU XID errors, NVLink, node-problem-detector, ...).
+    pub node_conditions: Vec<String>,
+    /// What to do to an unhealthy node's Slurm nodes: `drain` lets running
+    /// jobs finish, `down` kills them.
+    pub action: HealthAction,
+    /// Once the cause clears, how long the node must stay healthy before
+    /// lockstep resumes it (hysteresis).
+    pub resume_after_s: u64,
+    /// Flap damping: a node with more than this many health drains within
+    /// `flap_window_s` stays drained for `flap_hold_s` after the last one.
+    pub flaps_max: u32,
+    /// Flap damping window.
+    pub flap_window_s: u64,
+    /// How long a flapping node is held drained.
+    pub flap_hold_s: u64,
+    /// Cluster-wide bound: at most this many health drains per minute of log
+    /// time; more are deferred, so that a control-plane outage that marks
+    /// every node NotReady does not drain the whole cluster at once.
+    pub drains_per_minute_max: u32,
+    /// Pod condition type that shows Slurm's view of the node's health
+    /// (DOWN, NOT_RESPONDING, FAIL). Empty: not shown.
+    pub slurm_health_condition: String,
+    /// Taint put on a Kubernetes node while one of its Slurm nodes is DOWN,
+    /// NOT_RESPONDING or FAIL and lockstep did not cause it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unhealthy_taint: Option<TaintSpec>,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            not_ready_grace_s: 60,
+            node_conditions: Vec::new(),
+            action: HealthAction::Drain,
+            resume_after_s: 30,
+            flaps_max: 3,
+            flap_window_s: 3600,
+            flap_hold_s: 1800,
+            drains_per_minute_max: 50,
+            slurm_health_condition: "SlurmNodeHealthy".to_owned(),
+            unhealthy_taint: Some(TaintSpec {
+                key: "lockstep.io/slurm-unhealthy".to_owned(),
+                value: String::new(),
+                effect: TaintEffect::NoSchedule,
+            }),
+        }
+    }
+}
+
+/// See [`HealthPolicy::action`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthAction {
+    /// `state=DRAIN`.
+    Drain,
+    /// `state=DOWN`.
+    Down,
+}
+
+/// How actions in flight are retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActionPolicy {
+    /// An action with no outcome, or whose effect is not observed, after this
+    /// long (log time) counts as failed and is retried.
+    pub timeout_s: u64,
+    /// First retry delay after a failure.
+    pub retry_backoff_initial_s: u64,
+    /// Upper bound of the retry delay (it doubles per attempt).
+    pub retry_backoff_max_s: u64,
+    /// Attempts before lockstep gives up on a target until what it wants changes.
+    pub attempts_max: u32,
+}
+
+impl Default for ActionPolicy {
+    fn default() -> Self {
+        Self {
+            timeout_s: 60,
+            retry_backoff_initial_s: 5,
+            retry_backoff_max_s: 300,
+            attempts_max: 8,
+        }
+    }
+}
+
+/// Errors from reading a policy document.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The document is not a valid policy (syntax, unknown field, bad value).
+    #[error("invalid policy: {0}")]
+    Invalid(#[source] serde_json::Error),
+    /// A value is out of range.
+    #[error("invalid policy: {0}")]
+    Range(String),
+}
+
+impl Policy {
+    /// Parses a JSON policy document and checks its values.
+    pub fn from_json(text: &str) -> Result<Self, PolicyError> {
+        let policy: Policy = serde_json::from_str(text).map_err(PolicyError::Invalid)?;
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Checks values serde cannot.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let range = |what: &str| Err(PolicyError::Range(what.to_owned()));
+        if self.drain.reason_prefix.trim().is_empty() {
+            return range(
+                "drain.reason_prefix must not be empty: it is how lockstep knows its own drains",
+            );
+        }
+        if self.actions.attempts_max == 0 {
+            return range("actions.attempts_max must be at least 1");
+        }
+        if self.actions.timeout_s == 0 {
+            return range("actions.timeout_s must be at least 1");
+        }
+        if self.actions.retry_backoff_initial_s > self.actions.retry_backoff_max_s {
+            return range(
+                "actions.retry_backoff_initial_s must not exceed actions.retry_backoff_max_s",
+            );
+        }
+        if self.health.drains_per_minute_max == 0 {
+            return range("health.drains_per_minute_max must be at least 1");
+        }
+        if self.mapping.mode == MappingMode::Pod && self.mapping.pod_selector.trim().is_empty() {
+            return range("mapping.pod_selector must not be empty in pod mode");
+        }
+        Ok(())
+    }
+}

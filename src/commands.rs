@@ -1,0 +1,238 @@
+//! The commands behind the CLI, writing to any `Write` so tests see exactly
+//! what a user sees.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+
+use anyhow::{Context, Result};
+use lockstep_engine::replay::{Audit, Divergence, Replay, Step};
+use lockstep_engine::Engine;
+use lockstep_schemas::log::{DecodeError, LogReader};
+use lockstep_schemas::{IssuedAction, Policy, Record};
+
+use crate::render;
+
+/// How `replay` should run.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// JSON Lines instead of text.
+    pub json: bool,
+    /// Print every event, not only those that caused something.
+    pub all_events: bool,
+    /// Compare recomputed actions with the recorded ones.
+    pub verify: bool,
+    /// Replay with this policy instead of the log's.
+    pub policy: Option<Policy>,
+}
+
+/// How a replay ended.
+#[derive(Debug)]
+pub struct ReplayReport {
+    /// Events applied.
+    pub events: u64,
+    /// Transitions.
+    pub transitions: u64,
+    /// Actions issued.
+    pub actions: u64,
+    /// Actions recorded in the log.
+    pub recorded_actions: u64,
+    /// State hash at the end.
+    pub state_hash: String,
+    /// With `verify` or `policy`: where recomputed and recorded actions differ.
+    pub divergence: Option<Divergence>,
+    /// Where the log was damaged, if it was; everything before was replayed.
+    pub damage: Option<DecodeError>,
+}
+
+/// Folds a log, writing the timeline to `out`. `progress` is called with the
+/// bytes read so far every few thousand records.
+pub fn replay<R: BufRead>(
+    reader: LogReader<R>,
+    opts: &ReplayOptions,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ReplayReport> {
+    let mut engine = Engine::new(opts.policy.clone().unwrap_or_default());
+    if opts.policy.is_some() {
+        engine.pin_policy();
+    }
+    let mut replay = Replay::new(engine);
+    let mut recorded: BTreeMap<String, IssuedAction> = BTreeMap::new();
+    let mut recomputed: BTreeMap<String, IssuedAction> = BTreeMap::new();
+    let what_if = opts.policy.is_some();
+    let mut damage = None;
+    let mut n = 0u64;
+    let mut reader = reader;
+    loop {
+        let rec = match reader.next() {
+            None => break,
+            Some(Ok(rec)) => rec,
+            Some(Err(e)) => {
+                damage = Some(e);
+                break;
+            }
+        };
+        n += 1;
+        if n % 4096 == 0 {
+            progress(reader.bytes_read());
+        }
+        if what_if {
+            if let Record::Action(a) = &rec {
+                recorded.insert(a.id.0.clone(), a.clone());
+            }
+        }
+        if let Step::Applied(ev, output) = replay.feed(&rec) {
+            if what_if {
+                for a in &output.actions {
+                    recomputed.insert(a.id.0.clone(), a.clone());
+                }
+            }
+            let productive = !output.transitions.is_empty() || !output.actions.is_empty();
+            if opts.json {
+                if productive || opts.all_events {
+                    let row = render::TimelineRow::new(ev, &output.transitions, &output.actions);
+                    serde_json::to_writer(&mut *out, &row)?;
+                    out.write_all(b"\n")?;
+                }
+            } else if productive || opts.all_events {
+                out.write_all(
+                    render::timeline(ev, &output.transitions, &output.actions).as_bytes(),
+                )?;
+            }
+        }
+    }
+    progress(reader.bytes_read());
+    let totals = replay.totals();
+    let divergence = if opts.verify || what_if {
+        replay.divergence()
+    } else {
+        None
+    };
+    if what_if && !opts.json {
+        write_what_if(out, &recorded, &recomputed)?;
+    }
+    Ok(ReplayReport {
+        events: totals.events,
+        transitions: totals.transitions,
+        actions: totals.actions,
+        recorded_actions: totals.recorded_actions,
+        state_hash: replay.engine().hash(),
+        divergence,
+        damage,
+    })
+}
+
+fn write_what_if(
+    out: &mut dyn Write,
+    recorded: &BTreeMap<String, IssuedAction>,
+    recomputed: &BTreeMap<String, IssuedAction>,
+) -> Result<()> {
+    const SHOWN_MAX: usize = 20;
+    let gone: Vec<_> = recorded
+        .iter()
+        .filter(|(id, a)| recomputed.get(*id) != Some(a))
+        .collect();
+    let new: Vec<_> = recomputed
+        .iter()
+        .filter(|(id, a)| recorded.get(*id) != Some(a))
+        .collect();
+    writeln!(out, "\nwith this policy:")?;
+    writeln!(
+        out,
+        "  {} of {} recorded actions would not have been issued",
+        gone.len(),
+        recorded.len()
+    )?;
+    for (_, a) in gone.iter().take(SHOWN_MAX) {
+        writeln!(out, "  - {}", render::action(a).trim_start())?;
+    }
+    writeln!(
+        out,
+        "  {} actions would have been issued that were not",
+        new.len()
+    )?;
+    for (_, a) in new.iter().take(SHOWN_MAX) {
+        writeln!(out, "  + {}", render::action(a).trim_start())?;
+    }
+    Ok(())
+}
+
+/// Describes a divergence for a person.
+pub fn describe_divergence(d: &Divergence) -> String {
+    let show = |a: &Option<IssuedAction>| match a {
+        Some(a) => format!(
+            "{} (attempt {}, rule {}): {}",
+            a.id,
+            a.attempt,
+            a.rule,
+            a.action.describe()
+        ),
+        None => "nothing".to_owned(),
+    };
+    format!(
+        "first divergence at seq {}:\n  recorded:   {}\n  recomputed: {}",
+        d.seq,
+        show(&d.recorded),
+        show(&d.recomputed)
+    )
+}
+
+/// Builds the causal chain of one Slurm node from a log.
+pub fn audit<R: BufRead>(
+    reader: LogReader<R>,
+    node: &str,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Option<DecodeError>> {
+    let mut replay = Replay::new(Engine::new(Policy::default()));
+    let mut audit = Audit::new(node);
+    let mut damage = None;
+    for rec in reader {
+        let rec = match rec {
+            Ok(rec) => rec,
+            Err(e) => {
+                damage = Some(e);
+                break;
+            }
+        };
+        replay.feed(&rec);
+        if let Record::Event(ev) = &rec {
+            audit.observe(ev, replay.output(), replay.engine());
+        }
+    }
+    if json {
+        for e in audit.entries() {
+            let row = match e {
+                lockstep_engine::replay::AuditEntry::Event {
+                    seq,
+                    time_ms,
+                    id,
+                    summary,
+                } => {
+                    serde_json::json!({"type": "event", "seq": seq, "time_ms": time_ms, "id": id, "summary": summary})
+                }
+                lockstep_engine::replay::AuditEntry::Transition(t) => {
+                    serde_json::json!({"type": "transition", "transition": t})
+                }
+                lockstep_engine::replay::AuditEntry::Action(a) => {
+                    serde_json::json!({"type": "action", "action": a})
+                }
+            };
+            serde_json::to_writer(&mut *out, &row)?;
+            out.write_all(b"\n")?;
+        }
+    } else {
+        out.write_all(render::audit(node, audit.entries()).as_bytes())?;
+        if audit.entries().is_empty() {
+            writeln!(out, "(the log never mentions slurm node {node})")?;
+        }
+    }
+    Ok(damage)
+}
+
+/// Reads a policy file (JSON).
+pub fn read_policy(path: &std::path::Path) -> Result<Policy> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading policy {}", path.display()))?;
+    Policy::from_json(&text).with_context(|| format!("in policy {}", path.display()))
+}

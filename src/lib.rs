@@ -1,0 +1,7 @@
+//! lockstep: an event-sourced state-sync engine between Slurm and Kubernetes.
+//!
+//! This crate is the `lockstep` command: CLI, configuration and wiring. The
+//! reducer lives in `lockstep-engine`, the wire types in `lockstep-schemas`.
+
+pub mod commands;
+pub mod render;
