@@ -3,7 +3,7 @@
 //! observed state decides, never the event alone) and every node whose timer
 //! is due.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, PodCondition,
@@ -104,6 +104,10 @@ pub struct Engine {
     timers: BTreeSet<(u64, Wake)>,
     /// Log times of recent health drains, cluster-wide (rate bound).
     health_drains: VecDeque<u64>,
+    /// Slots whose object vanished while their action was in flight. Kept
+    /// until the outcome or the timeout, so an object that comes back does
+    /// not get a second action racing the first.
+    orphans: BTreeMap<Target, Slot>,
     /// `--policy` replays: ignore `PolicyChanged` records.
     #[serde(skip)]
     pinned: bool,
@@ -134,6 +138,7 @@ impl Engine {
             ctl: FxHashMap::default(),
             timers: BTreeSet::new(),
             health_drains: VecDeque::new(),
+            orphans: BTreeMap::new(),
             pinned: false,
             dirty: Vec::new(),
             scratch_causes: Vec::new(),
@@ -197,6 +202,7 @@ impl Engine {
         for k in self.model.kube_nodes.values() {
             k.taint_slots.iter().for_each(|(_, s)| add(s));
         }
+        self.orphans.values().for_each(&mut add);
         v.sort();
         v
     }
@@ -312,6 +318,7 @@ impl Engine {
     /// Marks a Kubernetes node and the Slurm nodes on it for evaluation.
     fn touch_kube(&mut self, name: &str) {
         let mut names = std::mem::take(&mut self.scratch_names);
+        names.clear();
         self.model.slurm_nodes_on(name, &self.policy, &mut names);
         self.dirty.extend(names.drain(..).map(Wake::Slurm));
         self.scratch_names = names;
@@ -394,17 +401,27 @@ impl Engine {
             Event::KubeNode(node) => {
                 let gen = self.gen(Domain::KubeNodes);
                 let now = ctx.now_ms;
+                if !self.model.kube_nodes.contains_key(&node.name) {
+                    let taint_slots = adopt(&mut self.orphans, |t| match t {
+                        Target::NodeTaint { node: n, key } if *n == node.name => Some(key.clone()),
+                        _ => None,
+                    });
+                    self.model.kube_nodes.insert(
+                        node.name.clone(),
+                        KubeEntry {
+                            obs: node.clone(),
+                            gen,
+                            not_ready_since: None,
+                            taint_slots,
+                            wake_ms: None,
+                        },
+                    );
+                }
                 let entry = self
                     .model
                     .kube_nodes
-                    .entry(node.name.clone())
-                    .or_insert_with(|| KubeEntry {
-                        obs: node.clone(),
-                        gen,
-                        not_ready_since: None,
-                        taint_slots: Vec::new(),
-                        wake_ms: None,
-                    });
+                    .get_mut(&node.name)
+                    .expect("inserted above");
                 entry.gen = gen;
                 let ready = node.ready == ConditionStatus::True;
                 let spell_changed = ready == entry.not_ready_since.is_some();
@@ -441,16 +458,28 @@ impl Engine {
                 if let Some(old) = &old {
                     self.unindex_pod(&key, old);
                 }
-                let entry = self
-                    .model
-                    .pods
-                    .entry(key.clone())
-                    .or_insert_with(|| PodEntry {
-                        obs: pod.clone(),
-                        gen,
-                        condition_slots: Vec::new(),
+                if old.is_none() {
+                    let condition_slots = adopt(&mut self.orphans, |t| match t {
+                        Target::PodCondition {
+                            namespace,
+                            pod: p,
+                            condition,
+                        } if *namespace == pod.namespace && *p == pod.name => {
+                            Some(condition.clone())
+                        }
+                        _ => None,
                     });
-                entry.obs.clone_from(pod);
+                    self.model.pods.insert(
+                        key.clone(),
+                        PodEntry {
+                            obs: pod.clone(),
+                            gen,
+                            condition_slots,
+                        },
+                    );
+                } else if let Some(entry) = self.model.pods.get_mut(&key) {
+                    entry.obs.clone_from(pod);
+                }
                 let pod = pod.clone();
                 self.index_pod(&key, &pod);
             }
@@ -526,7 +555,24 @@ impl Engine {
         if let Some(entry) = self.model.pods.get(key) {
             let pod = entry.obs.clone();
             self.unindex_pod(key, &pod);
-            self.model.pods.remove(key);
+            if let Some(entry) = self.model.pods.remove(key) {
+                for (_, slot) in entry.condition_slots {
+                    self.park(slot);
+                }
+            }
+        }
+    }
+
+    /// Keeps a vanished object's slot while its action is in flight.
+    fn park(&mut self, slot: Slot) {
+        let timeout_ms = self.policy.actions.timeout_s.saturating_mul(1000);
+        let now = self.now_ms;
+        self.orphans
+            .retain(|_, s| s.pending().is_some_and(|f| now < f.issued_ms + timeout_ms));
+        if let Some(f) = slot.pending() {
+            if now < f.issued_ms + timeout_ms {
+                self.orphans.insert(f.action.target(), slot);
+            }
         }
     }
 
@@ -540,6 +586,9 @@ impl Engine {
         if let Some(entry) = self.model.kube_nodes.remove(name) {
             if let Some(at) = entry.wake_ms {
                 self.timers.remove(&(at, Wake::Kube(name.to_owned())));
+            }
+            for (_, slot) in entry.taint_slots {
+                self.park(slot);
             }
             self.touch_kube(name);
         }
@@ -610,6 +659,13 @@ impl Engine {
 
     fn handle_outcome(&mut self, o: &lockstep_schemas::ActionOutcome, now_ms: u64) {
         let policy = &self.policy.actions;
+        if let Some(slot) = self.orphans.get_mut(&o.target) {
+            slot.handle_outcome(&o.action_id, &o.result, now_ms, policy);
+            if slot.pending().is_none() {
+                self.orphans.remove(&o.target);
+            }
+            return;
+        }
         match &o.target {
             Target::SlurmNodeState { node } => {
                 if let Some(c) = self.ctl.get_mut(node) {
@@ -710,13 +766,20 @@ impl Engine {
                 if let Some(at) = ctl.wake_ms.take() {
                     self.timers.remove(&(at, Wake::Slurm(name.to_owned())));
                 }
+                self.park(ctl.state_slot);
             }
             self.scratch_causes = causes;
             return;
         };
         let side = SlurmSide::of(slurm, &policy.drain.reason_prefix);
         if !self.ctl.contains_key(name) {
-            self.ctl.insert(name.to_owned(), NodeCtl::default());
+            let mut ctl = NodeCtl::default();
+            if let Some(slot) = self.orphans.remove(&Target::SlurmNodeState {
+                node: name.to_owned(),
+            }) {
+                ctl.state_slot = slot;
+            }
+            self.ctl.insert(name.to_owned(), ctl);
         }
         let ctl = self.ctl.get_mut(name).expect("inserted above");
 
@@ -1115,6 +1178,24 @@ impl Engine {
             Wake::Kube(name.to_owned())
         });
     }
+}
+
+/// Takes the orphaned slots whose target `key_of` recognises, keyed by what
+/// it returns.
+fn adopt(
+    orphans: &mut BTreeMap<Target, Slot>,
+    key_of: impl Fn(&Target) -> Option<String>,
+) -> Vec<(String, Slot)> {
+    if orphans.is_empty() {
+        return Vec::new();
+    }
+    let keys: Vec<(Target, String)> = orphans
+        .keys()
+        .filter_map(|t| key_of(t).map(|k| (t.clone(), k)))
+        .collect();
+    keys.into_iter()
+        .filter_map(|(t, k)| orphans.remove(&t).map(|s| (k, s)))
+        .collect()
 }
 
 /// Keeps one timer per node: the earliest time it needs another look.

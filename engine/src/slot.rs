@@ -69,13 +69,20 @@ impl Slot {
         policy: &ActionPolicy,
         out: &mut Vec<IssuedAction>,
     ) -> (Step, Option<u64>) {
+        let timeout_ms = policy.timeout_s.saturating_mul(1000);
         let Some(want) = want else {
-            // Observed state is what we want: whatever was in flight has
-            // landed or is moot.
+            // Observed state is what we want. An action still on its way may
+            // yet land (and be undone by the next evaluation); until its
+            // outcome or timeout, it keeps the slot so nothing races it.
+            if let Some(cur) = &self.current {
+                let deadline = cur.issued_ms + timeout_ms;
+                if cur.flight == Flight::Sent && issue.now_ms < deadline {
+                    return (Step::Quiet, Some(deadline));
+                }
+            }
             self.current = None;
             return (Step::Quiet, None);
         };
-        let timeout_ms = policy.timeout_s.saturating_mul(1000);
         let Some(cur) = &mut self.current else {
             self.send(want, 1, issue, out);
             return (Step::Quiet, Some(issue.now_ms + timeout_ms));

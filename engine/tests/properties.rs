@@ -1,0 +1,546 @@
+//! Invariants of the reducer over random logs (DESIGN.md "Invariants"):
+//! the same log gives the same state, transitions and actions at any batch
+//! split and across snapshot/restore; re-delivered events change nothing;
+//! lockstep never resumes a drain it does not own; never two actions in
+//! flight for one target.
+//!
+//! A failing case prints the shrunk sequence of operations that reproduces it.
+
+use std::collections::BTreeMap;
+
+use lockstep_engine::{Engine, Output, Phase, Transition};
+use lockstep_schemas::{
+    Action, ActionOutcome, ConditionStatus, Domain, Envelope, Event, EventRecord, IssuedAction,
+    KubeNode, KubePod, MappingMode, NodeCondition, OutcomeResult, PodPhase, Policy, Record,
+    SlurmBaseState, SlurmNode, SlurmNodeFlag, Source, TaintEffect, TaintSpec, Target,
+};
+use proptest::prelude::*;
+
+const SLURM: [&str; 4] = ["n1", "n2", "n3", "n4"];
+const KUBE: [&str; 3] = ["k1", "k2", "k3"];
+const PREFIX: &str = "lockstep:";
+
+/// One thing that happens in the random cluster.
+#[derive(Debug, Clone)]
+enum Op {
+    Slurm {
+        node: usize,
+        state: u8,
+        drain: Option<bool>,
+        not_responding: bool,
+    },
+    SlurmGone {
+        node: usize,
+    },
+    Kube {
+        node: usize,
+        cordoned: bool,
+        ready: u8,
+        xid: bool,
+        taint: bool,
+    },
+    Pod {
+        node: usize,
+        on: usize,
+        deleting: bool,
+        evicted: bool,
+        cond: u8,
+    },
+    PodGone {
+        node: usize,
+    },
+    Advance {
+        s: u64,
+    },
+    /// Report an outcome for the i-th pending action (if any).
+    Outcome {
+        pick: usize,
+        result: u8,
+    },
+    Sync {
+        domain: u8,
+        keep: u8,
+    },
+    SlurmVisible(bool),
+    HostMode(bool),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..4usize, 0..4u8, prop::option::of(any::<bool>()), prop::bool::weighted(0.15))
+            .prop_map(|(node, state, drain, not_responding)| Op::Slurm { node, state, drain, not_responding }),
+        1 => (0..4usize).prop_map(|node| Op::SlurmGone { node }),
+        4 => (0..3usize, prop::bool::weighted(0.3), 0..4u8, prop::bool::weighted(0.2), any::<bool>())
+            .prop_map(|(node, cordoned, ready, xid, taint)| Op::Kube { node, cordoned, ready, xid, taint }),
+        3 => (0..4usize, 0..3usize, prop::bool::weighted(0.15), prop::bool::weighted(0.15), 0..3u8)
+            .prop_map(|(node, on, deleting, evicted, cond)| Op::Pod { node, on, deleting, evicted, cond }),
+        1 => (0..4usize).prop_map(|node| Op::PodGone { node }),
+        4 => prop_oneof![1..20u64, 20..200u64].prop_map(|s| Op::Advance { s }),
+        4 => (0..4usize, 0..4u8).prop_map(|(pick, result)| Op::Outcome { pick, result }),
+        1 => (0..3u8, any::<u8>()).prop_map(|(domain, keep)| Op::Sync { domain, keep }),
+        1 => any::<bool>().prop_map(Op::SlurmVisible),
+        1 => prop::bool::weighted(0.3).prop_map(Op::HostMode),
+    ]
+}
+
+fn policy(host: bool) -> Policy {
+    let mut p = Policy::default();
+    p.health.not_ready_grace_s = 30;
+    p.health.node_conditions = vec!["GpuXid".into()];
+    p.health.drains_per_minute_max = 2;
+    p.health.flaps_max = 2;
+    p.health.flap_hold_s = 300;
+    p.health.resume_after_s = 20;
+    p.drain.foreign_drain_taint = Some(TaintSpec {
+        key: "lockstep.io/foreign-drain".into(),
+        value: String::new(),
+        effect: TaintEffect::PreferNoSchedule,
+    });
+    p.actions.timeout_s = 45;
+    p.actions.attempts_max = 3;
+    if host {
+        p.mapping.mode = MappingMode::Host;
+    }
+    p
+}
+
+/// The random cluster as the connectors see it, for building events.
+#[derive(Default)]
+struct World {
+    slurm: BTreeMap<usize, SlurmNode>,
+    pods: BTreeMap<usize, KubePod>,
+}
+
+/// Turns operations into a log, resolving outcome picks against the
+/// reducer's pending actions as it goes (the same way every time).
+fn build_log(ops: &[Op]) -> Vec<EventRecord> {
+    let mut engine = Engine::new(Policy::default());
+    let mut out = Output::default();
+    let mut world = World::default();
+    let mut recs = Vec::new();
+    let mut now = 1_000_000u64;
+    let mut push = |event: Event, now: u64, engine: &mut Engine, recs: &mut Vec<EventRecord>| {
+        // Stride 2: the odd numbers stay free for re-delivered copies.
+        let rec = EventRecord {
+            seq: 2 * (recs.len() as u64 + 1),
+            time_ms: now,
+            envelope: Envelope::new(Source::Test, now, event),
+        };
+        out.clear();
+        engine.apply(&rec, &mut out);
+        recs.push(rec);
+    };
+    push(
+        Event::PolicyChanged(Box::new(policy(false))),
+        now,
+        &mut engine,
+        &mut recs,
+    );
+    for op in ops {
+        let event = match op {
+            Op::Slurm {
+                node,
+                state,
+                drain,
+                not_responding,
+            } => {
+                let mut n = SlurmNode {
+                    name: SLURM[*node].into(),
+                    state: [
+                        SlurmBaseState::Idle,
+                        SlurmBaseState::Allocated,
+                        SlurmBaseState::Mixed,
+                        SlurmBaseState::Down,
+                    ][*state as usize]
+                        .clone(),
+                    flags: vec![],
+                    reason: None,
+                    reason_user: None,
+                    features: vec![],
+                    topology: None,
+                    partitions: vec![],
+                };
+                match drain {
+                    Some(owned) => {
+                        n.flags.push(SlurmNodeFlag::Drain);
+                        n.reason = Some(if *owned {
+                            format!("{PREFIX} test")
+                        } else {
+                            "admin: dimm".into()
+                        });
+                    }
+                    None if n.state == SlurmBaseState::Down => {
+                        n.reason = Some("Not responding".into())
+                    }
+                    None => {}
+                }
+                if *not_responding {
+                    n.flags.push(SlurmNodeFlag::NotResponding);
+                }
+                n.flags.sort();
+                world.slurm.insert(*node, n.clone());
+                Event::SlurmNode(n)
+            }
+            Op::SlurmGone { node } => {
+                world.slurm.remove(node);
+                Event::SlurmNodeGone {
+                    name: SLURM[*node].into(),
+                }
+            }
+            Op::Kube {
+                node,
+                cordoned,
+                ready,
+                xid,
+                taint,
+            } => Event::KubeNode(KubeNode {
+                name: KUBE[*node].into(),
+                unschedulable: *cordoned,
+                ready: [
+                    ConditionStatus::True,
+                    ConditionStatus::True,
+                    ConditionStatus::False,
+                    ConditionStatus::Unknown,
+                ][*ready as usize],
+                conditions: if *xid {
+                    vec![NodeCondition {
+                        type_: "GpuXid".into(),
+                        status: ConditionStatus::True,
+                        reason: String::new(),
+                    }]
+                } else {
+                    vec![]
+                },
+                labels: Default::default(),
+                taints: if *taint {
+                    vec![lockstep_schemas::Taint {
+                        key: "lockstep.io/slurm-unhealthy".into(),
+                        value: String::new(),
+                        effect: TaintEffect::NoSchedule,
+                    }]
+                } else {
+                    vec![]
+                },
+            }),
+            Op::Pod {
+                node,
+                on,
+                deleting,
+                evicted,
+                cond,
+            } => {
+                let pod = KubePod {
+                    namespace: "slurm".into(),
+                    name: SLURM[*node].into(),
+                    uid: format!("uid-{node}"),
+                    node_name: Some(KUBE[*on].into()),
+                    phase: PodPhase::Running,
+                    deleting: *deleting,
+                    disruption_target: *evicted,
+                    labels: Default::default(),
+                    conditions: match cond {
+                        1 => vec![lockstep_schemas::PodCondition {
+                            type_: "SlurmNodeDrained".into(),
+                            status: ConditionStatus::True,
+                            reason: "SlurmDrain".into(),
+                            message: "admin: dimm".into(),
+                        }],
+                        2 => vec![lockstep_schemas::PodCondition {
+                            type_: "SlurmNodeHealthy".into(),
+                            status: ConditionStatus::False,
+                            reason: "SlurmDown".into(),
+                            message: String::new(),
+                        }],
+                        _ => vec![],
+                    },
+                    owner: None,
+                    revision: None,
+                };
+                world.pods.insert(*node, pod.clone());
+                Event::KubePod(pod)
+            }
+            Op::PodGone { node } => {
+                world.pods.remove(node);
+                Event::KubePodGone {
+                    namespace: "slurm".into(),
+                    name: SLURM[*node].into(),
+                }
+            }
+            Op::Advance { s } => {
+                now += s * 1000;
+                Event::Tick
+            }
+            Op::Outcome { pick, result } => {
+                let pending = engine.pending();
+                if pending.is_empty() {
+                    Event::Tick
+                } else {
+                    let (target, id) = pending[pick % pending.len()].clone();
+                    Event::ActionOutcome(ActionOutcome {
+                        kind: kind_of(&target),
+                        action_id: id,
+                        target,
+                        result: match result {
+                            0 => OutcomeResult::Failed {
+                                retryable: true,
+                                error: "timeout".into(),
+                            },
+                            1 => OutcomeResult::Failed {
+                                retryable: false,
+                                error: "invalid".into(),
+                            },
+                            2 => OutcomeResult::AlreadyDone,
+                            _ => OutcomeResult::Succeeded,
+                        },
+                    })
+                }
+            }
+            Op::Sync { domain, keep } => {
+                let d = [Domain::SlurmNodes, Domain::KubePods, Domain::KubeNodes][*domain as usize];
+                push(
+                    Event::SyncStarted { domain: d },
+                    now,
+                    &mut engine,
+                    &mut recs,
+                );
+                // Relist part of what exists; the rest is gone at SyncDone.
+                if d == Domain::SlurmNodes {
+                    let listed: Vec<_> = world
+                        .slurm
+                        .iter()
+                        .filter(|(i, _)| keep >> **i & 1 == 1)
+                        .map(|(i, n)| (*i, n.clone()))
+                        .collect();
+                    world.slurm = listed.iter().cloned().collect();
+                    for (_, n) in listed {
+                        push(Event::SlurmNode(n), now, &mut engine, &mut recs);
+                    }
+                } else if d == Domain::KubePods {
+                    let listed: Vec<_> = world
+                        .pods
+                        .iter()
+                        .filter(|(i, _)| keep >> **i & 1 == 1)
+                        .map(|(i, p)| (*i, p.clone()))
+                        .collect();
+                    world.pods = listed.iter().cloned().collect();
+                    for (_, p) in listed {
+                        push(Event::KubePod(p), now, &mut engine, &mut recs);
+                    }
+                }
+                Event::SyncDone { domain: d }
+            }
+            Op::SlurmVisible(v) => Event::ConnectorStatus {
+                connector: lockstep_schemas::Connector::Slurm,
+                visible: *v,
+                detail: String::new(),
+            },
+            Op::HostMode(h) => Event::PolicyChanged(Box::new(policy(*h))),
+        };
+        push(event, now, &mut engine, &mut recs);
+    }
+    recs
+}
+
+fn kind_of(t: &Target) -> lockstep_schemas::ActionKind {
+    use lockstep_schemas::ActionKind::*;
+    match t {
+        Target::SlurmNodeState { .. } => SlurmDrain,
+        Target::PodCondition { .. } => KubeSetPodCondition,
+        Target::NodeTaint { .. } => KubeTaintNode,
+        _ => KubeScale,
+    }
+}
+
+/// Everything a run produced.
+#[derive(Debug, PartialEq)]
+struct Run {
+    transitions: Vec<Transition>,
+    actions: Vec<IssuedAction>,
+    hash: String,
+    phases: Vec<(String, Phase)>,
+}
+
+/// Applies records in batches of the given sizes, restarting the engine from
+/// a snapshot between batches (a crash after each commit).
+fn run_batched(recs: &[EventRecord], batches: &[usize]) -> Run {
+    let mut engine = Engine::new(Policy::default());
+    let mut out = Output::default();
+    let (mut transitions, mut actions) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    let mut b = 0;
+    while i < recs.len() {
+        let size = batches.get(b).copied().unwrap_or(recs.len()).max(1);
+        b += 1;
+        for rec in &recs[i..(i + size).min(recs.len())] {
+            out.clear();
+            engine.apply(rec, &mut out);
+            transitions.extend(out.transitions.drain(..));
+            actions.extend(out.actions.drain(..));
+        }
+        i += size;
+        let snap = engine.snapshot();
+        engine = Engine::restore(&snap).expect("snapshots restore");
+        assert_eq!(
+            engine.snapshot(),
+            snap,
+            "a restored engine snapshots identically"
+        );
+    }
+    Run {
+        transitions,
+        actions,
+        hash: engine.hash(),
+        phases: engine.phases(),
+    }
+}
+
+fn run_once(recs: &[EventRecord]) -> Run {
+    run_batched(recs, &[])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_restored_engine_behaves_like_the_one_it_was_taken_from(
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let recs = build_log(&ops);
+        let mut live = Engine::new(Policy::default());
+        let (mut a, mut b) = (Output::default(), Output::default());
+        for (i, rec) in recs.iter().enumerate() {
+            let mut restored = Engine::restore(&live.snapshot()).unwrap();
+            a.clear();
+            b.clear();
+            live.apply(rec, &mut a);
+            restored.apply(rec, &mut b);
+            prop_assert_eq!(&a, &b, "record {} ({:?}) after a restore", i, rec.envelope.event.kind());
+            prop_assert_eq!(live.hash(), restored.hash(), "record {}", i);
+        }
+    }
+
+    #[test]
+    fn same_log_same_everything_at_any_batch_split_and_across_restarts(
+        ops in prop::collection::vec(op(), 1..120),
+        batches in prop::collection::vec(1..40usize, 0..20),
+    ) {
+        let recs = build_log(&ops);
+        let whole = run_once(&recs);
+        let split = run_batched(&recs, &batches);
+        prop_assert_eq!(&whole, &split);
+        prop_assert_eq!(whole, run_once(&recs), "a second run on the same log");
+    }
+
+    #[test]
+    fn re_delivered_events_change_nothing(
+        ops in prop::collection::vec(op(), 1..120),
+        dup in prop::collection::vec(any::<bool>(), 240),
+    ) {
+        let recs = build_log(&ops);
+        // Every chosen record is delivered twice: a new sequence number, the
+        // same envelope, the same append time.
+        let mut doubled = Vec::new();
+        for (i, r) in recs.iter().enumerate() {
+            doubled.push(r.clone());
+            if dup[i % dup.len()] {
+                doubled.push(r.clone());
+            }
+        }
+        // Copies take the odd sequence number after their original, so the
+        // originals (and the action ids derived from them) keep theirs.
+        for w in 1..doubled.len() {
+            if doubled[w].seq == doubled[w - 1].seq {
+                doubled[w].seq += 1;
+            }
+        }
+        let a = run_once(&recs);
+        let b = run_once(&doubled);
+        let shape_t = |r: &Run| r.transitions.iter().map(|t| (t.node.clone(), t.from, t.to, t.rule, t.cause.clone(), t.time_ms)).collect::<Vec<_>>();
+        let shape_a = |r: &Run| r.actions.iter().map(|a| (a.action.clone(), a.attempt, a.time_ms, a.rule.clone())).collect::<Vec<_>>();
+        prop_assert_eq!(shape_t(&a), shape_t(&b));
+        prop_assert_eq!(shape_a(&a), shape_a(&b));
+        prop_assert_eq!(a.phases, b.phases);
+    }
+
+    #[test]
+    fn never_resumes_a_drain_it_does_not_own_and_never_two_in_flight(
+        ops in prop::collection::vec(op(), 1..150),
+    ) {
+        let recs = build_log(&ops);
+        let mut engine = Engine::new(Policy::default());
+        let mut out = Output::default();
+        let mut latest: BTreeMap<String, SlurmNode> = BTreeMap::new();
+        let mut in_flight: BTreeMap<Target, (String, u64)> = BTreeMap::new();
+        for rec in &recs {
+            match &rec.envelope.event {
+                Event::SlurmNode(n) => { latest.insert(n.name.clone(), n.clone()); }
+                Event::SlurmNodeGone { name } => { latest.remove(name); }
+                Event::ActionOutcome(o) => {
+                    if in_flight.get(&o.target).is_some_and(|(id, _)| *id == o.action_id.0) {
+                        in_flight.remove(&o.target);
+                    }
+                }
+                _ => {}
+            }
+            out.clear();
+            engine.apply(rec, &mut out);
+            let timeout_ms = engine.policy().actions.timeout_s * 1000;
+            for a in &out.actions {
+                if let Action::SlurmResume { node } = &a.action {
+                    let owned = latest.get(node).and_then(|n| n.reason.as_deref()).is_some_and(|r| r.starts_with(PREFIX));
+                    prop_assert!(owned, "resumed {} whose drain is not lockstep's: {:?}", node, latest.get(node));
+                }
+                let target = a.action.target();
+                if let Some((id, at)) = in_flight.get(&target) {
+                    prop_assert!(rec.time_ms >= at + timeout_ms, "{} issued while {} is in flight on {}", a.id, id, target);
+                }
+                in_flight.insert(target, (a.id.0.clone(), rec.time_ms));
+            }
+            let pending = engine.pending();
+            let mut targets: Vec<_> = pending.iter().map(|(t, _)| t).collect();
+            targets.dedup();
+            prop_assert_eq!(targets.len(), pending.len());
+        }
+    }
+}
+
+#[test]
+fn records_out_of_order_are_a_bug_the_engine_refuses() {
+    let recs = build_log(&[Op::Advance { s: 1 }]);
+    let mut engine = Engine::new(Policy::default());
+    let mut out = Output::default();
+    engine.apply(&recs[1], &mut out);
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        engine.apply(&recs[0], &mut out)
+    }));
+    assert!(again.is_err());
+}
+
+#[test]
+fn a_log_record_file_of_the_generated_log_is_readable() {
+    // The generator's logs are ordinary logs: they encode and decode.
+    let recs = build_log(&[
+        Op::Advance { s: 5 },
+        Op::Kube {
+            node: 0,
+            cordoned: true,
+            ready: 0,
+            xid: false,
+            taint: false,
+        },
+    ]);
+    let mut w = lockstep_schemas::log::LogWriter::new(
+        Vec::new(),
+        lockstep_schemas::log::Format::MessagePack,
+        "t",
+    )
+    .unwrap();
+    for r in &recs {
+        w.write(&Record::Event(r.clone())).unwrap();
+    }
+    let bytes = w.finish().unwrap();
+    let (back, err) =
+        lockstep_schemas::log::read_all(lockstep_schemas::log::LogReader::msgpack(bytes));
+    assert!(err.is_none());
+    assert_eq!(back.len(), recs.len() + 1);
+}
