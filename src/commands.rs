@@ -144,7 +144,11 @@ fn write_what_if(
         recorded.len()
     )?;
     for (_, a) in gone.iter().take(SHOWN_MAX) {
-        writeln!(out, "  - {}", render::action(a).trim_start())?;
+        writeln!(
+            out,
+            "  - {}",
+            render::action(a).trim_start().trim_start_matches("=> ")
+        )?;
     }
     writeln!(
         out,
@@ -152,7 +156,11 @@ fn write_what_if(
         new.len()
     )?;
     for (_, a) in new.iter().take(SHOWN_MAX) {
-        writeln!(out, "  + {}", render::action(a).trim_start())?;
+        writeln!(
+            out,
+            "  + {}",
+            render::action(a).trim_start().trim_start_matches("=> ")
+        )?;
     }
     Ok(())
 }
@@ -223,8 +231,12 @@ pub fn audit<R: BufRead>(
         }
     } else {
         out.write_all(render::audit(node, audit.entries()).as_bytes())?;
-        if audit.entries().is_empty() {
-            writeln!(out, "(the log never mentions slurm node {node})")?;
+        let transitions = audit
+            .entries()
+            .iter()
+            .any(|e| matches!(e, lockstep_engine::replay::AuditEntry::Transition(_)));
+        if !transitions {
+            writeln!(out, "(slurm node {node} has no transitions in this log)")?;
         }
     }
     Ok(damage)
