@@ -10,6 +10,11 @@ use lockstep::commands::{self, ReplayOptions};
 use lockstep_schemas::log::{self, Format, LogWriter};
 use lockstep_schemas::Policy;
 
+// Replays decode millions of small records; mimalloc makes that ~1.4x faster
+// than the system allocator (benches/, README "Performance").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// lockstep keeps a Slurm cluster and the Kubernetes cluster it runs on in
 /// lockstep. Every decision is a pure function of its event log, so any
 /// incident can be replayed bit for bit and every transition audited back to

@@ -1,1 +1,283 @@
-//! placeholder
+//! Synthetic logs for the benchmarks: a cluster of Slurm nodes in pods on
+//! Kubernetes nodes, brought up, then a steady-state mix of the events a
+//! real cluster produces (Slurm state changes from jobs starting and ending,
+//! job updates, unchanged relists, kubelet heartbeats, ticks, and now and
+//! then a cordon with its drain and outcome).
+
+use std::collections::BTreeMap;
+
+use lockstep_engine::{Engine, Output};
+use lockstep_schemas::{
+    ActionOutcome, ConditionStatus, Envelope, Event, EventRecord, KubeNode, KubePod, OutcomeResult,
+    PodPhase, Policy, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, Source,
+};
+
+/// Deterministic pseudo-random numbers (SplitMix64): the same seed gives the
+/// same log on every machine, without a dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// The shape of a synthetic cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Slurm nodes (one pod each).
+    pub slurm_nodes: usize,
+    /// Slurm nodes per Kubernetes node.
+    pub per_kube_node: usize,
+}
+
+/// A cluster under construction, and its log.
+pub struct Generator {
+    shape: Shape,
+    rng: Rng,
+    seq: u64,
+    now_ms: u64,
+    slurm: Vec<SlurmNode>,
+    kube: Vec<KubeNode>,
+    jobs: BTreeMap<u64, (SlurmJob, Vec<usize>)>,
+    next_job: u64,
+    /// Recent drain action ids awaiting an outcome, from a live engine.
+    engine: Engine,
+    out: Output,
+    records: Vec<EventRecord>,
+}
+
+impl Generator {
+    /// Brings up a cluster: policy, Kubernetes nodes, Slurm nodes, pods.
+    pub fn new(shape: Shape, seed: u64) -> Self {
+        let kube_nodes = shape.slurm_nodes.div_ceil(shape.per_kube_node);
+        let mut g = Self {
+            shape,
+            rng: Rng::new(seed),
+            seq: 0,
+            now_ms: 1_772_334_000_000,
+            slurm: Vec::with_capacity(shape.slurm_nodes),
+            kube: Vec::with_capacity(kube_nodes),
+            jobs: BTreeMap::new(),
+            next_job: 1,
+            engine: Engine::new(Policy::default()),
+            out: Output::default(),
+            records: Vec::new(),
+        };
+        g.push(Source::Lockstep, Event::PolicyChanged(Box::default()));
+        for k in 0..kube_nodes {
+            let node = KubeNode {
+                name: format!("node-{k:05}"),
+                unschedulable: false,
+                ready: ConditionStatus::True,
+                conditions: vec![],
+                labels: [(
+                    "topology.kubernetes.io/zone".to_owned(),
+                    format!("zone-{}", k % 4),
+                )]
+                .into(),
+                taints: vec![],
+            };
+            g.kube.push(node.clone());
+            g.push(Source::Kubernetes, Event::KubeNode(node));
+        }
+        for i in 0..shape.slurm_nodes {
+            let name = format!("gpu-{i:05}");
+            let node = SlurmNode {
+                name: name.clone(),
+                state: SlurmBaseState::Idle,
+                flags: vec![],
+                reason: None,
+                reason_user: None,
+                features: vec!["gpu".to_owned(), "h100".to_owned()],
+                topology: None,
+                partitions: vec!["gpu".to_owned()],
+            };
+            g.slurm.push(node.clone());
+            g.push(Source::Slurm, Event::SlurmNode(node));
+            let pod = KubePod {
+                namespace: "slurm".to_owned(),
+                name,
+                uid: format!("uid-{i:08x}"),
+                node_name: Some(g.kube[i / shape.per_kube_node].name.clone()),
+                phase: PodPhase::Running,
+                deleting: false,
+                disruption_target: false,
+                labels: BTreeMap::new(),
+                conditions: vec![],
+                owner: None,
+                revision: None,
+            };
+            g.push(Source::Kubernetes, Event::KubePod(pod));
+        }
+        g
+    }
+
+    fn push(&mut self, source: Source, event: Event) {
+        self.seq += 1;
+        let rec = EventRecord {
+            seq: self.seq,
+            time_ms: self.now_ms,
+            envelope: Envelope::new(source, self.now_ms, event),
+        };
+        self.out.clear();
+        self.engine.apply(&rec, &mut self.out);
+        self.records.push(rec);
+    }
+
+    /// Appends `n` events of the steady-state mix.
+    pub fn steady_state(&mut self, n: usize) {
+        let target = self.records.len() + n;
+        while self.records.len() < target {
+            self.now_ms += self.rng.below(3);
+            match self.rng.below(100) {
+                // A job starts or ends: job event, then its nodes change state.
+                0..=29 => self.job_churn(),
+                // An unchanged relist of a Slurm node.
+                30..=44 => {
+                    let i = self.rng.below(self.slurm.len() as u64) as usize;
+                    let node = self.slurm[i].clone();
+                    self.push(Source::Slurm, Event::SlurmNode(node));
+                }
+                // A kubelet heartbeat: nothing lockstep reads changed.
+                45..=74 => {
+                    let k = self.rng.below(self.kube.len() as u64) as usize;
+                    let node = self.kube[k].clone();
+                    self.push(Source::Kubernetes, Event::KubeNode(node));
+                }
+                75..=89 => {
+                    self.now_ms += 1000;
+                    self.push(Source::Lockstep, Event::Tick);
+                }
+                // Now and then a cordon or uncordon, with the actuator's
+                // outcomes and Slurm showing the effect.
+                90 if self.rng.below(4) == 0 => self.cordon_flip(),
+                _ => {
+                    let k = self.rng.below(self.kube.len() as u64) as usize;
+                    let node = self.kube[k].clone();
+                    self.push(Source::Kubernetes, Event::KubeNode(node));
+                }
+            }
+        }
+        self.records.truncate(target);
+    }
+
+    fn job_churn(&mut self) {
+        let start = self.jobs.len() < self.slurm.len() / 8 || self.rng.below(2) == 0;
+        if start {
+            let width = 1 + self.rng.below(4) as usize;
+            let first = self.rng.below((self.slurm.len() - width) as u64) as usize;
+            let nodes: Vec<String> = self.slurm[first..first + width]
+                .iter()
+                .map(|n| n.name.clone())
+                .collect();
+            let job = SlurmJob {
+                job_id: self.next_job,
+                state: SlurmJobState::Running,
+                partition: "gpu".to_owned(),
+                node_count: width as u32,
+                nodes,
+                pending_reason: None,
+            };
+            self.next_job += 1;
+            self.jobs
+                .insert(job.job_id, (job.clone(), (first..first + width).collect()));
+            self.push(Source::Slurm, Event::SlurmJob(job));
+            for i in first..first + width {
+                self.slurm[i].state = SlurmBaseState::Allocated;
+                let node = self.slurm[i].clone();
+                self.push(Source::Slurm, Event::SlurmNode(node));
+            }
+        } else if let Some((&id, _)) = self
+            .jobs
+            .iter()
+            .nth(self.rng.below(self.jobs.len() as u64) as usize)
+        {
+            let (mut job, nodes) = self.jobs.remove(&id).expect("picked from the map");
+            job.state = SlurmJobState::Completed;
+            self.push(Source::Slurm, Event::SlurmJob(job));
+            for i in nodes {
+                self.slurm[i].state = SlurmBaseState::Idle;
+                let node = self.slurm[i].clone();
+                self.push(Source::Slurm, Event::SlurmNode(node));
+            }
+        }
+    }
+
+    fn cordon_flip(&mut self) {
+        let k = self.rng.below(self.kube.len() as u64) as usize;
+        self.kube[k].unschedulable = !self.kube[k].unschedulable;
+        let node = self.kube[k].clone();
+        self.push(Source::Kubernetes, Event::KubeNode(node));
+        self.settle_outcomes();
+    }
+
+    /// Reports success for what is pending and shows its effect in Slurm.
+    fn settle_outcomes(&mut self) {
+        for (target, id) in self.engine.pending() {
+            let lockstep_schemas::Target::SlurmNodeState { node } = &target else {
+                continue;
+            };
+            let Some(i) = node
+                .strip_prefix("gpu-")
+                .and_then(|n| n.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            self.push(
+                Source::Actuator,
+                Event::ActionOutcome(ActionOutcome {
+                    action_id: id,
+                    kind: lockstep_schemas::ActionKind::SlurmDrain,
+                    target: target.clone(),
+                    result: OutcomeResult::Succeeded,
+                }),
+            );
+            let n = &mut self.slurm[i];
+            if n.flags.contains(&lockstep_schemas::SlurmNodeFlag::Drain) {
+                n.flags.clear();
+                n.reason = None;
+                n.reason_user = None;
+            } else {
+                n.flags = vec![lockstep_schemas::SlurmNodeFlag::Drain];
+                n.reason = Some(format!(
+                    "lockstep: kubernetes node {} cordoned",
+                    self.kube[i / self.shape.per_kube_node].name
+                ));
+                n.reason_user = Some("lockstep".to_owned());
+            }
+            let node = self.slurm[i].clone();
+            self.push(Source::Slurm, Event::SlurmNode(node));
+        }
+    }
+
+    /// Index of the first steady-state record (after bring-up).
+    pub fn bring_up_len(shape: Shape) -> usize {
+        1 + shape.slurm_nodes.div_ceil(shape.per_kube_node) + 2 * shape.slurm_nodes
+    }
+
+    /// The log so far.
+    pub fn records(&self) -> &[EventRecord] {
+        &self.records
+    }
+
+    /// The log.
+    pub fn into_records(self) -> Vec<EventRecord> {
+        self.records
+    }
+}

@@ -76,8 +76,9 @@ struct NodeCtl {
     health_drains: VecDeque<u64>,
     /// Whether the last drain cause was a health cause (resume hysteresis).
     last_cause_health: bool,
-    /// When the last cause cleared.
-    clear_since_ms: Option<u64>,
+    /// When and by which event the last cause cleared (resume hysteresis,
+    /// and the cause of the resume in the audit trail).
+    cleared: Option<Origin>,
     wake_ms: Option<u64>,
 }
 
@@ -340,9 +341,20 @@ impl Engine {
                 match self.model.slurm_nodes.get_mut(&node.name) {
                     Some(seen) if seen.obs == *node => seen.gen = gen,
                     Some(seen) => {
+                        // Jobs flip nodes between IDLE, MIXED and ALLOCATED
+                        // all the time; no rule reads that, so such a change
+                        // only updates the model.
+                        let relevant = drain::decision_differs(&seen.obs, node);
+                        let side_changed =
+                            SlurmSide::of(&seen.obs, &self.policy.drain.reason_prefix)
+                                != SlurmSide::of(node, &self.policy.drain.reason_prefix);
                         seen.obs.clone_from(node);
                         seen.gen = gen;
-                        self.touch_slurm(&node.name);
+                        if side_changed {
+                            self.touch_slurm(&node.name);
+                        } else if relevant {
+                            self.dirty.push(Wake::Slurm(node.name.clone()));
+                        }
                     }
                     None => {
                         self.model.slurm_nodes.insert(
@@ -359,30 +371,7 @@ impl Engine {
             Event::SlurmNodeGone { name } => self.remove_slurm_node(name),
             Event::SlurmJob(job) => {
                 let gen = self.gen(Domain::SlurmJobs);
-                let old = match self.model.jobs.get_mut(&job.job_id) {
-                    Some(seen) if seen.obs == *job => {
-                        seen.gen = gen;
-                        return;
-                    }
-                    Some(seen) => {
-                        seen.gen = gen;
-                        Some(std::mem::replace(&mut seen.obs, job.clone()))
-                    }
-                    None => {
-                        self.model.jobs.insert(
-                            job.job_id,
-                            Seen {
-                                obs: job.clone(),
-                                gen,
-                            },
-                        );
-                        None
-                    }
-                };
-                if let Some(old) = &old {
-                    self.model.index_job(old, false);
-                }
-                self.model.index_job(job, true);
+                self.model.upsert_job(job, gen);
             }
             Event::SlurmJobGone { job_id } => self.remove_job(*job_id),
             Event::SlurmPartition(p) => {
@@ -806,18 +795,29 @@ impl Engine {
             }
             ctl.causes = next;
         }
-        let cause_event = ctl
-            .causes
-            .first()
-            .map_or(ctx.event, |(_, o)| &o.event)
-            .clone();
+        if !causes.is_empty() {
+            ctl.cleared = None;
+        } else if had_causes {
+            ctl.cleared = Some(Origin {
+                ms: now,
+                seq: ctx.seq,
+                event: ctx.event.clone(),
+            });
+        }
+        // The event behind what happens now: the origin of the cause in
+        // force, or, while lockstep's drain waits to be lifted, the event that
+        // cleared its cause.
+        let cause_event: &EventId = match (ctl.causes.first(), &ctl.cleared) {
+            (Some((_, o)), _) => &o.event,
+            (None, Some(o)) if side.owned_out() => &o.event,
+            _ => ctx.event,
+        };
 
         // What Slurm should show.
         let mut want = None;
         let mut act = true;
         let (phase, mut rule) = if let Some(primary) = causes.first() {
             ctl.last_cause_health = primary.is_health();
-            ctl.clear_since_ms = None;
             let down =
                 primary.is_health() && policy.health.action == lockstep_schemas::HealthAction::Down;
             let satisfied = if down {
@@ -869,14 +869,12 @@ impl Engine {
                 (Phase::Draining, rule)
             }
         } else {
-            if had_causes {
-                ctl.clear_since_ms = Some(now);
-            }
             if side.owned_out() {
                 let hold = if ctl.last_cause_health {
                     let resume_at = ctl
-                        .clear_since_ms
-                        .unwrap_or(0)
+                        .cleared
+                        .as_ref()
+                        .map_or(0, |o| o.ms)
                         .saturating_add(policy.health.resume_after_s.saturating_mul(1000));
                     match health::flap_hold(&ctl.health_drains, now, &policy.health) {
                         Some(until) => Some((Rule::FlapHold, until.max(resume_at))),
@@ -916,7 +914,7 @@ impl Engine {
             let issue = Issue {
                 seq: ctx.seq,
                 now_ms: now,
-                cause: &cause_event,
+                cause: cause_event,
                 rule: rule.name(),
             };
             let (step, w) =

@@ -131,6 +131,28 @@ pub(crate) fn slurm_name_of_pod<'a>(pod: &'a KubePod, policy: &Policy) -> Option
     }
 }
 
+/// Counts a job that holds its nodes in (or out of) the per-node counts.
+fn hold(running: &mut FxHashMap<String, u32>, job: &SlurmJob, add: bool) {
+    if !job.state.holds_nodes() {
+        return;
+    }
+    for node in &job.nodes {
+        if add {
+            match running.get_mut(node) {
+                Some(n) => *n += 1,
+                None => {
+                    running.insert(node.clone(), 1);
+                }
+            }
+        } else if let Some(n) = running.get_mut(node) {
+            *n -= 1;
+            if *n == 0 {
+                running.remove(node);
+            }
+        }
+    }
+}
+
 /// One Slurm node joined with its pod and Kubernetes node.
 pub(crate) struct NodeView<'a> {
     pub slurm: Option<&'a SlurmNode>,
@@ -258,21 +280,33 @@ impl Model {
         }
     }
 
-    /// Adds or removes a job's hold on its nodes.
-    pub fn index_job(&mut self, job: &SlurmJob, add: bool) {
-        if !job.state.holds_nodes() {
-            return;
-        }
-        for node in &job.nodes {
-            if add {
-                *self.running_jobs.entry(node.clone()).or_default() += 1;
-            } else if let Some(n) = self.running_jobs.get_mut(node) {
-                *n -= 1;
-                if *n == 0 {
-                    self.running_jobs.remove(node);
+    /// Records a job observation and its hold on its nodes.
+    pub fn upsert_job(&mut self, job: &SlurmJob, gen: u32) {
+        match self.jobs.get_mut(&job.job_id) {
+            Some(seen) => {
+                seen.gen = gen;
+                if seen.obs == *job {
+                    return;
                 }
+                hold(&mut self.running_jobs, &seen.obs, false);
+                seen.obs.clone_from(job);
+            }
+            None => {
+                self.jobs.insert(
+                    job.job_id,
+                    Seen {
+                        obs: job.clone(),
+                        gen,
+                    },
+                );
             }
         }
+        hold(&mut self.running_jobs, job, true);
+    }
+
+    /// Adds or removes a job's hold on its nodes.
+    pub fn index_job(&mut self, job: &SlurmJob, add: bool) {
+        hold(&mut self.running_jobs, job, add);
     }
 
     /// Rebuilds every derived index from the observations.

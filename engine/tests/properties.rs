@@ -374,8 +374,8 @@ fn run_batched(recs: &[EventRecord], batches: &[usize]) -> Run {
         for rec in &recs[i..(i + size).min(recs.len())] {
             out.clear();
             engine.apply(rec, &mut out);
-            transitions.extend(out.transitions.drain(..));
-            actions.extend(out.actions.drain(..));
+            transitions.append(&mut out.transitions);
+            actions.append(&mut out.actions);
         }
         i += size;
         let snap = engine.snapshot();
@@ -475,10 +475,10 @@ proptest! {
             match &rec.envelope.event {
                 Event::SlurmNode(n) => { latest.insert(n.name.clone(), n.clone()); }
                 Event::SlurmNodeGone { name } => { latest.remove(name); }
-                Event::ActionOutcome(o) => {
-                    if in_flight.get(&o.target).is_some_and(|(id, _)| *id == o.action_id.0) {
-                        in_flight.remove(&o.target);
-                    }
+                Event::ActionOutcome(o)
+                    if in_flight.get(&o.target).is_some_and(|(id, _)| *id == o.action_id.0) =>
+                {
+                    in_flight.remove(&o.target);
                 }
                 _ => {}
             }

@@ -32,7 +32,7 @@ fn log_bytes(sim: &Sim) -> Vec<u8> {
     w.finish().unwrap()
 }
 
-fn check_golden(path: &PathBuf, actual: &[u8]) {
+fn check_golden(path: &std::path::Path, actual: &[u8]) {
     if bless() {
         std::fs::write(path, actual).unwrap();
         return;
@@ -61,7 +61,7 @@ fn check_golden(path: &PathBuf, actual: &[u8]) {
     }
 }
 
-fn replay_text(path: &PathBuf, verify: bool) -> (String, commands::ReplayReport) {
+fn replay_text(path: &std::path::Path, verify: bool) -> (String, commands::ReplayReport) {
     let reader = lockstep_schemas::log::open(path).unwrap();
     let mut out = Vec::new();
     let opts = ReplayOptions {

@@ -394,25 +394,109 @@ fn next_msgpack(data: &[u8], pos: &mut usize) -> Decoded {
     }
     let start = *pos;
     let at = Position::Offset(start as u64);
-    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(&data[start..]));
-    match Record::deserialize(&mut de) {
+    // Find the record's extent first, then decode it in place: strings are
+    // read straight from the buffer instead of through a copying reader.
+    let len = match msgpack_value_len(&data[start..]) {
+        Ok(len) => len,
+        Err(extent) => {
+            *pos = data.len();
+            return Some(Err(match extent {
+                Extent::Truncated => DecodeError::Truncated { pos: at },
+                Extent::Invalid(marker) => DecodeError::Malformed {
+                    pos: at,
+                    message: format!("invalid MessagePack marker 0x{marker:02x}"),
+                },
+            }));
+        }
+    };
+    let bytes = &data[start..start + len];
+    match rmp_serde::from_slice::<Record>(bytes) {
         Ok(rec) => {
-            *pos = start + de.position() as usize;
+            *pos = start + len;
             Some(Ok((at, rec)))
         }
         Err(e) => {
             // Nothing after a bad record is handed out.
             *pos = data.len();
-            let truncated = matches!(
-                &e,
-                rmp_serde::decode::Error::InvalidMarkerRead(io)
-                    | rmp_serde::decode::Error::InvalidDataRead(io)
-                    if io.kind() == std::io::ErrorKind::UnexpectedEof
-            );
-            let value = rmp_serde::from_slice::<serde_json::Value>(&data[start..]).ok();
-            Some(Err(classify(at, value, truncated, e.to_string())))
+            let value = rmp_serde::from_slice::<serde_json::Value>(bytes).ok();
+            Some(Err(classify(at, value, false, e.to_string())))
         }
     }
+}
+
+/// Why a MessagePack value has no extent.
+enum Extent {
+    /// The buffer ends inside it.
+    Truncated,
+    /// A byte that is no MessagePack marker (0xc1).
+    Invalid(u8),
+}
+
+/// The length in bytes of the MessagePack value at the start of `buf`,
+/// walking markers without decoding anything. (rmp offers no skip; this is
+/// the format's marker table, MessagePack spec "Formats".)
+fn msgpack_value_len(buf: &[u8]) -> Result<usize, Extent> {
+    fn be(buf: &[u8], at: usize, n: usize) -> Result<usize, Extent> {
+        let b = buf.get(at..at + n).ok_or(Extent::Truncated)?;
+        Ok(b.iter().fold(0usize, |acc, &x| (acc << 8) | usize::from(x)))
+    }
+    let mut pos = 0usize;
+    // Values still to walk: maps count twice per entry.
+    let mut pending: usize = 1;
+    while pending > 0 {
+        pending -= 1;
+        let marker = *buf.get(pos).ok_or(Extent::Truncated)?;
+        pos += 1;
+        match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => {}
+            0x80..=0x8f => pending += 2 * usize::from(marker & 0x0f),
+            0x90..=0x9f => pending += usize::from(marker & 0x0f),
+            0xa0..=0xbf => pos += usize::from(marker & 0x1f),
+            0xc1 => return Err(Extent::Invalid(marker)),
+            // bin 8/16/32, str 8/16/32
+            0xc4 | 0xd9 => pos += 1 + be(buf, pos, 1)?,
+            0xc5 | 0xda => pos += 2 + be(buf, pos, 2)?,
+            0xc6 | 0xdb => pos += 4 + be(buf, pos, 4)?,
+            // ext 8/16/32: length, type byte, data
+            0xc7 => pos += 2 + be(buf, pos, 1)?,
+            0xc8 => pos += 3 + be(buf, pos, 2)?,
+            0xc9 => pos += 5 + be(buf, pos, 4)?,
+            // float 32/64, uint 8..64, int 8..64
+            0xca => pos += 4,
+            0xcb => pos += 8,
+            0xcc | 0xd0 => pos += 1,
+            0xcd | 0xd1 => pos += 2,
+            0xce | 0xd2 => pos += 4,
+            0xcf | 0xd3 => pos += 8,
+            // fixext 1/2/4/8/16
+            0xd4 => pos += 2,
+            0xd5 => pos += 3,
+            0xd6 => pos += 5,
+            0xd7 => pos += 9,
+            0xd8 => pos += 17,
+            // array 16/32, map 16/32
+            0xdc => {
+                pending += be(buf, pos, 2)?;
+                pos += 2;
+            }
+            0xdd => {
+                pending += be(buf, pos, 4)?;
+                pos += 4;
+            }
+            0xde => {
+                pending += 2 * be(buf, pos, 2)?;
+                pos += 2;
+            }
+            0xdf => {
+                pending += 2 * be(buf, pos, 4)?;
+                pos += 4;
+            }
+        }
+        if pos > buf.len() {
+            return Err(Extent::Truncated);
+        }
+    }
+    Ok(pos)
 }
 
 /// Turns a decoding failure into the clearest error: looks at the record as

@@ -1,0 +1,161 @@
+//! Prints the reducer's figures in one run, for the README and for
+//! profiling (criterion's `cargo bench -p lockstep-benches` is the careful
+//! measurement of the same throughputs).
+//!
+//! `reducer-figures [slurm_nodes] [steady_events]`: apply throughput on the
+//! steady-state mix, and replay throughput of a MessagePack log with decoding.
+//! `reducer-figures memory [slurm_nodes]`: resident memory of an engine
+//! holding a model of that many Slurm nodes (with their pods and Kubernetes
+//! nodes), after everything else is dropped.
+
+use std::time::Instant;
+
+use lockstep_benches::{Generator, Shape};
+use lockstep_engine::replay::Replay;
+use lockstep_engine::{Engine, Output};
+use lockstep_schemas::log::{Format, LogReader, LogWriter};
+use lockstep_schemas::{Policy, Record};
+
+// The same allocator as the `lockstep` binary.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("memory") {
+        let n = args
+            .get(1)
+            .map_or(50_000, |a| a.parse().expect("slurm_nodes"));
+        return memory(n);
+    }
+    if args.first().map(String::as_str) == Some("restore") {
+        return restore(&args[1]);
+    }
+    let slurm_nodes: usize = args
+        .first()
+        .map_or(10_000, |a| a.parse().expect("slurm_nodes"));
+    let steady: usize = args
+        .get(1)
+        .map_or(1_000_000, |a| a.parse().expect("steady_events"));
+    throughput(slurm_nodes, steady);
+}
+
+fn memory(slurm_nodes: usize) {
+    let snapshot = {
+        let g = Generator::new(
+            Shape {
+                slurm_nodes,
+                per_kube_node: 4,
+            },
+            7,
+        );
+        let mut engine = Engine::new(Policy::default());
+        let mut out = Output::default();
+        for r in g.records() {
+            engine.apply(r, &mut out);
+            out.clear();
+        }
+        engine.snapshot()
+    };
+    // Measure in a fresh process that only restores the snapshot, the way
+    // the service starts from a checkpoint: no generator garbage in its heap.
+    let path =
+        std::env::temp_dir().join(format!("lockstep-memory-{}.snapshot", std::process::id()));
+    std::fs::write(&path, &snapshot).expect("write snapshot");
+    let status = std::process::Command::new(std::env::current_exe().expect("own path"))
+        .arg("restore")
+        .arg(&path)
+        .status()
+        .expect("child runs");
+    let _ = std::fs::remove_file(&path);
+    assert!(status.success());
+}
+
+fn restore(path: &str) {
+    let before = rss_mib();
+    let bytes = std::fs::read(path).expect("read snapshot");
+    let engine = Engine::restore(&bytes).expect("restores");
+    drop(bytes);
+    let [s, k, p, _] = engine.sizes();
+    println!(
+        "memory: engine with {s} slurm nodes, {k} kubernetes nodes, {p} pods restored from a {:.1} MB snapshot: {:.0} MiB resident ({before:.0} MiB before)",
+        std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) as f64 / 1e6,
+        rss_mib(),
+    );
+}
+
+fn throughput(slurm_nodes: usize, steady: usize) {
+    let shape = Shape {
+        slurm_nodes,
+        per_kube_node: 4,
+    };
+    eprintln!("generating {slurm_nodes} slurm nodes and {steady} steady-state events ...");
+    let mut g = Generator::new(shape, 42);
+    let bring_up = g.records().len();
+    g.steady_state(steady);
+    let records = g.into_records();
+
+    let mut engine = Engine::new(Policy::default());
+    let mut out = Output::default();
+    for r in &records[..bring_up] {
+        engine.apply(r, &mut out);
+        out.clear();
+    }
+    let (mut actions, mut transitions) = (0usize, 0usize);
+    let t = Instant::now();
+    for r in &records[bring_up..] {
+        engine.apply(r, &mut out);
+        actions += out.actions.len();
+        transitions += out.transitions.len();
+        out.clear();
+    }
+    let apply = t.elapsed();
+    println!(
+        "apply: {} steady-state events over {slurm_nodes} slurm nodes in {:.3} s = {:.2} M events/s ({actions} actions, {transitions} transitions)",
+        records.len() - bring_up,
+        apply.as_secs_f64(),
+        (records.len() - bring_up) as f64 / apply.as_secs_f64() / 1e6
+    );
+
+    let mut w = LogWriter::new(Vec::new(), Format::MessagePack, "bench").unwrap();
+    for r in &records {
+        w.write(&Record::Event(r.clone())).unwrap();
+    }
+    let bytes = w.finish().unwrap();
+    drop(records);
+    for verify in [false, true] {
+        let data = bytes.clone();
+        let t = Instant::now();
+        let mut reader = LogReader::msgpack(data);
+        if !verify {
+            reader = reader.trust_ids();
+        }
+        let mut replay = Replay::new(Engine::new(Policy::default()));
+        for rec in reader {
+            replay.feed(&rec.expect("log decodes"));
+        }
+        let el = t.elapsed();
+        let n = replay.totals().events;
+        println!(
+            "replay{}: {n} records, {:.1} MB MessagePack, decode + apply in {:.3} s = {:.2} M events/s",
+            if verify { " (verifying content ids)" } else { "" },
+            bytes.len() as f64 / 1e6,
+            el.as_secs_f64(),
+            n as f64 / el.as_secs_f64() / 1e6
+        );
+        assert_eq!(
+            replay.engine().hash(),
+            engine.hash(),
+            "replay reaches the live state"
+        );
+    }
+}
