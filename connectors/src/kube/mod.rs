@@ -1,0 +1,1 @@
+//! Kubernetes watchers and actuator.

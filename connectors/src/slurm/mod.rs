@@ -1,0 +1,1 @@
+//! Slurm observer (slurmrestd, scontrol) and actuator.
