@@ -18,31 +18,40 @@ use lockstep_schemas::{Policy, Record};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SHAPE: Shape = Shape {
+const SHAPE: Shape = Shape::plain(10_000, 4);
+
+/// Issue figure: scaling and topology on, 10,000 nodes and 100,000 jobs
+/// (10,000 running at most, the rest queued).
+const FULL: Shape = Shape {
     slurm_nodes: 10_000,
     per_kube_node: 4,
+    pending_jobs: 90_000,
+    scaling_and_topology: true,
 };
 const STEADY_EVENTS: usize = 200_000;
 
-fn bench(c: &mut Criterion) {
-    let mut g = Generator::new(SHAPE, 42);
+/// Generates `shape`'s log and an engine that has applied its bring-up.
+fn setup(shape: Shape) -> (Vec<lockstep_schemas::EventRecord>, usize, Engine) {
+    let mut g = Generator::new(shape, 42);
     let bring_up = g.records().len();
     g.steady_state(STEADY_EVENTS);
     let records = g.into_records();
-
-    // An engine that has applied the bring-up.
     let mut warm = Engine::new(Policy::default());
     let mut out = Output::default();
     for r in &records[..bring_up] {
         warm.apply(r, &mut out);
         out.clear();
     }
-    let steady = &records[bring_up..];
+    (records, bring_up, warm)
+}
 
+fn apply_group(c: &mut Criterion, name: &str, shape: Shape) {
+    let (records, bring_up, warm) = setup(shape);
+    let steady = &records[bring_up..];
     let mut group = c.benchmark_group("reducer");
     group.sample_size(10);
     group.throughput(Throughput::Elements(steady.len() as u64));
-    group.bench_function("apply_steady_state_10k_nodes", |b| {
+    group.bench_function(name, |b| {
         b.iter_batched(
             || warm.clone(),
             |mut engine| {
@@ -57,6 +66,12 @@ fn bench(c: &mut Criterion) {
         )
     });
     group.finish();
+}
+
+fn bench(c: &mut Criterion) {
+    apply_group(c, "apply_steady_state_10k_nodes", SHAPE);
+    apply_group(c, "apply_scaling_topology_10k_nodes_100k_jobs", FULL);
+    let (records, _, _) = setup(SHAPE);
 
     let mut w = LogWriter::new(Vec::new(), Format::MessagePack, "bench").unwrap();
     for r in &records {

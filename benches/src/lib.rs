@@ -44,6 +44,58 @@ pub struct Shape {
     pub slurm_nodes: usize,
     /// Slurm nodes per Kubernetes node.
     pub per_kube_node: usize,
+    /// Jobs waiting in the queue (kept constant: each job that ends brings a
+    /// new submission).
+    pub pending_jobs: usize,
+    /// Turn on the scaling policy (the pods belong to one StatefulSet scaled
+    /// from the partition) and the topology policy (zone features, block
+    /// topology from node labels).
+    pub scaling_and_topology: bool,
+}
+
+impl Shape {
+    /// Drain and health only, no queue.
+    pub const fn plain(slurm_nodes: usize, per_kube_node: usize) -> Self {
+        Self {
+            slurm_nodes,
+            per_kube_node,
+            pending_jobs: 0,
+            scaling_and_topology: false,
+        }
+    }
+}
+
+/// The policy of a synthetic cluster.
+pub fn policy(shape: Shape) -> Policy {
+    let mut p = Policy::default();
+    if shape.scaling_and_topology {
+        p.topology.features = vec![lockstep_schemas::LabelFeature {
+            label: "topology.kubernetes.io/zone".to_owned(),
+            prefix: "zone-".to_owned(),
+        }];
+        p.topology.unit_label = Some("example.com/block".to_owned());
+        p.topology.topology_name = "blocks".to_owned();
+        p.scaling.targets = vec![lockstep_schemas::ScaleRule {
+            target: gpu_set(),
+            partition: "gpu".to_owned(),
+            min_replicas: 1,
+            max_replicas: shape.slurm_nodes as u32,
+            scale_up_cooldown_s: 30,
+            scale_down_cooldown_s: 120,
+            idle_before_scale_down_s: 300,
+            max_unavailable: 1,
+        }];
+    }
+    p
+}
+
+fn gpu_set() -> lockstep_schemas::ScaleTargetRef {
+    lockstep_schemas::ScaleTargetRef {
+        group: "apps".to_owned(),
+        kind: "StatefulSet".to_owned(),
+        namespace: "slurm".to_owned(),
+        name: "gpu".to_owned(),
+    }
 }
 
 /// A cluster under construction, and its log.
@@ -55,6 +107,7 @@ pub struct Generator {
     slurm: Vec<SlurmNode>,
     kube: Vec<KubeNode>,
     jobs: BTreeMap<u64, (SlurmJob, Vec<usize>)>,
+    queue: std::collections::VecDeque<SlurmJob>,
     next_job: u64,
     /// Recent drain action ids awaiting an outcome, from a live engine.
     engine: Engine,
@@ -74,22 +127,40 @@ impl Generator {
             slurm: Vec::with_capacity(shape.slurm_nodes),
             kube: Vec::with_capacity(kube_nodes),
             jobs: BTreeMap::new(),
+            queue: std::collections::VecDeque::new(),
             next_job: 1,
-            engine: Engine::new(Policy::default()),
+            engine: Engine::new(policy(shape)),
             out: Output::default(),
             records: Vec::new(),
         };
-        g.push(Source::Lockstep, Event::PolicyChanged(Box::default()));
+        g.push(
+            Source::Lockstep,
+            Event::PolicyChanged(Box::new(policy(shape))),
+        );
+        if shape.scaling_and_topology {
+            g.push(
+                Source::Kubernetes,
+                Event::KubeScaleTarget(lockstep_schemas::KubeScaleTarget {
+                    target: gpu_set(),
+                    replicas: shape.slurm_nodes as u32,
+                    ready_replicas: shape.slurm_nodes as u32,
+                    update_revision: Some("rev-1".to_owned()),
+                }),
+            );
+        }
         for k in 0..kube_nodes {
             let node = KubeNode {
                 name: format!("node-{k:05}"),
                 unschedulable: false,
                 ready: ConditionStatus::True,
                 conditions: vec![],
-                labels: [(
-                    "topology.kubernetes.io/zone".to_owned(),
-                    format!("zone-{}", k % 4),
-                )]
+                labels: [
+                    (
+                        "topology.kubernetes.io/zone".to_owned(),
+                        format!("{}", k % 4),
+                    ),
+                    ("example.com/block".to_owned(), format!("b{}", k / 18)),
+                ]
                 .into(),
                 taints: vec![],
             };
@@ -120,12 +191,52 @@ impl Generator {
                 disruption_target: false,
                 labels: BTreeMap::new(),
                 conditions: vec![],
-                owner: None,
-                revision: None,
+                owner: shape
+                    .scaling_and_topology
+                    .then(|| lockstep_schemas::OwnerRef {
+                        kind: "StatefulSet".to_owned(),
+                        name: "gpu".to_owned(),
+                    }),
+                revision: shape.scaling_and_topology.then(|| "rev-1".to_owned()),
             };
             g.push(Source::Kubernetes, Event::KubePod(pod));
         }
+        if shape.scaling_and_topology {
+            // Features and topology as lockstep would have set them.
+            for i in 0..shape.slurm_nodes {
+                let k = i / shape.per_kube_node;
+                let n = &mut g.slurm[i];
+                n.features = vec![
+                    "gpu".to_owned(),
+                    "h100".to_owned(),
+                    format!("zone-{}", k % 4),
+                ];
+                n.features.sort();
+                n.topology = Some(format!("blocks:b{}", k / 18));
+                let node = n.clone();
+                g.push(Source::Slurm, Event::SlurmNode(node));
+            }
+        }
+        for _ in 0..shape.pending_jobs {
+            g.submit();
+        }
         g
+    }
+
+    /// Queues a job for 1-4 nodes.
+    fn submit(&mut self) {
+        let width = 1 + self.rng.below(4) as u32;
+        let job = SlurmJob {
+            job_id: self.next_job,
+            state: SlurmJobState::Pending,
+            partition: "gpu".to_owned(),
+            node_count: width,
+            nodes: vec![],
+            pending_reason: Some("Resources".to_owned()),
+        };
+        self.next_job += 1;
+        self.queue.push_back(job.clone());
+        self.push(Source::Slurm, Event::SlurmJob(job));
     }
 
     fn push(&mut self, source: Source, event: Event) {
@@ -144,6 +255,8 @@ impl Generator {
     pub fn steady_state(&mut self, n: usize) {
         let target = self.records.len() + n;
         while self.records.len() < target {
+            // A busy cluster: about a thousand events a second, so ticks
+            // (appended only when the log is quiet) are rare.
             self.now_ms += self.rng.below(3);
             match self.rng.below(100) {
                 // A job starts or ends: job event, then its nodes change state.
@@ -160,9 +273,11 @@ impl Generator {
                     let node = self.kube[k].clone();
                     self.push(Source::Kubernetes, Event::KubeNode(node));
                 }
-                75..=89 => {
-                    self.now_ms += 1000;
-                    self.push(Source::Lockstep, Event::Tick);
+                75..=76 => self.push(Source::Lockstep, Event::Tick),
+                77..=89 => {
+                    let i = self.rng.below(self.slurm.len() as u64) as usize;
+                    let node = self.slurm[i].clone();
+                    self.push(Source::Slurm, Event::SlurmNode(node));
                 }
                 // Now and then a cordon or uncordon, with the actuator's
                 // outcomes and Slurm showing the effect.
@@ -180,21 +295,26 @@ impl Generator {
     fn job_churn(&mut self) {
         let start = self.jobs.len() < self.slurm.len() / 8 || self.rng.below(2) == 0;
         if start {
-            let width = 1 + self.rng.below(4) as usize;
+            let (job_id, width) = match self.queue.pop_front() {
+                Some(j) => (j.job_id, j.node_count as usize),
+                None => {
+                    self.next_job += 1;
+                    (self.next_job - 1, 1 + self.rng.below(4) as usize)
+                }
+            };
             let first = self.rng.below((self.slurm.len() - width) as u64) as usize;
             let nodes: Vec<String> = self.slurm[first..first + width]
                 .iter()
                 .map(|n| n.name.clone())
                 .collect();
             let job = SlurmJob {
-                job_id: self.next_job,
+                job_id,
                 state: SlurmJobState::Running,
                 partition: "gpu".to_owned(),
                 node_count: width as u32,
                 nodes,
                 pending_reason: None,
             };
-            self.next_job += 1;
             self.jobs
                 .insert(job.job_id, (job.clone(), (first..first + width).collect()));
             self.push(Source::Slurm, Event::SlurmJob(job));
@@ -211,6 +331,10 @@ impl Generator {
             let (mut job, nodes) = self.jobs.remove(&id).expect("picked from the map");
             job.state = SlurmJobState::Completed;
             self.push(Source::Slurm, Event::SlurmJob(job));
+            self.push(Source::Slurm, Event::SlurmJobGone { job_id: id });
+            if self.shape.pending_jobs > 0 {
+                self.submit();
+            }
             for i in nodes {
                 self.slurm[i].state = SlurmBaseState::Idle;
                 let node = self.slurm[i].clone();

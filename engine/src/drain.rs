@@ -27,6 +27,10 @@ pub(crate) enum Cause {
     PodMissing,
     NotReady,
     NodeCondition(String),
+    /// scaling: picked to be scaled in.
+    ScaleIn,
+    /// scaling: its pod is of an old revision and is being replaced.
+    Replace,
 }
 
 impl Cause {
@@ -38,6 +42,8 @@ impl Cause {
             Self::PodMissing => Rule::PodMissing,
             Self::NotReady => Rule::NotReady,
             Self::NodeCondition(_) => Rule::NodeCondition,
+            Self::ScaleIn => Rule::ScaleIn,
+            Self::Replace => Rule::Replace,
         }
     }
 
@@ -59,6 +65,8 @@ impl Cause {
             Self::PodMissing => "slurmd pod gone, waiting for its replacement".to_owned(),
             Self::NotReady => format!("kubernetes node {kube} not ready"),
             Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
+            Self::ScaleIn => "scale-in".to_owned(),
+            Self::Replace => format!("pod {pod} replaced by a new revision"),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, PodCondition,
-    Policy, Taint, TaintSpec, Target,
+    Policy, ScaleTargetRef, Taint, TaintSpec, Target,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -18,8 +18,10 @@ use crate::health::{self, min_wake};
 use crate::model::{
     domain_index, pod_key, slurm_name_of_pod, KubeEntry, Model, Origin, PodEntry, Seen,
 };
+use crate::scaling::{self, ScaleCtl, Victim, VictimKind};
 use crate::slot::{Flight, Issue, Slot, Step};
 use crate::sorted;
+use crate::topology::{self, TopologyWant};
 use crate::transition::{Phase, Rule, Transition};
 
 /// What applying records produced. Reuse one across calls; [`Output::clear`]
@@ -45,6 +47,8 @@ impl Output {
 enum Wake {
     Slurm(String),
     Kube(String),
+    /// Every scale target (scaling is evaluated for all targets at once).
+    Scale,
 }
 
 /// The phase of a node and why.
@@ -80,6 +84,10 @@ struct NodeCtl {
     /// and the cause of the resume in the audit trail).
     cleared: Option<Origin>,
     wake_ms: Option<u64>,
+    features_slot: Slot,
+    topology_slot: Slot,
+    /// Why the node's topology label cannot be used, while it cannot.
+    topology_issue: Option<String>,
 }
 
 /// Record being applied.
@@ -109,6 +117,14 @@ pub struct Engine {
     /// until the outcome or the timeout, so an object that comes back does
     /// not get a second action racing the first.
     orphans: BTreeMap<Target, Slot>,
+    /// Per scale target.
+    scale: BTreeMap<ScaleTargetRef, ScaleCtl>,
+    /// Slurm nodes on their way out (scale-in, rolling replacement).
+    victims: BTreeMap<String, Victim>,
+    /// Slurm node -> since when it runs no job (log time).
+    #[serde(with = "sorted")]
+    idle_since: FxHashMap<String, u64>,
+    scale_wake: Option<u64>,
     /// `--policy` replays: ignore `PolicyChanged` records.
     #[serde(skip)]
     pinned: bool,
@@ -131,15 +147,21 @@ pub enum SnapshotError {
 impl Engine {
     /// A reducer with nothing applied yet.
     pub fn new(policy: Policy) -> Self {
+        let mut model = Model::new();
+        model.rebuild_indexes(&policy);
         Self {
             policy,
             last_seq: 0,
             now_ms: 0,
-            model: Model::new(),
+            model,
             ctl: FxHashMap::default(),
             timers: BTreeSet::new(),
             health_drains: VecDeque::new(),
             orphans: BTreeMap::new(),
+            scale: BTreeMap::new(),
+            victims: BTreeMap::new(),
+            idle_since: FxHashMap::default(),
+            scale_wake: None,
             pinned: false,
             dirty: Vec::new(),
             scratch_causes: Vec::new(),
@@ -204,6 +226,12 @@ impl Engine {
             k.taint_slots.iter().for_each(|(_, s)| add(s));
         }
         self.orphans.values().for_each(&mut add);
+        self.victims.values().for_each(|v| add(&v.delete_slot));
+        self.scale.values().for_each(|c| add(&c.slot));
+        for c in self.ctl.values() {
+            add(&c.features_slot);
+            add(&c.topology_slot);
+        }
         v.sort();
         v
     }
@@ -289,6 +317,7 @@ impl Engine {
                         k.wake_ms = None;
                     }
                 }
+                Wake::Scale => self.scale_wake = None,
             }
             self.dirty.push(wake);
         }
@@ -302,6 +331,7 @@ impl Engine {
             match wake {
                 Wake::Slurm(n) => self.eval_slurm(n, &ctx, out),
                 Wake::Kube(n) => self.eval_kube(n, &ctx, out),
+                Wake::Scale => self.eval_scaling(&ctx, out),
             }
         }
         dirty.clear();
@@ -348,12 +378,19 @@ impl Engine {
                         let side_changed =
                             SlurmSide::of(&seen.obs, &self.policy.drain.reason_prefix)
                                 != SlurmSide::of(node, &self.policy.drain.reason_prefix);
+                        let busy_changed =
+                            scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
                         seen.obs.clone_from(node);
                         seen.gen = gen;
                         if side_changed {
                             self.touch_slurm(&node.name);
-                        } else if relevant {
+                        } else if relevant
+                            || (busy_changed && !self.policy.scaling.busy_label.is_empty())
+                        {
                             self.dirty.push(Wake::Slurm(node.name.clone()));
+                        }
+                        if relevant || busy_changed {
+                            self.schedule_scaling(ctx.now_ms);
                         }
                     }
                     None => {
@@ -364,14 +401,23 @@ impl Engine {
                                 gen,
                             },
                         );
+                        if self.model.jobs_on(&node.name) == 0 {
+                            self.idle_since.insert(node.name.clone(), ctx.now_ms);
+                        }
                         self.touch_slurm(&node.name);
+                        self.schedule_scaling(ctx.now_ms);
                     }
                 }
             }
             Event::SlurmNodeGone { name } => self.remove_slurm_node(name),
             Event::SlurmJob(job) => {
                 let gen = self.gen(Domain::SlurmJobs);
-                self.model.upsert_job(job, gen);
+                let mut flipped = std::mem::take(&mut self.scratch_names);
+                flipped.clear();
+                self.model.upsert_job(job, gen, &mut flipped);
+                self.jobs_flipped(&mut flipped, ctx.now_ms);
+                self.scratch_names = flipped;
+                self.schedule_scaling(ctx.now_ms);
             }
             Event::SlurmJobGone { job_id } => self.remove_job(*job_id),
             Event::SlurmPartition(p) => {
@@ -456,6 +502,13 @@ impl Engine {
                         } if *namespace == pod.namespace && *p == pod.name => {
                             Some(condition.clone())
                         }
+                        Target::PodLabel {
+                            namespace,
+                            pod: p,
+                            key,
+                        } if *namespace == pod.namespace && *p == pod.name => {
+                            Some(format!("label:{key}"))
+                        }
                         _ => None,
                     });
                     self.model.pods.insert(
@@ -471,9 +524,11 @@ impl Engine {
                 }
                 let pod = pod.clone();
                 self.index_pod(&key, &pod);
+                self.schedule_scaling(ctx.now_ms);
             }
             Event::KubePodGone { namespace, name } => {
                 self.remove_pod(&pod_key(namespace, name));
+                self.schedule_scaling(ctx.now_ms);
             }
             Event::KubeScaleTarget(t) => {
                 let gen = self.gen(Domain::KubeScaleTargets);
@@ -484,9 +539,11 @@ impl Engine {
                         gen,
                     },
                 );
+                self.schedule_scaling(ctx.now_ms);
             }
             Event::KubeScaleTargetGone { target } => {
                 self.model.scale_targets.remove(target);
+                self.schedule_scaling(ctx.now_ms);
             }
             Event::SyncStarted { domain } => {
                 let s = &mut self.model.sync[domain_index(*domain)];
@@ -504,6 +561,7 @@ impl Engine {
                 if *flag != *visible {
                     *flag = *visible;
                     self.touch_all();
+                    self.schedule_scaling(ctx.now_ms);
                 }
             }
             Event::Tick => {}
@@ -515,6 +573,7 @@ impl Engine {
                 self.policy = (**policy).clone();
                 self.model.rebuild_indexes(&self.policy);
                 self.touch_all();
+                self.schedule_scaling(ctx.now_ms);
             }
         }
     }
@@ -584,9 +643,43 @@ impl Engine {
     }
 
     fn remove_job(&mut self, job_id: u64) {
-        if let Some(seen) = self.model.jobs.remove(&job_id) {
-            self.model.index_job(&seen.obs, false);
+        let mut flipped = std::mem::take(&mut self.scratch_names);
+        flipped.clear();
+        self.model.remove_job(job_id, &mut flipped);
+        self.jobs_flipped(&mut flipped, self.now_ms);
+        self.scratch_names = flipped;
+        self.schedule_scaling(self.now_ms);
+    }
+
+    /// Nodes whose jobs went from none to some or back: their idle clock,
+    /// and their busy label.
+    fn jobs_flipped(&mut self, flipped: &mut Vec<String>, now_ms: u64) {
+        let label = !self.policy.scaling.busy_label.is_empty();
+        for node in flipped.drain(..) {
+            if self.model.jobs_on(&node) == 0 {
+                self.idle_since.insert(node.clone(), now_ms);
+            } else {
+                self.idle_since.remove(&node);
+            }
+            if label {
+                self.dirty.push(Wake::Slurm(node));
+            }
         }
+    }
+
+    /// Scaling looks again within `evaluate_every_s`; changes in between are
+    /// taken together.
+    fn schedule_scaling(&mut self, now_ms: u64) {
+        if self.policy.scaling.targets.is_empty() {
+            return;
+        }
+        let at = now_ms + self.policy.scaling.evaluate_every_s.saturating_mul(1000);
+        if self.scale_wake.is_some_and(|t| t <= at) {
+            return;
+        }
+        set_timer(&mut self.timers, &mut self.scale_wake, Some(at), || {
+            Wake::Scale
+        });
     }
 
     /// Everything of the domain not listed since `SyncStarted` is gone.
@@ -699,13 +792,62 @@ impl Engine {
                     self.dirty.push(Wake::Kube(node.clone()));
                 }
             }
-            // Features, topology, labels, deletes and scaling belong to the
-            // topology and scaling policies; their outcomes change nothing here.
-            Target::SlurmNodeFeatures { .. }
-            | Target::SlurmNodeTopology { .. }
-            | Target::PodLabel { .. }
-            | Target::Pod { .. }
-            | Target::Scale { .. } => {}
+            Target::SlurmNodeFeatures { node } | Target::SlurmNodeTopology { node } => {
+                if let Some(c) = self.ctl.get_mut(node) {
+                    let slot = match &o.target {
+                        Target::SlurmNodeFeatures { .. } => &mut c.features_slot,
+                        _ => &mut c.topology_slot,
+                    };
+                    if slot.handle_outcome(&o.action_id, &o.result, now_ms, policy) {
+                        self.touch_slurm(node);
+                    }
+                }
+            }
+            Target::PodLabel {
+                namespace,
+                pod,
+                key,
+            } => {
+                let pk = pod_key(namespace, pod);
+                let slot_key = format!("label:{key}");
+                let Some(entry) = self.model.pods.get_mut(&pk) else {
+                    return;
+                };
+                let Some((_, slot)) = entry
+                    .condition_slots
+                    .iter_mut()
+                    .find(|(t, _)| *t == slot_key)
+                else {
+                    return;
+                };
+                if slot.handle_outcome(&o.action_id, &o.result, now_ms, policy) {
+                    let pod = entry.obs.clone();
+                    if let Some(s) = slurm_name_of_pod(&pod, &self.policy) {
+                        self.touch_slurm(s);
+                    }
+                }
+            }
+            Target::Pod { namespace, pod } => {
+                let pk = pod_key(namespace, pod);
+                let mut changed = false;
+                for v in self.victims.values_mut().filter(|v| v.pod_key == pk) {
+                    changed |=
+                        v.delete_slot
+                            .handle_outcome(&o.action_id, &o.result, now_ms, policy);
+                }
+                if changed {
+                    self.schedule_scaling(now_ms);
+                }
+            }
+            Target::Scale { target } => {
+                if let Some(c) = self.scale.get_mut(target) {
+                    if c.slot
+                        .handle_outcome(&o.action_id, &o.result, now_ms, policy)
+                    {
+                        self.schedule_scaling(now_ms);
+                    }
+                }
+            }
         }
     }
 
@@ -731,6 +873,19 @@ impl Engine {
             &mut causes,
         );
         health::causes(&view, &policy.health, now, &mut causes, &mut wake);
+        if let Some(v) = self.victims.get(name) {
+            match v.kind {
+                // Until the replica count drops, a pod its controller
+                // recreates meanwhile is on its way out too.
+                VictimKind::ScaleIn => causes.push(Cause::ScaleIn),
+                // A replacement is done once the old pod is gone.
+                VictimKind::Replace => {
+                    if view.pod.is_some_and(|p| p.obs.uid == v.uid) {
+                        causes.push(Cause::Replace);
+                    }
+                }
+            }
+        }
 
         let Some(slurm) = view.slurm else {
             // Slurm does not know this node: nothing to drain or resume.
@@ -973,94 +1128,165 @@ impl Engine {
             ctl.status = status;
         }
 
-        // What the pod should show (Slurm -> Kubernetes).
-        let mut cond_wants: [(Option<&str>, Option<PodCondition>); 2] =
-            [(None, None), (None, None)];
-        let mut pod_work = None;
+        // Features and topology from the labels of the node under it.
+        if self.model.slurm_visible {
+            let kube_obs = view.kube.map(|k| &k.obs);
+            let features =
+                topology::features_want(slurm, kube_obs, &policy.topology).map(|features| {
+                    Action::SlurmSetFeatures {
+                        node: name.to_owned(),
+                        features,
+                    }
+                });
+            let issue = Issue {
+                seq: ctx.seq,
+                now_ms: now,
+                cause: ctx.event,
+                rule: Rule::Features.name(),
+            };
+            let (_, w) =
+                ctl.features_slot
+                    .reconcile(features, &issue, &policy.actions, &mut out.actions);
+            if let Some(w) = w {
+                min_wake(&mut wake, w);
+            }
+            let kube_named = view.kube_name.zip(kube_obs);
+            let (topology, issue_now) =
+                match topology::topology_want(slurm, kube_named, &policy.topology) {
+                    TopologyWant::Leave => (None, None),
+                    TopologyWant::Set(topology) => (
+                        Some(Action::SlurmSetTopology {
+                            node: name.to_owned(),
+                            topology,
+                        }),
+                        None,
+                    ),
+                    TopologyWant::Invalid(why) => (None, Some(why)),
+                };
+            let issue = Issue {
+                seq: ctx.seq,
+                now_ms: now,
+                cause: ctx.event,
+                rule: Rule::Topology.name(),
+            };
+            let (_, w) =
+                ctl.topology_slot
+                    .reconcile(topology, &issue, &policy.actions, &mut out.actions);
+            if let Some(w) = w {
+                min_wake(&mut wake, w);
+            }
+            if issue_now != ctl.topology_issue {
+                let (rule, detail) = match &issue_now {
+                    Some(why) => (
+                        Rule::TopologyInvalid,
+                        format!("{why}; slurm's topology is left as it is"),
+                    ),
+                    None => (Rule::Topology, "topology label usable again".to_owned()),
+                };
+                out.transitions.push(Transition {
+                    seq: ctx.seq,
+                    time_ms: now,
+                    node: name.to_owned(),
+                    from: ctl.status.phase,
+                    to: ctl.status.phase,
+                    rule,
+                    cause: ctx.event.clone(),
+                    detail,
+                });
+                ctl.topology_issue = issue_now;
+            }
+        }
+
+        // What the pod should show (Slurm -> Kubernetes): conditions and the
+        // busy label. (slot key, wanted action or None when it shows it, rule)
+        let mut pod_wants: Vec<(String, Option<Action>, &'static str)> = Vec::new();
+        let mut pod_key_owned = None;
         if let (Some(key), Some(pod)) = (view.pod_key, view.pod) {
             if self.model.kube_visible {
+                let set = |condition: PodCondition| Action::KubeSetPodCondition {
+                    namespace: pod.obs.namespace.clone(),
+                    pod: pod.obs.name.clone(),
+                    condition,
+                };
                 let fd = policy.drain.foreign_drain_condition.as_str();
                 if !fd.is_empty() {
-                    let wanted = if side.foreign_drain() {
-                        Some((
+                    let wanted = side.foreign_drain().then(|| {
+                        (
                             ConditionStatus::True,
                             "SlurmDrain",
                             slurm.reason.as_deref().unwrap_or(""),
-                        ))
-                    } else {
-                        None
-                    };
-                    cond_wants[0] = (
-                        Some(fd),
-                        condition_want(&pod.obs.conditions, fd, wanted, "SlurmNotDrained"),
-                    );
+                        )
+                    });
+                    let want = condition_want(&pod.obs.conditions, fd, wanted, "SlurmNotDrained");
+                    if want.is_some() || pod.has_slot(fd) {
+                        pod_wants.push((fd.to_owned(), want.map(set), Rule::ForeignDrain.name()));
+                    }
                 }
                 let hc = policy.health.slurm_health_condition.as_str();
                 if !hc.is_empty() {
-                    let wanted = if side.unhealthy {
-                        Some((
+                    let wanted = side.unhealthy.then(|| {
+                        (
                             ConditionStatus::False,
                             drain::unhealthy_reason(slurm),
                             slurm.reason.as_deref().unwrap_or(""),
-                        ))
-                    } else {
-                        None
-                    };
-                    cond_wants[1] = (
-                        Some(hc),
-                        condition_want_health(&pod.obs.conditions, hc, wanted),
-                    );
+                        )
+                    });
+                    let want = condition_want_health(&pod.obs.conditions, hc, wanted);
+                    if want.is_some() || pod.has_slot(hc) {
+                        pod_wants.push((hc.to_owned(), want.map(set), Rule::SlurmUnhealthy.name()));
+                    }
                 }
-                let has_slots = !pod.condition_slots.is_empty();
-                if has_slots || cond_wants.iter().any(|(_, w)| w.is_some()) {
-                    pod_work = Some((
-                        key.to_owned(),
-                        pod.obs.namespace.clone(),
-                        pod.obs.name.clone(),
-                    ));
+                let label = policy.scaling.busy_label.as_str();
+                if !label.is_empty() {
+                    let busy = self.model.jobs_on(name) > 0 || scaling::slurm_busy(slurm);
+                    let present = pod.obs.labels.get(label).map(String::as_str);
+                    let value = match (busy, present) {
+                        (true, Some("true")) | (false, None) => None,
+                        (true, _) => Some(Some("true".to_owned())),
+                        (false, Some(_)) => Some(None),
+                    };
+                    let slot_key = format!("label:{label}");
+                    if value.is_some() || pod.has_slot(&slot_key) {
+                        let want = value.map(|value| Action::KubeLabelPod {
+                            namespace: pod.obs.namespace.clone(),
+                            pod: pod.obs.name.clone(),
+                            key: label.to_owned(),
+                            value,
+                        });
+                        pod_wants.push((slot_key, want, Rule::Busy.name()));
+                    }
+                }
+                if !pod_wants.is_empty() {
+                    pod_key_owned = Some(key.to_owned());
                 }
             }
         }
-        let cond_types: [Option<String>; 2] = [
-            cond_wants[0].0.map(str::to_owned),
-            cond_wants[1].0.map(str::to_owned),
-        ];
-        let wants: [Option<PodCondition>; 2] = [cond_wants[0].1.take(), cond_wants[1].1.take()];
-
-        if let Some((key, namespace, pod_name)) = pod_work {
+        if let Some(key) = pod_key_owned {
             let entry = self
                 .model
                 .pods
                 .get_mut(&key)
                 .expect("pod seen in this view");
-            for (ty, want) in cond_types.into_iter().zip(wants) {
-                let Some(ty) = ty else { continue };
-                let idx = entry.condition_slots.iter().position(|(t, _)| *t == ty);
-                let idx = match (idx, &want) {
-                    (Some(i), _) => i,
-                    (None, Some(_)) => {
-                        entry.condition_slots.push((ty.clone(), Slot::default()));
+            for (slot_key, want, rule) in pod_wants {
+                let idx = match entry
+                    .condition_slots
+                    .iter()
+                    .position(|(t, _)| *t == slot_key)
+                {
+                    Some(i) => i,
+                    None => {
+                        entry.condition_slots.push((slot_key, Slot::default()));
                         entry.condition_slots.len() - 1
                     }
-                    (None, None) => continue,
                 };
-                let action = want.map(|condition| Action::KubeSetPodCondition {
-                    namespace: namespace.clone(),
-                    pod: pod_name.clone(),
-                    condition,
-                });
                 let issue = Issue {
                     seq: ctx.seq,
                     now_ms: now,
                     cause: ctx.event,
-                    rule: if ty == policy.drain.foreign_drain_condition {
-                        Rule::ForeignDrain.name()
-                    } else {
-                        Rule::SlurmUnhealthy.name()
-                    },
+                    rule,
                 };
                 let (_, w) = entry.condition_slots[idx].1.reconcile(
-                    action,
+                    want,
                     &issue,
                     &policy.actions,
                     &mut out.actions,
@@ -1079,6 +1305,291 @@ impl Engine {
         set_timer(&mut self.timers, &mut ctl.wake_ms, wake, || {
             Wake::Slurm(name.to_owned())
         });
+    }
+
+    /// Re-evaluates every scale target: desired replicas, scale-up, picking,
+    /// draining and deleting victims, lowering replicas, rolling replacement.
+    fn eval_scaling(&mut self, ctx: &Ctx<'_>, out: &mut Output) {
+        let now = ctx.now_ms;
+        let rules = self.policy.scaling.targets.clone();
+        // Victims of targets no longer scaled are dropped (their drains lift).
+        let stale: Vec<String> = self
+            .victims
+            .iter()
+            .filter(|(_, v)| !rules.iter().any(|r| r.target == v.target))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in stale {
+            self.victims.remove(&n);
+            self.touch_slurm(&n);
+        }
+        let mut wake: Option<u64> = None;
+        let visible = self.model.slurm_visible && self.model.kube_visible;
+        for rule in &rules {
+            let Some(target) = self
+                .model
+                .scale_targets
+                .get(&rule.target)
+                .map(|t| t.obs.clone())
+            else {
+                continue;
+            };
+            let current = target.replicas;
+            // The target's pods, with what scaling needs to know of each.
+            struct PodInfo<'a> {
+                key: &'a str,
+                uid: &'a str,
+                slurm: &'a str,
+                jobs: u32,
+                busy: bool,
+                known: bool,
+                drained: bool,
+                deleting: bool,
+                revision: Option<&'a str>,
+            }
+            let mut pods: Vec<PodInfo> = Vec::new();
+            for (key, entry) in &self.model.pods {
+                let p = &entry.obs;
+                let owned = p.namespace == rule.target.namespace
+                    && p.owner
+                        .as_ref()
+                        .is_some_and(|o| o.kind == rule.target.kind && o.name == rule.target.name);
+                if !owned {
+                    continue;
+                }
+                let Some(slurm) = slurm_name_of_pod(p, &self.policy) else {
+                    continue;
+                };
+                let node = self.model.slurm_nodes.get(slurm).map(|n| &n.obs);
+                let jobs = self.model.jobs_on(slurm);
+                pods.push(PodInfo {
+                    key,
+                    uid: &p.uid,
+                    slurm,
+                    jobs,
+                    busy: jobs > 0 || node.is_some_and(scaling::slurm_busy),
+                    known: node.is_some(),
+                    drained: node.is_some_and(|n| scaling::drained(n, jobs)),
+                    deleting: p.deleting,
+                    revision: p.revision.as_deref(),
+                });
+            }
+            // No sort: every decision below is independent of this order
+            // (counts, lookups, and candidates sorted by a total order).
+            let busy = pods.iter().filter(|p| p.busy).count() as u32;
+            let pending = self.model.pending_nodes(&rule.partition);
+            let desired = scaling::desired(busy, pending, rule.min_replicas, rule.max_replicas);
+            let ctl = self.scale.entry(rule.target.clone()).or_default();
+            ctl.desired = Some(desired);
+
+            // Settle, cancel or advance the victims.
+            let mine: Vec<String> = self
+                .victims
+                .iter()
+                .filter(|(_, v)| v.target == rule.target)
+                .map(|(n, _)| n.clone())
+                .collect();
+            let mut touched = Vec::new();
+            for node in &mine {
+                let v = self.victims.get_mut(node).expect("listed above");
+                let pod = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid);
+                let gone = pod.is_none();
+                match v.kind {
+                    VictimKind::ScaleIn if gone => match v.gone_at_replicas {
+                        None => v.gone_at_replicas = Some(current),
+                        Some(at) if current < at => {
+                            self.victims.remove(node);
+                            continue;
+                        }
+                        Some(_) => {}
+                    },
+                    VictimKind::Replace if gone => {
+                        self.victims.remove(node);
+                        touched.push(node.clone());
+                        continue;
+                    }
+                    _ => {}
+                }
+                let Some(pod) = pod else { continue };
+                let deleting = pod.deleting || v.delete_slot.pending().is_some();
+                if v.kind == VictimKind::ScaleIn && desired >= current && !deleting {
+                    // Demand is back: keep the node instead of adding one.
+                    self.victims.remove(node);
+                    touched.push(node.clone());
+                    continue;
+                }
+                // Fail closed: delete only what is surely drained and idle.
+                let safe = visible && pod.known && pod.drained && pod.jobs == 0 && !pod.busy;
+                let want = (safe && !pod.deleting).then(|| {
+                    let (namespace, name) = pod
+                        .key
+                        .split_once('/')
+                        .expect("pod keys are namespace/name");
+                    Action::KubeDeletePod {
+                        namespace: namespace.to_owned(),
+                        pod: name.to_owned(),
+                        uid: pod.uid.to_owned(),
+                    }
+                });
+                let issue = Issue {
+                    seq: ctx.seq,
+                    now_ms: now,
+                    cause: ctx.event,
+                    rule: Rule::Scaling.name(),
+                };
+                let (_, w) =
+                    v.delete_slot
+                        .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
+                if let Some(w) = w {
+                    min_wake(&mut wake, w);
+                }
+            }
+
+            // Pick new scale-in victims among nodes idle long enough.
+            let ctl = self.scale.get_mut(&rule.target).expect("inserted above");
+            let scale_in = self
+                .victims
+                .values()
+                .filter(|v| v.target == rule.target && v.kind == VictimKind::ScaleIn)
+                .count() as u32;
+            let down_ready_at = ctl
+                .last_down_ms
+                .map_or(0, |t| t + rule.scale_down_cooldown_s * 1000);
+            if desired < current.saturating_sub(scale_in) && visible {
+                if now < down_ready_at {
+                    min_wake(&mut wake, down_ready_at);
+                } else {
+                    let idle_ms = rule.idle_before_scale_down_s * 1000;
+                    let mut candidates: Vec<&PodInfo> = pods
+                        .iter()
+                        .filter(|p| {
+                            !self.victims.contains_key(p.slurm) && p.known && !p.busy && !p.deleting
+                        })
+                        .filter(|p| match self.idle_since.get(p.slurm).copied() {
+                            Some(t) if t + idle_ms <= now => true,
+                            Some(t) => {
+                                min_wake(&mut wake, t + idle_ms);
+                                false
+                            }
+                            None => false,
+                        })
+                        .collect();
+                    candidates.sort_by(|a, b| {
+                        scaling::victim_order((a.jobs, a.slurm), (b.jobs, b.slurm))
+                    });
+                    let needed = (current - scale_in - desired) as usize;
+                    for p in candidates.into_iter().take(needed) {
+                        self.victims.insert(
+                            p.slurm.to_owned(),
+                            Victim {
+                                target: rule.target.clone(),
+                                kind: VictimKind::ScaleIn,
+                                pod_key: p.key.to_owned(),
+                                uid: p.uid.to_owned(),
+                                gone_at_replicas: None,
+                                delete_slot: Slot::default(),
+                            },
+                        );
+                        touched.push(p.slurm.to_owned());
+                        ctl.last_down_ms = Some(now);
+                    }
+                }
+            }
+
+            // Rolling replacement of pods of an old revision.
+            if let (Some(rev), true) = (&target.update_revision, visible) {
+                let replacing = self
+                    .victims
+                    .values()
+                    .filter(|v| v.target == rule.target && v.kind == VictimKind::Replace)
+                    .count() as u32;
+                let mut old: Vec<&PodInfo> = pods
+                    .iter()
+                    .filter(|p| p.revision.is_some_and(|r| r != rev))
+                    .filter(|p| !self.victims.contains_key(p.slurm) && p.known && !p.deleting)
+                    .collect();
+                old.sort_by(|a, b| scaling::victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
+                let room = rule.max_unavailable.saturating_sub(replacing) as usize;
+                for p in old.into_iter().take(room) {
+                    self.victims.insert(
+                        p.slurm.to_owned(),
+                        Victim {
+                            target: rule.target.clone(),
+                            kind: VictimKind::Replace,
+                            pod_key: p.key.to_owned(),
+                            uid: p.uid.to_owned(),
+                            gone_at_replicas: None,
+                            delete_slot: Slot::default(),
+                        },
+                    );
+                    touched.push(p.slurm.to_owned());
+                }
+            }
+
+            // The replica count: up at once (after the cooldown); down by
+            // the victims whose pods are gone.
+            let gone = self
+                .victims
+                .values()
+                .filter(|v| v.target == rule.target && v.gone_at_replicas.is_some())
+                .count() as u32;
+            let up_ready_at = ctl
+                .last_up_ms
+                .map_or(0, |t| t + rule.scale_up_cooldown_s * 1000);
+            let want = if desired > current {
+                if now >= up_ready_at {
+                    Some(desired)
+                } else {
+                    min_wake(&mut wake, up_ready_at);
+                    None
+                }
+            } else if gone > 0 {
+                Some(current.saturating_sub(gone).max(rule.min_replicas))
+            } else {
+                None
+            };
+            let want = want
+                .filter(|&r| r != current)
+                .map(|replicas| Action::KubeScale {
+                    target: rule.target.clone(),
+                    replicas,
+                });
+            let issue = Issue {
+                seq: ctx.seq,
+                now_ms: now,
+                cause: ctx.event,
+                rule: Rule::Scaling.name(),
+            };
+            let before = out.actions.len();
+            let (_, w) = ctl
+                .slot
+                .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
+            if out.actions[before..].iter().any(
+                |a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current),
+            ) {
+                ctl.last_up_ms = Some(now);
+            }
+            if let Some(w) = w {
+                min_wake(&mut wake, w);
+            }
+            for n in touched {
+                self.touch_slurm(&n);
+            }
+        }
+        // The nodes touched above are evaluated in this same record.
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for w in &dirty {
+            match w {
+                Wake::Slurm(n) => self.eval_slurm(n, ctx, out),
+                Wake::Kube(n) => self.eval_kube(n, ctx, out),
+                Wake::Scale => {}
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
+        set_timer(&mut self.timers, &mut self.scale_wake, wake, || Wake::Scale);
     }
 
     /// Re-evaluates one Kubernetes node's taints from the Slurm nodes on it.
@@ -1292,7 +1803,9 @@ fn detail(
         s
     };
     match status.rule {
-        Rule::Cordoned
+        Rule::ScaleIn
+        | Rule::Replace
+        | Rule::Cordoned
         | Rule::PodDeleting
         | Rule::PodEvicted
         | Rule::PodMissing
@@ -1336,5 +1849,8 @@ fn detail(
         Rule::Observed => format!("slurm shows {}", slurm_state()),
         Rule::Gone => "slurm no longer reports the node".to_owned(),
         Rule::GaveUp => "gave up".to_owned(),
+        Rule::Features | Rule::Topology | Rule::TopologyInvalid | Rule::Busy | Rule::Scaling => {
+            String::new()
+        }
     }
 }

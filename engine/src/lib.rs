@@ -10,16 +10,20 @@
 //! size, after any restart.
 //!
 //! Policies live in their own modules, each a table of rules: `drain`
-//! (cordons, evictions, pod deletions, foreign drains) and `health`
-//! (NotReady, node conditions, Slurm health shown in Kubernetes, damping).
+//! (cordons, evictions, pod deletions, foreign drains), `health`
+//! (NotReady, node conditions, Slurm health shown in Kubernetes, damping),
+//! `topology` (labels to Slurm features and topology) and `scaling`
+//! (replicas from Slurm demand, scale-in through drain, busy labels).
 
 mod drain;
 mod engine;
 mod health;
 mod model;
 pub mod replay;
+mod scaling;
 mod slot;
 mod sorted;
+mod topology;
 mod transition;
 
 pub use engine::{Engine, Output, SnapshotError};

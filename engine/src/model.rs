@@ -37,8 +37,15 @@ pub(crate) struct Origin {
 pub(crate) struct PodEntry {
     pub obs: KubePod,
     pub gen: u32,
-    /// Condition type -> slot.
+    /// Slot key (a condition type, or `label:<key>`) -> slot.
     pub condition_slots: Vec<(String, Slot)>,
+}
+
+impl PodEntry {
+    /// Whether an action slot (a condition type, or `label:<key>`) exists.
+    pub fn has_slot(&self, key: &str) -> bool {
+        self.condition_slots.iter().any(|(k, _)| k == key)
+    }
 }
 
 /// A Kubernetes node, since when it is not Ready, and its taint slots.
@@ -98,6 +105,12 @@ pub(crate) struct Model {
     /// Slurm node -> jobs holding it.
     #[serde(skip)]
     running_jobs: FxHashMap<String, u32>,
+    /// Partition -> nodes wanted by pending jobs that more nodes can help.
+    #[serde(skip)]
+    pending_nodes: FxHashMap<String, u64>,
+    /// The policy's unscalable pending reasons, as the index was built with.
+    #[serde(skip)]
+    unscalable: Vec<String>,
 }
 
 pub(crate) const fn domain_index(d: Domain) -> usize {
@@ -131,8 +144,14 @@ pub(crate) fn slurm_name_of_pod<'a>(pod: &'a KubePod, policy: &Policy) -> Option
     }
 }
 
-/// Counts a job that holds its nodes in (or out of) the per-node counts.
-fn hold(running: &mut FxHashMap<String, u32>, job: &SlurmJob, add: bool) {
+/// Counts a job that holds its nodes in (or out of) the per-node counts,
+/// noting nodes that go from idle to busy or back.
+fn hold(
+    running: &mut FxHashMap<String, u32>,
+    job: &SlurmJob,
+    add: bool,
+    flipped: &mut Vec<String>,
+) {
     if !job.state.holds_nodes() {
         return;
     }
@@ -142,13 +161,36 @@ fn hold(running: &mut FxHashMap<String, u32>, job: &SlurmJob, add: bool) {
                 Some(n) => *n += 1,
                 None => {
                     running.insert(node.clone(), 1);
+                    flipped.push(node.clone());
                 }
             }
         } else if let Some(n) = running.get_mut(node) {
             *n -= 1;
             if *n == 0 {
                 running.remove(node);
+                flipped.push(node.clone());
             }
+        }
+    }
+}
+
+/// Counts a pending job's node demand in (or out of) its partition's total.
+fn demand(pending: &mut FxHashMap<String, u64>, unscalable: &[String], job: &SlurmJob, add: bool) {
+    if !crate::scaling::scalable(job, unscalable) {
+        return;
+    }
+    let n = u64::from(job.node_count.max(1));
+    if add {
+        match pending.get_mut(&job.partition) {
+            Some(total) => *total += n,
+            None => {
+                pending.insert(job.partition.clone(), n);
+            }
+        }
+    } else if let Some(total) = pending.get_mut(&job.partition) {
+        *total = total.saturating_sub(n);
+        if *total == 0 {
+            pending.remove(&job.partition);
         }
     }
 }
@@ -280,15 +322,17 @@ impl Model {
         }
     }
 
-    /// Records a job observation and its hold on its nodes.
-    pub fn upsert_job(&mut self, job: &SlurmJob, gen: u32) {
+    /// Records a job observation: its hold on its nodes and its pending
+    /// demand. Nodes that became busy or idle are pushed to `flipped`.
+    pub fn upsert_job(&mut self, job: &SlurmJob, gen: u32, flipped: &mut Vec<String>) {
         match self.jobs.get_mut(&job.job_id) {
             Some(seen) => {
                 seen.gen = gen;
                 if seen.obs == *job {
                     return;
                 }
-                hold(&mut self.running_jobs, &seen.obs, false);
+                hold(&mut self.running_jobs, &seen.obs, false, flipped);
+                demand(&mut self.pending_nodes, &self.unscalable, &seen.obs, false);
                 seen.obs.clone_from(job);
             }
             None => {
@@ -301,12 +345,21 @@ impl Model {
                 );
             }
         }
-        hold(&mut self.running_jobs, job, true);
+        hold(&mut self.running_jobs, job, true, flipped);
+        demand(&mut self.pending_nodes, &self.unscalable, job, true);
     }
 
-    /// Adds or removes a job's hold on its nodes.
-    pub fn index_job(&mut self, job: &SlurmJob, add: bool) {
-        hold(&mut self.running_jobs, job, add);
+    /// Forgets a job. Nodes that became idle are pushed to `flipped`.
+    pub fn remove_job(&mut self, job_id: u64, flipped: &mut Vec<String>) {
+        if let Some(seen) = self.jobs.remove(&job_id) {
+            hold(&mut self.running_jobs, &seen.obs, false, flipped);
+            demand(&mut self.pending_nodes, &self.unscalable, &seen.obs, false);
+        }
+    }
+
+    /// Nodes wanted by a partition's pending jobs that more nodes can help.
+    pub fn pending_nodes(&self, partition: &str) -> u64 {
+        self.pending_nodes.get(partition).copied().unwrap_or(0)
     }
 
     /// Rebuilds every derived index from the observations.
@@ -315,6 +368,9 @@ impl Model {
         self.on_kube_node.clear();
         self.placed_on.clear();
         self.running_jobs.clear();
+        self.pending_nodes.clear();
+        self.unscalable
+            .clone_from(&policy.scaling.unscalable_pending_reasons);
         let mut keys: Vec<String> = self.pods.keys().cloned().collect();
         keys.sort_unstable();
         for key in &keys {
@@ -330,9 +386,10 @@ impl Model {
         for s in slurm {
             self.reindex_placement(&s, policy);
         }
-        let jobs: Vec<SlurmJob> = self.jobs.values().map(|j| j.obs.clone()).collect();
-        for job in &jobs {
-            self.index_job(job, true);
+        let mut flipped = Vec::new();
+        for seen in self.jobs.values() {
+            hold(&mut self.running_jobs, &seen.obs, true, &mut flipped);
+            demand(&mut self.pending_nodes, &self.unscalable, &seen.obs, true);
         }
     }
 }

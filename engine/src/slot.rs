@@ -37,7 +37,9 @@ pub(crate) struct InFlight {
 /// One target's slot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Slot {
-    pub current: Option<InFlight>,
+    /// Boxed: most slots are empty most of the time, and the model keeps
+    /// several per node.
+    pub current: Option<Box<InFlight>>,
 }
 
 /// Where and why an action would be issued.
@@ -137,13 +139,13 @@ impl Slot {
             attempt,
             action: action.clone(),
         });
-        self.current = Some(InFlight {
+        self.current = Some(Box::new(InFlight {
             id,
             action,
             issued_ms: issue.now_ms,
             attempt,
             flight: Flight::Sent,
-        });
+        }));
     }
 
     /// Records an actuator's outcome. Outcomes of older attempts, and repeated
@@ -182,7 +184,7 @@ impl Slot {
 
     /// Whether an action is pending (sent, no outcome yet).
     pub fn pending(&self) -> Option<&InFlight> {
-        self.current.as_ref().filter(|c| c.flight == Flight::Sent)
+        self.current.as_deref().filter(|c| c.flight == Flight::Sent)
     }
 }
 

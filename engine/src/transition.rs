@@ -84,6 +84,20 @@ pub enum Rule {
     SlurmInvisible,
     /// An action ran out of attempts or failed for good.
     GaveUp,
+    /// scaling: the node was picked to be scaled in.
+    ScaleIn,
+    /// scaling: the node's pod is replaced by a new revision.
+    Replace,
+    /// topology: features follow the Kubernetes node's labels.
+    Features,
+    /// topology: the topology unit follows the Kubernetes node's label.
+    Topology,
+    /// topology: the unit label is missing or invalid; nothing goes to Slurm.
+    TopologyInvalid,
+    /// scaling: the busy label follows the node's jobs.
+    Busy,
+    /// scaling: replica count changes and pod deletions.
+    Scaling,
 }
 
 impl Rule {
@@ -107,6 +121,13 @@ impl Rule {
             Self::SlurmUnhealthy => "health.slurm_unhealthy",
             Self::SlurmInvisible => "observe.slurm_invisible",
             Self::GaveUp => "actions.gave_up",
+            Self::ScaleIn => "scaling.in",
+            Self::Replace => "scaling.replace",
+            Self::Features => "topology.features",
+            Self::Topology => "topology.unit",
+            Self::TopologyInvalid => "topology.invalid",
+            Self::Busy => "scaling.busy",
+            Self::Scaling => "scaling",
         }
     }
 }

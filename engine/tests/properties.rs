@@ -19,6 +19,17 @@ use proptest::prelude::*;
 const SLURM: [&str; 4] = ["n1", "n2", "n3", "n4"];
 const KUBE: [&str; 3] = ["k1", "k2", "k3"];
 const PREFIX: &str = "lockstep:";
+const MIN_REPLICAS: u32 = 1;
+const MAX_REPLICAS: u32 = 3;
+
+fn gpu_set() -> lockstep_schemas::ScaleTargetRef {
+    lockstep_schemas::ScaleTargetRef {
+        group: "apps".into(),
+        kind: "StatefulSet".into(),
+        namespace: "slurm".into(),
+        name: "gpu".into(),
+    }
+}
 
 /// One thing that happens in the random cluster.
 #[derive(Debug, Clone)]
@@ -63,6 +74,17 @@ enum Op {
     },
     SlurmVisible(bool),
     HostMode(bool),
+    /// A job: 0 pending (scalable), 1 pending (held), 2 running, 3 gone.
+    Job {
+        id: u64,
+        state: u8,
+        nodes: u8,
+        count: u32,
+    },
+    Scale {
+        replicas: u32,
+        revision: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -80,6 +102,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3u8, any::<u8>()).prop_map(|(domain, keep)| Op::Sync { domain, keep }),
         1 => any::<bool>().prop_map(Op::SlurmVisible),
         1 => prop::bool::weighted(0.3).prop_map(Op::HostMode),
+        3 => (0..5u64, 0..4u8, any::<u8>(), 1..4u32).prop_map(|(id, state, nodes, count)| Op::Job { id, state, nodes, count }),
+        1 => (0..5u32, any::<bool>()).prop_map(|(replicas, revision)| Op::Scale { replicas, revision }),
     ]
 }
 
@@ -97,6 +121,16 @@ fn policy(host: bool) -> Policy {
         effect: TaintEffect::PreferNoSchedule,
     });
     p.actions.timeout_s = 45;
+    p.scaling.targets = vec![lockstep_schemas::ScaleRule {
+        target: gpu_set(),
+        partition: "batch".into(),
+        min_replicas: MIN_REPLICAS,
+        max_replicas: MAX_REPLICAS,
+        scale_up_cooldown_s: 10,
+        scale_down_cooldown_s: 20,
+        idle_before_scale_down_s: 30,
+        max_unavailable: 1,
+    }];
     p.actions.attempts_max = 3;
     if host {
         p.mapping.mode = MappingMode::Host;
@@ -253,8 +287,15 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                         }],
                         _ => vec![],
                     },
-                    owner: None,
-                    revision: None,
+                    owner: Some(lockstep_schemas::OwnerRef {
+                        kind: "StatefulSet".into(),
+                        name: "gpu".into(),
+                    }),
+                    revision: Some(if *cond == 1 {
+                        "rev-2".into()
+                    } else {
+                        "rev-1".into()
+                    }),
                 };
                 world.pods.insert(*node, pod.clone());
                 Event::KubePod(pod)
@@ -335,6 +376,53 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 detail: String::new(),
             },
             Op::HostMode(h) => Event::PolicyChanged(Box::new(policy(*h))),
+            Op::Job {
+                id,
+                state,
+                nodes,
+                count,
+            } => {
+                if *state == 3 {
+                    Event::SlurmJobGone { job_id: *id }
+                } else {
+                    let running = *state == 2;
+                    Event::SlurmJob(lockstep_schemas::SlurmJob {
+                        job_id: *id,
+                        state: if running {
+                            lockstep_schemas::SlurmJobState::Running
+                        } else {
+                            lockstep_schemas::SlurmJobState::Pending
+                        },
+                        partition: "batch".into(),
+                        nodes: if running {
+                            (0..4)
+                                .filter(|i| nodes >> i & 1 == 1)
+                                .map(|i| SLURM[i].to_owned())
+                                .collect()
+                        } else {
+                            vec![]
+                        },
+                        node_count: *count,
+                        pending_reason: match state {
+                            0 => Some("Resources".into()),
+                            1 => Some("JobHeldUser".into()),
+                            _ => None,
+                        },
+                    })
+                }
+            }
+            Op::Scale { replicas, revision } => {
+                Event::KubeScaleTarget(lockstep_schemas::KubeScaleTarget {
+                    target: gpu_set(),
+                    replicas: *replicas,
+                    ready_replicas: *replicas,
+                    update_revision: Some(if *revision {
+                        "rev-2".into()
+                    } else {
+                        "rev-1".into()
+                    }),
+                })
+            }
         };
         push(event, now, &mut engine, &mut recs);
     }
@@ -347,6 +435,8 @@ fn kind_of(t: &Target) -> lockstep_schemas::ActionKind {
         Target::SlurmNodeState { .. } => SlurmDrain,
         Target::PodCondition { .. } => KubeSetPodCondition,
         Target::NodeTaint { .. } => KubeTaintNode,
+        Target::Pod { .. } => KubeDeletePod,
+        Target::PodLabel { .. } => KubeLabelPod,
         _ => KubeScale,
     }
 }
@@ -471,10 +561,13 @@ proptest! {
         let mut out = Output::default();
         let mut latest: BTreeMap<String, SlurmNode> = BTreeMap::new();
         let mut in_flight: BTreeMap<Target, (String, u64)> = BTreeMap::new();
+        let mut jobs: BTreeMap<u64, lockstep_schemas::SlurmJob> = BTreeMap::new();
         for rec in &recs {
             match &rec.envelope.event {
                 Event::SlurmNode(n) => { latest.insert(n.name.clone(), n.clone()); }
                 Event::SlurmNodeGone { name } => { latest.remove(name); }
+                Event::SlurmJob(j) => { jobs.insert(j.job_id, j.clone()); }
+                Event::SlurmJobGone { job_id } => { jobs.remove(job_id); }
                 Event::ActionOutcome(o)
                     if in_flight.get(&o.target).is_some_and(|(id, _)| *id == o.action_id.0) =>
                 {
@@ -486,6 +579,19 @@ proptest! {
             engine.apply(rec, &mut out);
             let timeout_ms = engine.policy().actions.timeout_s * 1000;
             for a in &out.actions {
+                if let Action::KubeDeletePod { pod, .. } = &a.action {
+                    let running = jobs.values().any(|j| j.state.holds_nodes() && j.nodes.contains(pod));
+                    prop_assert!(!running, "deleted pod {} whose slurm node runs a job", pod);
+                    let node = latest.get(pod);
+                    prop_assert!(
+                        node.is_some_and(|n| n.flags.contains(&SlurmNodeFlag::Drain)
+                            && !matches!(n.state, SlurmBaseState::Allocated | SlurmBaseState::Mixed)),
+                        "deleted pod {} whose slurm node is not drained: {:?}", pod, node
+                    );
+                }
+                if let Action::KubeScale { replicas, .. } = &a.action {
+                    prop_assert!((MIN_REPLICAS..=MAX_REPLICAS).contains(replicas), "scaled to {}", replicas);
+                }
                 if let Action::SlurmResume { node } = &a.action {
                     let owned = latest.get(node).and_then(|n| n.reason.as_deref()).is_some_and(|r| r.starts_with(PREFIX));
                     prop_assert!(owned, "resumed {} whose drain is not lockstep's: {:?}", node, latest.get(node));
@@ -543,4 +649,51 @@ fn a_log_record_file_of_the_generated_log_is_readable() {
         lockstep_schemas::log::read_all(lockstep_schemas::log::LogReader::msgpack(bytes));
     assert!(err.is_none());
     assert_eq!(back.len(), recs.len() + 1);
+}
+
+#[test]
+fn the_operations_reach_scale_in_deletes() {
+    // Three idle nodes in pods of the set, replicas 3, min 1: after the idle
+    // time two are drained, and once Slurm shows the drains, deleted.
+    let mut ops = vec![Op::Scale {
+        replicas: 3,
+        revision: false,
+    }];
+    for node in 0..3 {
+        ops.push(Op::Slurm {
+            node,
+            state: 0,
+            drain: None,
+            not_responding: false,
+        });
+        ops.push(Op::Pod {
+            node,
+            on: node,
+            deleting: false,
+            evicted: false,
+            cond: 0,
+        });
+    }
+    ops.push(Op::Advance { s: 35 });
+    ops.push(Op::Advance { s: 2 });
+    for node in 1..3 {
+        ops.push(Op::Slurm {
+            node,
+            state: 0,
+            drain: Some(true),
+            not_responding: false,
+        });
+    }
+    ops.push(Op::Advance { s: 2 });
+    let recs = build_log(&ops);
+    let run = run_once(&recs);
+    let kinds: Vec<_> = run.actions.iter().map(|a| a.action.kind()).collect();
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == lockstep_schemas::ActionKind::KubeDeletePod)
+            .count(),
+        2,
+        "{kinds:?}"
+    );
 }

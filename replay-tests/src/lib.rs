@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use lockstep_engine::{Engine, Output, Phase, Transition};
 use lockstep_schemas::{
     Action, ActionOutcome, ConditionStatus, Envelope, Event, EventRecord, IssuedAction, KubeNode,
-    KubePod, NodeCondition, OutcomeResult, PodPhase, Policy, Record, SlurmBaseState, SlurmJob,
-    SlurmJobState, SlurmNode, SlurmNodeFlag, Source,
+    KubePod, KubeScaleTarget, NodeCondition, OutcomeResult, OwnerRef, PodPhase, Policy, Record,
+    ScaleTargetRef, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, Source,
 };
 
 pub mod scenarios;
@@ -45,7 +45,26 @@ pub struct Sim {
     pub pods: BTreeMap<String, KubePod>,
     /// Slurm jobs.
     pub jobs: BTreeMap<u64, SlurmJob>,
+    /// StatefulSet-like scale targets and their controllers.
+    pub sets: BTreeMap<String, SimSet>,
     out: Output,
+}
+
+/// A StatefulSet as the simulator runs it: pods `<name>-<ordinal>` for
+/// ordinals below `replicas`, spread over `nodes`, each registering a Slurm
+/// node of the same name when it starts.
+#[derive(Debug, Clone)]
+pub struct SimSet {
+    /// The scale target.
+    pub target: ScaleTargetRef,
+    /// `spec.replicas`.
+    pub replicas: u32,
+    /// The revision new pods get.
+    pub revision: String,
+    /// Kubernetes nodes the pods are spread over.
+    pub nodes: Vec<String>,
+    /// Pods created so far (for fresh UIDs).
+    pub created: u64,
 }
 
 impl Sim {
@@ -63,6 +82,7 @@ impl Sim {
             kube: BTreeMap::new(),
             pods: BTreeMap::new(),
             jobs: BTreeMap::new(),
+            sets: BTreeMap::new(),
             out: Output::default(),
         };
         sim.append(Source::Lockstep, Event::PolicyChanged(Box::new(policy)));
@@ -363,8 +383,19 @@ impl Sim {
     /// and observers would.
     pub fn actuate(&mut self) -> &mut Self {
         while let Some(a) = self.take_pending() {
-            self.report(&a, OutcomeResult::Succeeded);
-            self.carry_out(&a.action);
+            if self.target_exists(&a.action) {
+                self.report(&a, OutcomeResult::Succeeded);
+                self.carry_out(&a.action);
+            } else {
+                // What a real actuator reports for a 404 / unknown node.
+                self.report(
+                    &a,
+                    OutcomeResult::Failed {
+                        retryable: false,
+                        error: format!("{} not found", a.action.target()),
+                    },
+                );
+            }
         }
         self
     }
@@ -386,6 +417,23 @@ impl Sim {
     pub fn lose_next(&mut self) -> &mut Self {
         self.take_pending().expect("an action is pending");
         self
+    }
+
+    fn target_exists(&self, action: &Action) -> bool {
+        match action {
+            Action::SlurmDrain { node, .. }
+            | Action::SlurmResume { node }
+            | Action::SlurmDown { node, .. }
+            | Action::SlurmSetFeatures { node, .. }
+            | Action::SlurmSetTopology { node, .. } => self.slurm.contains_key(node),
+            Action::KubeSetPodCondition { pod, .. }
+            | Action::KubeLabelPod { pod, .. }
+            | Action::KubeDeletePod { pod, .. } => self.pods.contains_key(&format!("slurm/{pod}")),
+            Action::KubeTaintNode { node, .. } | Action::KubeUntaintNode { node, .. } => {
+                self.kube.contains_key(node)
+            }
+            Action::KubeScale { target, .. } => self.sets.contains_key(&target.name),
+        }
     }
 
     fn take_pending(&mut self) -> Option<IssuedAction> {
@@ -442,8 +490,193 @@ impl Sim {
                 let key = key.clone();
                 self.kube_change(node, |n| n.taints.retain(|t| t.key != key));
             }
-            other => panic!("the simulator does not carry out {other:?} yet"),
+            Action::KubeLabelPod {
+                pod, key, value, ..
+            } => {
+                let (key, value) = (key.clone(), value.clone());
+                self.pod_change(pod, |p| match value {
+                    Some(v) => {
+                        p.labels.insert(key, v);
+                    }
+                    None => {
+                        p.labels.remove(&key);
+                    }
+                });
+            }
+            Action::KubeDeletePod { pod, uid, .. } => {
+                let key = format!("slurm/{pod}");
+                if self.pods.get(&key).is_some_and(|p| p.uid == *uid) {
+                    self.pod_change(pod, |p| p.deleting = true);
+                    self.remove_pod(pod);
+                    self.slurm.remove(pod.as_str());
+                    self.append(Source::Slurm, Event::SlurmNodeGone { name: pod.clone() });
+                    let set = pod.rsplit_once('-').map(|(s, _)| s.to_owned());
+                    if let Some(set) = set.filter(|s| self.sets.contains_key(s)) {
+                        self.sync_set(&set);
+                    }
+                }
+            }
+            Action::KubeScale { target, replicas } => {
+                let name = target.name.clone();
+                let set = self.sets.get_mut(&name).expect("known set");
+                set.replicas = *replicas;
+                self.observe_set(&name);
+                self.sync_set(&name);
+            }
+            Action::SlurmSetFeatures { node, features } => {
+                let features = features.clone();
+                self.slurm_change(node, |n| n.features = features);
+            }
+            Action::SlurmSetTopology { node, topology } => {
+                let topology = topology.clone();
+                self.slurm_change(node, |n| n.topology = Some(topology));
+            }
         }
+    }
+}
+
+impl Sim {
+    /// A StatefulSet-like scale target with its pods and their Slurm nodes.
+    pub fn add_set(&mut self, name: &str, replicas: u32, nodes: &[&str]) -> &mut Self {
+        self.sets.insert(
+            name.to_owned(),
+            SimSet {
+                target: ScaleTargetRef {
+                    group: "apps".to_owned(),
+                    kind: "StatefulSet".to_owned(),
+                    namespace: "slurm".to_owned(),
+                    name: name.to_owned(),
+                },
+                replicas,
+                revision: "rev-1".to_owned(),
+                nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+                created: 0,
+            },
+        );
+        self.observe_set(name);
+        self.sync_set(name)
+    }
+
+    /// A new revision of the set's pod template.
+    pub fn set_revision(&mut self, name: &str, revision: &str) -> &mut Self {
+        self.sets.get_mut(name).expect("known set").revision = revision.to_owned();
+        self.observe_set(name)
+    }
+
+    fn observe_set(&mut self, name: &str) -> &mut Self {
+        let set = &self.sets[name];
+        let ready = self
+            .pods
+            .values()
+            .filter(|p| p.owner.as_ref().is_some_and(|o| o.name == name))
+            .count() as u32;
+        let event = Event::KubeScaleTarget(KubeScaleTarget {
+            target: set.target.clone(),
+            replicas: set.replicas,
+            ready_replicas: ready,
+            update_revision: Some(set.revision.clone()),
+        });
+        self.append(Source::Kubernetes, event);
+        self
+    }
+
+    /// The set's controller: creates missing pods below `replicas` (and
+    /// their Slurm nodes register), removes pods at or above it.
+    pub fn sync_set(&mut self, name: &str) -> &mut Self {
+        let set = self.sets[name].clone();
+        let ordinals: Vec<u32> = self
+            .pods
+            .values()
+            .filter(|p| p.owner.as_ref().is_some_and(|o| o.name == name))
+            .filter_map(|p| p.name.rsplit_once('-').and_then(|(_, o)| o.parse().ok()))
+            .collect();
+        for o in ordinals.iter().copied().filter(|&o| o >= set.replicas) {
+            let pod = format!("{name}-{o}");
+            self.pod_change(&pod, |p| p.deleting = true);
+            self.remove_pod(&pod);
+            self.slurm.remove(pod.as_str());
+            self.append(Source::Slurm, Event::SlurmNodeGone { name: pod });
+        }
+        for o in (0..set.replicas).filter(|o| !ordinals.contains(o)) {
+            let pod = format!("{name}-{o}");
+            let node = set.nodes[o as usize % set.nodes.len()].clone();
+            let created = {
+                let s = self.sets.get_mut(name).expect("known set");
+                s.created += 1;
+                s.created
+            };
+            self.add_slurm_node(&pod);
+            self.add_pod(&pod, &node);
+            let revision = set.revision.clone();
+            self.pod_change(&pod, |p| {
+                p.uid = format!("uid-{pod_name}-{created}", pod_name = p.name);
+                p.owner = Some(OwnerRef {
+                    kind: "StatefulSet".to_owned(),
+                    name: name.to_owned(),
+                });
+                p.revision = Some(revision);
+            });
+        }
+        self.observe_set(name)
+    }
+
+    /// A job waits in the queue for `nodes` nodes of `partition`.
+    pub fn submit(&mut self, job_id: u64, partition: &str, nodes: u32, reason: &str) -> &mut Self {
+        let job = SlurmJob {
+            job_id,
+            state: SlurmJobState::Pending,
+            partition: partition.to_owned(),
+            nodes: vec![],
+            node_count: nodes,
+            pending_reason: Some(reason.to_owned()),
+        };
+        self.jobs.insert(job_id, job.clone());
+        self.append(Source::Slurm, Event::SlurmJob(job));
+        self
+    }
+
+    /// A pending job starts on these nodes.
+    pub fn schedule(&mut self, job_id: u64, nodes: &[&str]) -> &mut Self {
+        let job = self.jobs.get_mut(&job_id).expect("known job");
+        job.state = SlurmJobState::Running;
+        job.pending_reason = None;
+        job.nodes = nodes.iter().map(|n| (*n).to_owned()).collect();
+        let job = job.clone();
+        self.append(Source::Slurm, Event::SlurmJob(job));
+        for n in nodes {
+            self.slurm_change(n, |s| s.state = SlurmBaseState::Allocated);
+        }
+        self
+    }
+
+    /// The Slurm connector loses or regains sight of slurmctld.
+    pub fn slurm_visible(&mut self, visible: bool) -> &mut Self {
+        let detail = if visible {
+            ""
+        } else {
+            "slurmrestd: connection refused"
+        };
+        self.append(
+            Source::Slurm,
+            Event::ConnectorStatus {
+                connector: lockstep_schemas::Connector::Slurm,
+                visible,
+                detail: detail.to_owned(),
+            },
+        );
+        self
+    }
+
+    /// Sets (or with `None` removes) a label on a Kubernetes node.
+    pub fn label_node(&mut self, name: &str, key: &str, value: Option<&str>) -> &mut Self {
+        self.kube_change(name, |n| match value {
+            Some(v) => {
+                n.labels.insert(key.to_owned(), v.to_owned());
+            }
+            None => {
+                n.labels.remove(key);
+            }
+        })
     }
 }
 

@@ -2,7 +2,9 @@
 //! `incidents/<name>.jsonl` is its log and `incidents/<name>.expected` the
 //! timeline `lockstep replay` prints for it.
 
-use lockstep_schemas::{ConditionStatus, HealthAction, MappingMode, Policy};
+use lockstep_schemas::{
+    ConditionStatus, HealthAction, LabelFeature, MappingMode, Policy, ScaleRule, ScaleTargetRef,
+};
 
 use crate::Sim;
 
@@ -73,6 +75,46 @@ pub const ALL: &[Incident] = &[
         about: "a slurmd pod is evicted: its Slurm node drains; the replacement pod resumes it",
         build: pod_evicted,
     },
+    Incident {
+        name: "scale-up-burst",
+        about: "a burst of pending jobs scales a StatefulSet up at once, bounded by max; held jobs do not count",
+        build: scale_up_burst,
+    },
+    Incident {
+        name: "idle-scale-in",
+        about: "the queue drains; after the idle time the newest idle nodes are drained, deleted and the replicas lowered",
+        build: idle_scale_in,
+    },
+    Incident {
+        name: "victim-gets-a-job",
+        about: "a job lands on a scale-in victim before its drain: the pod is deleted only after the job ends",
+        build: victim_gets_a_job,
+    },
+    Incident {
+        name: "demand-returns-during-scale-in",
+        about: "pending jobs arrive while victims drain: the drains are cancelled instead of adding nodes",
+        build: demand_returns_during_scale_in,
+    },
+    Incident {
+        name: "slurm-invisible-during-scale-in",
+        about: "lockstep loses sight of Slurm during a scale-in: nothing is deleted until it sees again",
+        build: slurm_invisible_during_scale_in,
+    },
+    Incident {
+        name: "pod-moves-to-another-block",
+        about: "a pod moves to a Kubernetes node in another zone and block: features and topology follow it",
+        build: pod_moves_to_another_block,
+    },
+    Incident {
+        name: "invalid-topology-label",
+        about: "an empty or invalid topology label never reaches Slurm; it is reported until fixed",
+        build: invalid_topology_label,
+    },
+    Incident {
+        name: "rolling-replacement",
+        about: "a new pod revision replaces pods one at a time through drain, drained, delete",
+        build: rolling_replacement,
+    },
 ];
 
 /// The incident with this name.
@@ -92,9 +134,9 @@ fn cluster(policy: Policy, nodes: usize) -> Sim {
 
 fn cordon_while_job_runs() -> Sim {
     let mut sim = cluster(Policy::default(), 2);
-    sim.advance_s(10).start_job(1001, &["n1", "n2"]);
+    sim.advance_s(10).start_job(1001, &["n1", "n2"]).actuate();
     sim.advance_s(60).cordon("k1").actuate();
-    sim.advance_s(600).end_job(1001);
+    sim.advance_s(600).end_job(1001).actuate();
     sim.advance_s(60).uncordon("k1").actuate();
     sim
 }
@@ -225,5 +267,159 @@ fn pod_evicted() -> Sim {
     sim.advance_s(20).pod_change("n1", |p| p.deleting = true);
     sim.advance_s(10).remove_pod("n1");
     sim.advance_s(15).add_pod("n1", "k2").actuate();
+    sim
+}
+
+/// A policy that scales StatefulSet `slurm/gpu` with partition `batch`.
+fn scaling_policy(min: u32, max: u32) -> Policy {
+    let mut p = Policy::default();
+    p.scaling.targets = vec![ScaleRule {
+        target: ScaleTargetRef {
+            group: "apps".into(),
+            kind: "StatefulSet".into(),
+            namespace: "slurm".into(),
+            name: "gpu".into(),
+        },
+        partition: "batch".into(),
+        min_replicas: min,
+        max_replicas: max,
+        scale_up_cooldown_s: 30,
+        scale_down_cooldown_s: 60,
+        idle_before_scale_down_s: 300,
+        max_unavailable: 1,
+    }];
+    p
+}
+
+fn gpu_cluster(policy: Policy, replicas: u32) -> Sim {
+    let mut sim = Sim::new(policy);
+    for k in ["k1", "k2", "k3"] {
+        sim.add_kube_node(k);
+    }
+    sim.add_set("gpu", replicas, &["k1", "k2", "k3"]);
+    sim
+}
+
+fn scale_up_burst() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 10), 2);
+    sim.advance_s(10);
+    sim.submit(11, "batch", 2, "Resources")
+        .submit(12, "batch", 2, "Priority")
+        .submit(13, "batch", 3, "Resources")
+        .submit(14, "batch", 4, "Dependency")
+        .submit(15, "other", 8, "Resources");
+    sim.run_s(2, 1);
+    sim.advance_s(5)
+        .schedule(11, &["gpu-0", "gpu-1"])
+        .schedule(12, &["gpu-2", "gpu-3"]);
+    sim.run_s(60, 10);
+    sim
+}
+
+fn idle_scale_in() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 6), 4);
+    sim.advance_s(10)
+        .submit(21, "batch", 1, "Resources")
+        .schedule(21, &["gpu-0"])
+        .actuate();
+    sim.run_s(120, 30);
+    sim.advance_s(1).end_job(21).actuate();
+    sim.run_s(600, 30);
+    sim
+}
+
+fn victim_gets_a_job() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 6), 2);
+    sim.actuate().idle_s(300, 60);
+    // The victim is picked and its drain issued; a job lands before the drain does.
+    sim.submit(31, "batch", 1, "Resources")
+        .schedule(31, &["gpu-1"]);
+    sim.actuate();
+    sim.run_s(300, 30);
+    sim.advance_s(1).end_job(31).actuate();
+    sim.run_s(60, 10);
+    sim
+}
+
+fn demand_returns_during_scale_in() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 6), 3);
+    sim.actuate().idle_s(300, 60);
+    // Two victims picked and their drains on the way; now three nodes' worth
+    // of work arrives.
+    sim.submit(41, "batch", 3, "Resources");
+    sim.run_s(30, 5);
+    sim.advance_s(1)
+        .schedule(41, &["gpu-0", "gpu-1", "gpu-2"])
+        .actuate();
+    sim.run_s(30, 10);
+    sim
+}
+
+fn slurm_invisible_during_scale_in() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 6), 2);
+    sim.idle_s(300, 60);
+    sim.advance_s(1).tick();
+    // The drain lands and Slurm shows it, then the connector goes blind
+    // before scaling looks again.
+    sim.actuate().slurm_visible(false);
+    sim.run_s(120, 30);
+    sim.advance_s(1).slurm_visible(true);
+    sim.run_s(30, 10);
+    sim
+}
+
+fn topology_policy() -> Policy {
+    let mut p = Policy::default();
+    p.topology.features = vec![LabelFeature {
+        label: "topology.kubernetes.io/zone".into(),
+        prefix: "zone-".into(),
+    }];
+    p.topology.unit_label = Some("example.com/block".into());
+    p.topology.topology_name = "blocks".into();
+    p
+}
+
+fn pod_moves_to_another_block() -> Sim {
+    let mut sim = Sim::new(topology_policy());
+    sim.add_kube_node("k1")
+        .label_node("k1", "topology.kubernetes.io/zone", Some("a"))
+        .label_node("k1", "example.com/block", Some("b1"));
+    sim.add_kube_node("k2")
+        .label_node("k2", "topology.kubernetes.io/zone", Some("b"))
+        .label_node("k2", "example.com/block", Some("b7"));
+    sim.add_slurm_node("n1").add_pod("n1", "k1").actuate();
+    sim.advance_s(60)
+        .pod_change("n1", |p| p.node_name = Some("k2".into()))
+        .actuate();
+    sim.advance_s(60)
+        .label_node("k2", "example.com/block", Some("b8"))
+        .actuate();
+    sim
+}
+
+fn invalid_topology_label() -> Sim {
+    let mut sim = Sim::new(topology_policy());
+    sim.add_kube_node("k1")
+        .label_node("k1", "example.com/block", Some(""));
+    sim.add_slurm_node("n1").add_pod("n1", "k1").actuate();
+    sim.advance_s(30)
+        .label_node("k1", "example.com/block", Some("block 3!"))
+        .actuate();
+    sim.advance_s(30)
+        .label_node("k1", "example.com/block", Some("block3"))
+        .actuate();
+    sim
+}
+
+fn rolling_replacement() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(3, 3), 3);
+    sim.advance_s(10)
+        .submit(51, "batch", 1, "Resources")
+        .schedule(51, &["gpu-0"])
+        .actuate();
+    sim.advance_s(10).set_revision("gpu", "rev-2");
+    sim.run_s(60, 5);
+    sim.advance_s(1).end_job(51).actuate();
+    sim.run_s(60, 5);
     sim
 }

@@ -379,3 +379,195 @@ fn an_evicted_pod_drains_until_its_replacement_runs() {
         .unwrap();
     assert_eq!(resume.seq, replacement);
 }
+
+fn kinds_on(sim: &Sim, kind: ActionKind) -> Vec<&lockstep_schemas::IssuedAction> {
+    sim.actions
+        .iter()
+        .filter(|a| a.action.kind() == kind)
+        .collect()
+}
+
+fn replicas_set(sim: &Sim) -> Vec<u32> {
+    kinds_on(sim, ActionKind::KubeScale)
+        .iter()
+        .map(|a| match a.action {
+            Action::KubeScale { replicas, .. } => replicas,
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+fn deleted_pods(sim: &Sim) -> Vec<String> {
+    kinds_on(sim, ActionKind::KubeDeletePod)
+        .iter()
+        .map(|a| match &a.action {
+            Action::KubeDeletePod { pod, .. } => pod.clone(),
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+fn event_seq(sim: &Sim, f: impl Fn(&lockstep_schemas::Event) -> bool) -> u64 {
+    sim.records()
+        .iter()
+        .find_map(|r| match r {
+            lockstep_schemas::Record::Event(e) if f(&e.envelope.event) => Some(e.seq),
+            _ => None,
+        })
+        .expect("the event is in the log")
+}
+
+#[test]
+fn a_burst_of_pending_jobs_scales_up_once_counting_only_jobs_nodes_can_help() {
+    let sim = build("scale-up-burst");
+    // 2 + 2 + 3 nodes pending with Resources/Priority; the held (Dependency)
+    // job and the other partition's job do not count.
+    assert_eq!(replicas_set(&sim), [7]);
+    assert_eq!(sim.sets["gpu"].replicas, 7);
+    assert!(deleted_pods(&sim).is_empty());
+}
+
+#[test]
+fn an_idle_queue_scales_in_through_drain_then_delete_then_fewer_replicas() {
+    let sim = build("idle-scale-in");
+    let mut deleted = deleted_pods(&sim);
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        ["gpu-1", "gpu-2", "gpu-3"],
+        "gpu-0 was busy until recently"
+    );
+    assert_eq!(replicas_set(&sim), [1]);
+    assert_eq!(sim.sets["gpu"].replicas, 1);
+    // Each delete came after its node showed DRAIN in Slurm.
+    for d in kinds_on(&sim, ActionKind::KubeDeletePod) {
+        let Action::KubeDeletePod { pod, .. } = &d.action else {
+            unreachable!()
+        };
+        let drained_at = event_seq(
+            &sim,
+            |e| matches!(e, lockstep_schemas::Event::SlurmNode(n) if n.name == *pod && n.flags.contains(&lockstep_schemas::SlurmNodeFlag::Drain)),
+        );
+        assert!(drained_at < d.seq);
+    }
+}
+
+#[test]
+fn a_victim_that_gets_a_job_is_deleted_only_after_the_job_ends() {
+    let sim = build("victim-gets-a-job");
+    let job_end = event_seq(&sim, |e| {
+        matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 31 })
+    });
+    let deletes = kinds_on(&sim, ActionKind::KubeDeletePod);
+    assert!(!deletes.is_empty());
+    assert!(
+        deletes.iter().all(|d| d.seq > job_end),
+        "no delete while job 31 ran"
+    );
+    assert_eq!(sim.sets["gpu"].replicas, 1);
+}
+
+#[test]
+fn demand_returning_cancels_the_scale_in_instead_of_adding_nodes() {
+    let sim = build("demand-returns-during-scale-in");
+    assert!(deleted_pods(&sim).is_empty());
+    assert!(replicas_set(&sim).is_empty(), "neither down nor back up");
+    assert_eq!(kinds_on(&sim, ActionKind::SlurmResume).len(), 2);
+    assert_eq!(sim.sets["gpu"].replicas, 3);
+}
+
+#[test]
+fn nothing_is_deleted_while_slurm_is_invisible() {
+    let sim = build("slurm-invisible-during-scale-in");
+    let lost = event_seq(&sim, |e| {
+        matches!(
+            e,
+            lockstep_schemas::Event::ConnectorStatus { visible: false, .. }
+        )
+    });
+    let back = event_seq(&sim, |e| {
+        matches!(
+            e,
+            lockstep_schemas::Event::ConnectorStatus { visible: true, .. }
+        )
+    });
+    let deletes = kinds_on(&sim, ActionKind::KubeDeletePod);
+    assert_eq!(deletes.len(), 1);
+    assert!(deletes[0].seq >= back && !(lost..back).contains(&deletes[0].seq));
+}
+
+#[test]
+fn features_and_topology_follow_the_pod_to_another_block() {
+    let sim = build("pod-moves-to-another-block");
+    let got: Vec<String> = sim
+        .actions
+        .iter()
+        .filter_map(|a| match &a.action {
+            Action::SlurmSetFeatures { features, .. } => {
+                Some(format!("features {}", features.join(",")))
+            }
+            Action::SlurmSetTopology { topology, .. } => Some(format!("topology {topology}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "features zone-a",
+            "topology blocks:b1",
+            "features zone-b",
+            "topology blocks:b7",
+            "topology blocks:b8"
+        ]
+    );
+}
+
+#[test]
+fn an_invalid_topology_label_never_reaches_slurm() {
+    let sim = build("invalid-topology-label");
+    let topologies: Vec<_> = sim
+        .actions
+        .iter()
+        .filter_map(|a| match &a.action {
+            Action::SlurmSetTopology { topology, .. } => Some(topology.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(topologies, ["blocks:block3"]);
+    let reports: Vec<_> = sim
+        .transitions
+        .iter()
+        .filter(|t| t.rule == Rule::TopologyInvalid)
+        .collect();
+    assert_eq!(
+        reports.len(),
+        2,
+        "the empty value, then the one with a space"
+    );
+    assert!(
+        reports[1]
+            .detail
+            .contains("\"block 3!\" is not a valid topology unit"),
+        "{}",
+        reports[1].detail
+    );
+}
+
+#[test]
+fn a_new_revision_replaces_pods_one_at_a_time_busy_ones_last() {
+    let sim = build("rolling-replacement");
+    let deleted = deleted_pods(&sim);
+    assert_eq!(deleted, ["gpu-2", "gpu-1", "gpu-0"]);
+    let job_end = event_seq(&sim, |e| {
+        matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 51 })
+    });
+    assert!(
+        kinds_on(&sim, ActionKind::KubeDeletePod)[2].seq > job_end,
+        "gpu-0 ran a job"
+    );
+    assert!(sim
+        .pods
+        .values()
+        .all(|p| p.revision.as_deref() == Some("rev-2")));
+    assert!(replicas_set(&sim).is_empty());
+}

@@ -24,8 +24,8 @@ pub use event::{
 };
 pub use log::{EventRecord, Record};
 pub use policy::{
-    ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, Mapping, MappingMode, Policy,
-    PolicyError, TaintSpec,
+    valid_topology_token, ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, LabelFeature,
+    Mapping, MappingMode, Policy, PolicyError, ScaleRule, ScalingPolicy, TaintSpec, TopologyPolicy,
 };
 
 /// Every event kind's wire name, as [`Event::kind`] gives it.

@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::event::TaintEffect;
+use crate::event::{ScaleTargetRef, TaintEffect};
 
 /// The whole policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -24,6 +24,10 @@ pub struct Policy {
     pub health: HealthPolicy,
     /// Retries and timeouts of actions in flight.
     pub actions: ActionPolicy,
+    /// Slurm features and topology from Kubernetes node labels.
+    pub topology: TopologyPolicy,
+    /// Replica counts of scale targets from Slurm demand, and safe scale-in.
+    pub scaling: ScalingPolicy,
 }
 
 /// How the reducer joins a Slurm node with its pod and Kubernetes node.
@@ -211,6 +215,135 @@ impl Default for ActionPolicy {
     }
 }
 
+/// Topology policy: Kubernetes node labels become Slurm features and a
+/// Slurm topology unit for the Slurm nodes on that Kubernetes node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopologyPolicy {
+    /// Labels whose values become Slurm features (`prefix` + value). lockstep
+    /// only adds and removes features that start with one of these prefixes;
+    /// all other features of a node are left as they are.
+    pub features: Vec<LabelFeature>,
+    /// The label that names the node's topology unit (a switch, block or
+    /// NVLink clique, e.g. `nvidia.com/gpu.clique`). Unset: lockstep does not
+    /// manage topology.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit_label: Option<String>,
+    /// The Slurm topology the unit belongs to: the node's topology is set to
+    /// `<topology_name>:<unit>`.
+    pub topology_name: String,
+}
+
+impl Default for TopologyPolicy {
+    fn default() -> Self {
+        Self {
+            features: Vec::new(),
+            unit_label: None,
+            topology_name: "default".to_owned(),
+        }
+    }
+}
+
+/// One label that becomes a Slurm feature.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LabelFeature {
+    /// Kubernetes node label key, e.g. `topology.kubernetes.io/zone`.
+    pub label: String,
+    /// Feature prefix, e.g. `zone-`; the feature is the prefix plus the value.
+    pub prefix: String,
+}
+
+/// Scaling policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScalingPolicy {
+    /// One entry per scale target lockstep scales.
+    pub targets: Vec<ScaleRule>,
+    /// Pod label set on pods whose Slurm node runs a job, so that a
+    /// PodDisruptionBudget selecting it keeps `kubectl drain` from evicting
+    /// them (e.g. `lockstep.io/slurm-busy`). Empty (the default): no busy
+    /// labels. Each job start and end on an idle node then costs one pod
+    /// update in the API server.
+    pub busy_label: String,
+    /// Pending reasons (prefixes of Slurm's reason codes) that more nodes
+    /// cannot fix: such jobs do not count as demand.
+    pub unscalable_pending_reasons: Vec<String>,
+    /// How often scale targets are re-evaluated while anything they depend
+    /// on changes (log time); changes within this window are taken together.
+    pub evaluate_every_s: u64,
+}
+
+impl Default for ScalingPolicy {
+    fn default() -> Self {
+        Self {
+            targets: Vec::new(),
+            busy_label: String::new(),
+            unscalable_pending_reasons: [
+                "Dependency",
+                "JobHeld",
+                "BeginTime",
+                "QOS",
+                "Assoc",
+                "AccountNotAllowed",
+                "PartitionDown",
+                "PartitionInactive",
+                "PartitionTimeLimit",
+                "Reservation",
+                "InvalidAccount",
+                "InvalidQOS",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            evaluate_every_s: 1,
+        }
+    }
+}
+
+/// How one scale target follows one Slurm partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleRule {
+    /// The scale target (StatefulSet, Slinky NodeSet, ...).
+    pub target: ScaleTargetRef,
+    /// The Slurm partition whose jobs drive it.
+    pub partition: String,
+    /// Lower bound of replicas.
+    #[serde(default)]
+    pub min_replicas: u32,
+    /// Upper bound of replicas.
+    pub max_replicas: u32,
+    /// Minimum time between two scale-ups.
+    #[serde(default = "default_scale_up_cooldown_s")]
+    pub scale_up_cooldown_s: u64,
+    /// Minimum time between two scale-down decisions.
+    #[serde(default = "default_scale_down_cooldown_s")]
+    pub scale_down_cooldown_s: u64,
+    /// How long a node must be idle before it may be scaled in.
+    #[serde(default = "default_idle_before_scale_down_s")]
+    pub idle_before_scale_down_s: u64,
+    /// Rolling replacement: at most this many pods of an old revision are
+    /// replaced (drained, then deleted) at a time.
+    #[serde(default = "default_max_unavailable")]
+    pub max_unavailable: u32,
+}
+
+const fn default_scale_up_cooldown_s() -> u64 {
+    30
+}
+
+const fn default_scale_down_cooldown_s() -> u64 {
+    120
+}
+
+const fn default_idle_before_scale_down_s() -> u64 {
+    300
+}
+
+const fn default_max_unavailable() -> u32 {
+    1
+}
+
 /// Errors from reading a policy document.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
@@ -252,9 +385,38 @@ impl Policy {
         if self.health.drains_per_minute_max == 0 {
             return range("health.drains_per_minute_max must be at least 1");
         }
+        for rule in &self.scaling.targets {
+            if rule.min_replicas > rule.max_replicas {
+                return Err(PolicyError::Range(format!(
+                    "scaling target {}: min_replicas {} exceeds max_replicas {}",
+                    rule.target, rule.min_replicas, rule.max_replicas
+                )));
+            }
+            if rule.max_unavailable == 0 {
+                return Err(PolicyError::Range(format!(
+                    "scaling target {}: max_unavailable must be at least 1",
+                    rule.target
+                )));
+            }
+        }
+        if self.topology.unit_label.is_some()
+            && !crate::policy::valid_topology_token(&self.topology.topology_name)
+        {
+            return range("topology.topology_name must be a non-empty name of letters, digits, '-', '_' or '.'");
+        }
         if self.mapping.mode == MappingMode::Pod && self.mapping.pod_selector.trim().is_empty() {
             return range("mapping.pod_selector must not be empty in pod mode");
         }
         Ok(())
     }
+}
+
+/// Whether a topology name or unit is safe to hand to Slurm: non-empty, at
+/// most 64 characters of letters, digits, `-`, `_` and `.`. Anything else
+/// would make slurmd register as INVALID_REG.
+pub fn valid_topology_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }

@@ -2,8 +2,9 @@
 //! profiling (criterion's `cargo bench -p lockstep-benches` is the careful
 //! measurement of the same throughputs).
 //!
-//! `reducer-figures [slurm_nodes] [steady_events]`: apply throughput on the
-//! steady-state mix, and replay throughput of a MessagePack log with decoding.
+//! `reducer-figures [slurm_nodes] [steady_events] [full]`: apply throughput on
+//! the steady-state mix (`full`: with scaling and topology on and 90,000
+//! queued jobs), and replay throughput of a MessagePack log with decoding.
 //! `reducer-figures memory [slurm_nodes]`: resident memory of an engine
 //! holding a model of that many Slurm nodes (with their pods and Kubernetes
 //! nodes), after everything else is dropped.
@@ -46,15 +47,20 @@ fn main() {
     let steady: usize = args
         .get(1)
         .map_or(1_000_000, |a| a.parse().expect("steady_events"));
-    throughput(slurm_nodes, steady);
+    let full = args.get(2).map(String::as_str) == Some("full");
+    throughput(slurm_nodes, steady, full);
 }
 
 fn memory(slurm_nodes: usize) {
     let snapshot = {
+        // DESIGN.md's scale target: 50,000 Slurm nodes, 5,000 Kubernetes
+        // nodes, 100,000 jobs, with scaling and topology on.
         let g = Generator::new(
             Shape {
                 slurm_nodes,
-                per_kube_node: 4,
+                per_kube_node: 10,
+                pending_jobs: 100_000,
+                scaling_and_topology: true,
             },
             7,
         );
@@ -85,18 +91,24 @@ fn restore(path: &str) {
     let bytes = std::fs::read(path).expect("read snapshot");
     let engine = Engine::restore(&bytes).expect("restores");
     drop(bytes);
-    let [s, k, p, _] = engine.sizes();
+    let [s, k, p, j] = engine.sizes();
     println!(
-        "memory: engine with {s} slurm nodes, {k} kubernetes nodes, {p} pods restored from a {:.1} MB snapshot: {:.0} MiB resident ({before:.0} MiB before)",
+        "memory: engine with {s} slurm nodes, {k} kubernetes nodes, {p} pods, {j} jobs restored from a {:.1} MB snapshot: {:.0} MiB resident ({before:.0} MiB before)",
         std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) as f64 / 1e6,
         rss_mib(),
     );
 }
 
-fn throughput(slurm_nodes: usize, steady: usize) {
-    let shape = Shape {
-        slurm_nodes,
-        per_kube_node: 4,
+fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
+    let shape = if full {
+        Shape {
+            slurm_nodes,
+            per_kube_node: 4,
+            pending_jobs: 90_000,
+            scaling_and_topology: true,
+        }
+    } else {
+        Shape::plain(slurm_nodes, 4)
     };
     eprintln!("generating {slurm_nodes} slurm nodes and {steady} steady-state events ...");
     let mut g = Generator::new(shape, 42);

@@ -1,0 +1,190 @@
+//! Topology policy: Kubernetes node labels become Slurm features and a Slurm
+//! topology unit for every Slurm node on that Kubernetes node, and follow the
+//! pod when it moves to another node.
+//!
+//! | row | holds when                                         | action / report            |
+//! |-----|----------------------------------------------------|----------------------------|
+//! | 1   | a feature label's value differs from the feature   | `SlurmSetFeatures`         |
+//! | 2   | the unit label's value differs from the topology   | `SlurmSetTopology`         |
+//! | 3   | the unit label is missing, empty or not a valid name | `topology.invalid`, no action |
+//!
+//! An empty or invalid topology never goes to Slurm: it makes slurmd
+//! register as INVALID_REG. Features lockstep does not manage (no configured
+//! prefix) are kept as they are.
+
+use lockstep_schemas::{valid_topology_token, KubeNode, SlurmNode, TopologyPolicy};
+
+/// The feature list lockstep wants, or `None` when the node already has it
+/// (or lockstep cannot see the Kubernetes node's labels).
+pub(crate) fn features_want(
+    slurm: &SlurmNode,
+    kube: Option<&KubeNode>,
+    policy: &TopologyPolicy,
+) -> Option<Vec<String>> {
+    if policy.features.is_empty() {
+        return None;
+    }
+    let kube = kube?;
+    let managed = |f: &str| policy.features.iter().any(|lf| f.starts_with(&lf.prefix));
+    let mut want: Vec<String> = slurm
+        .features
+        .iter()
+        .filter(|f| !managed(f))
+        .cloned()
+        .collect();
+    for lf in &policy.features {
+        if let Some(value) = kube.labels.get(&lf.label) {
+            let feature = format!("{}{value}", lf.prefix);
+            if valid_topology_token(&feature) {
+                want.push(feature);
+            }
+        }
+    }
+    want.sort();
+    want.dedup();
+    (want != slurm.features).then_some(want)
+}
+
+/// What the node's topology should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TopologyWant {
+    /// Not managed, or the labels cannot be seen: leave it.
+    Leave,
+    /// Set it to this.
+    Set(String),
+    /// The label cannot become a topology; why.
+    Invalid(String),
+}
+
+/// Rows 2 and 3.
+pub(crate) fn topology_want(
+    slurm: &SlurmNode,
+    kube: Option<(&str, &KubeNode)>,
+    policy: &TopologyPolicy,
+) -> TopologyWant {
+    let Some(label) = &policy.unit_label else {
+        return TopologyWant::Leave;
+    };
+    let Some((kube_name, kube)) = kube else {
+        return TopologyWant::Leave;
+    };
+    match kube.labels.get(label).map(String::as_str) {
+        None | Some("") => TopologyWant::Invalid(format!(
+            "kubernetes node {kube_name} has no value for topology label {label}"
+        )),
+        Some(unit) if !valid_topology_token(unit) => TopologyWant::Invalid(format!(
+            "kubernetes node {kube_name} topology label {label}={unit:?} is not a valid topology unit"
+        )),
+        Some(unit) => {
+            let topology = format!("{}:{unit}", policy.topology_name);
+            if slurm.topology.as_deref() == Some(topology.as_str()) {
+                TopologyWant::Leave
+            } else {
+                TopologyWant::Set(topology)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use lockstep_schemas::{ConditionStatus, LabelFeature, SlurmBaseState};
+
+    use super::*;
+
+    fn slurm(features: &[&str], topology: Option<&str>) -> SlurmNode {
+        SlurmNode {
+            name: "n1".into(),
+            state: SlurmBaseState::Idle,
+            flags: vec![],
+            reason: None,
+            reason_user: None,
+            features: features.iter().map(|f| (*f).to_owned()).collect(),
+            topology: topology.map(str::to_owned),
+            partitions: vec![],
+        }
+    }
+
+    fn kube(labels: &[(&str, &str)]) -> KubeNode {
+        KubeNode {
+            name: "k1".into(),
+            unschedulable: false,
+            ready: ConditionStatus::True,
+            conditions: vec![],
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<BTreeMap<_, _>>(),
+            taints: vec![],
+        }
+    }
+
+    fn policy() -> TopologyPolicy {
+        TopologyPolicy {
+            features: vec![LabelFeature {
+                label: "topology.kubernetes.io/zone".into(),
+                prefix: "zone-".into(),
+            }],
+            unit_label: Some("nvidia.com/gpu.clique".into()),
+            topology_name: "nvl".into(),
+        }
+    }
+
+    #[test]
+    fn features_table() {
+        let p = policy();
+        let zone_a = kube(&[("topology.kubernetes.io/zone", "a")]);
+        // (features now, labels, wanted)
+        let rows: &[(&[&str], &KubeNode, Option<&[&str]>)] = &[
+            (&["gpu"], &zone_a, Some(&["gpu", "zone-a"])),
+            (&["gpu", "zone-a"], &zone_a, None),
+            (&["gpu", "zone-b"], &zone_a, Some(&["gpu", "zone-a"])),
+            (&["gpu", "zone-b"], &kube(&[]), Some(&["gpu"])),
+            (
+                &["gpu"],
+                &kube(&[("topology.kubernetes.io/zone", "a b")]),
+                None,
+            ),
+        ];
+        for (now, k, want) in rows {
+            let got = features_want(&slurm(now, None), Some(k), &p);
+            let want = want.map(|w| w.iter().map(|f| (*f).to_owned()).collect::<Vec<_>>());
+            assert_eq!(got, want, "{now:?} {:?}", k.labels);
+        }
+        assert_eq!(
+            features_want(&slurm(&["gpu"], None), None, &p),
+            None,
+            "labels unseen: leave"
+        );
+    }
+
+    #[test]
+    fn topology_table() {
+        let p = policy();
+        let k = |v: &str| kube(&[("nvidia.com/gpu.clique", v)]);
+        use TopologyWant::*;
+        assert_eq!(
+            topology_want(&slurm(&[], None), Some(("k1", &k("c7"))), &p),
+            Set("nvl:c7".into())
+        );
+        assert_eq!(
+            topology_want(&slurm(&[], Some("nvl:c7")), Some(("k1", &k("c7"))), &p),
+            Leave
+        );
+        assert!(matches!(
+            topology_want(&slurm(&[], None), Some(("k1", &k(""))), &p),
+            Invalid(_)
+        ));
+        assert!(matches!(
+            topology_want(&slurm(&[], None), Some(("k1", &k("a:b"))), &p),
+            Invalid(_)
+        ));
+        assert!(matches!(
+            topology_want(&slurm(&[], None), Some(("k1", &kube(&[]))), &p),
+            Invalid(_)
+        ));
+        assert_eq!(topology_want(&slurm(&[], None), None, &p), Leave);
+    }
+}
