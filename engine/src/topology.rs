@@ -137,7 +137,8 @@ mod tests {
         let p = policy();
         let zone_a = kube(&[("topology.kubernetes.io/zone", "a")]);
         // (features now, labels, wanted)
-        let rows: &[(&[&str], &KubeNode, Option<&[&str]>)] = &[
+        type Row<'a> = (&'a [&'a str], &'a KubeNode, Option<&'a [&'a str]>);
+        let rows: &[Row<'_>] = &[
             (&["gpu"], &zone_a, Some(&["gpu", "zone-a"])),
             (&["gpu", "zone-a"], &zone_a, None),
             (&["gpu", "zone-b"], &zone_a, Some(&["gpu", "zone-a"])),
