@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-rust.sh
+scripts/ensure-nats.sh
 
 step() { printf '\n== %s\n' "$*"; }
 

@@ -2,12 +2,12 @@
 //! what a user sees.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 use anyhow::{Context, Result};
 use lockstep_engine::replay::{Audit, Divergence, Replay, Step};
 use lockstep_engine::Engine;
-use lockstep_schemas::log::{DecodeError, LogReader};
+use lockstep_schemas::log::DecodeError;
 use lockstep_schemas::{IssuedAction, Policy, Record};
 
 use crate::render;
@@ -46,8 +46,8 @@ pub struct ReplayReport {
 
 /// Folds a log, writing the timeline to `out`. `progress` is called with the
 /// bytes read so far every few thousand records.
-pub fn replay<R: BufRead>(
-    reader: LogReader<R>,
+pub fn replay(
+    reader: impl Iterator<Item = Result<Record, DecodeError>>,
     opts: &ReplayOptions,
     out: &mut dyn Write,
     progress: &mut dyn FnMut(u64),
@@ -57,6 +57,9 @@ pub fn replay<R: BufRead>(
         engine.pin_policy();
     }
     let mut replay = Replay::new(engine);
+    if opts.verify || opts.policy.is_some() {
+        replay = replay.verifying();
+    }
     let mut recorded: BTreeMap<String, IssuedAction> = BTreeMap::new();
     let mut recomputed: BTreeMap<String, IssuedAction> = BTreeMap::new();
     let what_if = opts.policy.is_some();
@@ -74,7 +77,7 @@ pub fn replay<R: BufRead>(
         };
         n += 1;
         if n % 4096 == 0 {
-            progress(reader.bytes_read());
+            progress(n);
         }
         if what_if {
             if let Record::Action(a) = &rec {
@@ -101,7 +104,7 @@ pub fn replay<R: BufRead>(
             }
         }
     }
-    progress(reader.bytes_read());
+    progress(n);
     let totals = replay.totals();
     let divergence = if opts.verify || what_if {
         replay.divergence()
@@ -186,8 +189,8 @@ pub fn describe_divergence(d: &Divergence) -> String {
 }
 
 /// Builds the causal chain of one Slurm node from a log.
-pub fn audit<R: BufRead>(
-    reader: LogReader<R>,
+pub fn audit(
+    reader: impl Iterator<Item = Result<Record, DecodeError>>,
     node: &str,
     json: bool,
     out: &mut dyn Write,
@@ -240,6 +243,46 @@ pub fn audit<R: BufRead>(
         }
     }
     Ok(damage)
+}
+
+/// Every record of an event log (events, each followed by the actions it
+/// caused), for `replay`, `audit` and `export`.
+pub async fn log_records(
+    log: &lockstep_store::EventLog,
+    from: u64,
+    to: Option<u64>,
+) -> Result<Vec<Record>> {
+    let head = log.head().await?;
+    let to = to.unwrap_or(head).min(head);
+    let mut actions: BTreeMap<u64, Vec<IssuedAction>> = BTreeMap::new();
+    for a in log.actions().await? {
+        actions.entry(a.seq).or_default().push(a);
+    }
+    let mut out = vec![Record::Header(lockstep_schemas::log::LogHeader::current(
+        concat!("lockstep ", env!("CARGO_PKG_VERSION")),
+    ))];
+    let mut next = from.max(1);
+    while next <= to {
+        let batch = log
+            .read(next, 4096, std::time::Duration::from_secs(5))
+            .await?;
+        if batch.is_empty() {
+            anyhow::bail!("the log stopped at seq {} before its head {to}", next - 1);
+        }
+        for rec in batch.into_iter().filter(|r| r.seq <= to) {
+            next = rec.seq + 1;
+            let seq = rec.seq;
+            out.push(Record::Event(rec));
+            out.extend(
+                actions
+                    .remove(&seq)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(Record::Action),
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Reads a policy file (JSON).

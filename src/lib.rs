@@ -4,4 +4,7 @@
 //! reducer lives in `lockstep-engine`, the wire types in `lockstep-schemas`.
 
 pub mod commands;
+pub mod config;
 pub mod render;
+pub mod service;
+pub mod telemetry;

@@ -34,8 +34,13 @@ enum Command {
     /// .mpk; the format is detected). A damaged file replays up to the damage,
     /// then the command names the line or byte offset and exits 2.
     Replay {
-        /// The log file.
-        log: PathBuf,
+        /// The log: a file, or `nats://HOST:PORT` (the LOCKSTEP streams).
+        /// Omit it with --config to replay the configured log.
+        #[arg(required_unless_present = "config")]
+        log: Option<String>,
+        /// Replay the event log of this configuration (embedded or NATS).
+        #[arg(long, value_name = "FILE", conflicts_with = "log")]
+        config: Option<PathBuf>,
         /// Print JSON Lines (one object per event that caused something).
         #[arg(long)]
         json: bool,
@@ -58,9 +63,13 @@ enum Command {
     Audit {
         /// Slurm node name.
         node: String,
-        /// The log file to replay.
-        #[arg(long, value_name = "FILE")]
-        log: PathBuf,
+        /// The log to replay: a file or `nats://HOST:PORT`.
+        #[arg(long, value_name = "LOG", required_unless_present = "config")]
+        log: Option<String>,
+        /// Use this configuration: its store's audit index when the service is
+        /// not running, else a replay of its event log.
+        #[arg(long, value_name = "FILE", conflicts_with = "log")]
+        config: Option<PathBuf>,
         /// Print JSON Lines.
         #[arg(long)]
         json: bool,
@@ -68,6 +77,43 @@ enum Command {
     /// Policy documents.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Run the service: consume the event log, apply, commit, then act.
+    ///
+    /// With no NATS URL in the config, the event log is embedded in the data
+    /// directory: a single machine needs nothing else. SIGTERM or Ctrl-C
+    /// finishes the batch, writes a checkpoint and exits 0.
+    Run {
+        /// Configuration file (TOML); every field has a default.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Export the configured event log (or a NATS URL) to a log file.
+    Export {
+        /// Configuration file naming the log (or use --nats).
+        #[arg(long, value_name = "FILE", conflicts_with = "nats")]
+        config: Option<PathBuf>,
+        /// Read from this NATS server's LOCKSTEP streams.
+        #[arg(long, value_name = "URL")]
+        nats: Option<String>,
+        /// First sequence to export.
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Last sequence to export (default: the head).
+        #[arg(long)]
+        to: Option<u64>,
+        /// Output file: .msgpack / .mpk for MessagePack, anything else JSON Lines.
+        output: PathBuf,
+    },
+    /// Show what the store holds: checkpoint, state hash, action ledger.
+    /// The service must not be running (the store is locked while it runs).
+    Inspect {
+        /// Configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Also print the recorded transitions of this Slurm node.
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
+    },
     /// Convert a log between JSON Lines and MessagePack (by file extension).
     Convert {
         /// Input log.
@@ -103,6 +149,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Replay {
             log,
+            config,
             json,
             all_events,
             verify,
@@ -116,19 +163,49 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 verify,
                 policy,
             };
-            replay(&log, &opts, quiet)
+            let source = Source::new(log, config.as_deref())?;
+            replay(&source, &opts, quiet)
         }
-        Command::Audit { node, log, json } => {
-            let reader = open(&log)?;
+        Command::Audit {
+            node,
+            log,
+            config,
+            json,
+        } => {
+            if let (Some(cfg), false) = (&config, json) {
+                let cfg = load_config(Some(cfg))?;
+                if let Ok(store) = lockstep::service::open_store(&cfg) {
+                    let transitions = store.transitions(&node)?;
+                    println!(
+                        "audit index of slurm node {node}: {} transitions",
+                        transitions.len()
+                    );
+                    for t in &transitions {
+                        println!(
+                            "{}  seq {:<6} {} -> {} [{}] {} (cause event {})",
+                            lockstep::render::time(t.time_ms),
+                            t.seq,
+                            t.from,
+                            t.to,
+                            t.rule,
+                            t.detail,
+                            t.cause
+                        );
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                eprintln!("the store is in use (is lockstep running?); replaying the configured log instead");
+            }
+            let source = Source::new(log, config.as_deref())?;
             let stdout = std::io::stdout();
             let mut out = BufWriter::new(stdout.lock());
-            let damage = commands::audit(reader, &node, json, &mut out)?;
+            let damage = commands::audit(source.records()?, &node, json, &mut out)?;
             out.flush()?;
             match damage {
                 Some(e) => {
                     eprintln!(
                         "error: {}: {e} (the audit covers the log up to there)",
-                        log.display()
+                        source.name()
                     );
                     Ok(ExitCode::from(2))
                 }
@@ -145,23 +222,177 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Convert { input, output } => convert(&input, &output),
+        Command::Run { config } => {
+            let cfg = load_config(config.as_deref())?;
+            lockstep::telemetry::init_logging(cfg.telemetry.log_format);
+            let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+            rt.block_on(lockstep::service::run(cfg, shutdown_signal()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export {
+            config,
+            nats,
+            from,
+            to,
+            output,
+        } => {
+            let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+            rt.block_on(export(
+                config.as_deref(),
+                nats.as_deref(),
+                from,
+                to,
+                &output,
+            ))
+        }
+        Command::Inspect { config, node } => {
+            inspect(&load_config(config.as_deref())?, node.as_deref())
+        }
     }
+}
+
+fn load_config(path: Option<&Path>) -> Result<lockstep::config::Config> {
+    match path {
+        Some(p) => lockstep::config::Config::load(p),
+        None => Ok(lockstep::config::Config::default()),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term.recv() => {},
+    }
+    tracing::info!("shutdown requested; finishing the batch");
+}
+
+async fn export(
+    config: Option<&Path>,
+    nats: Option<&str>,
+    from: u64,
+    to: Option<u64>,
+    output: &Path,
+) -> Result<ExitCode> {
+    let mut cfg = load_config(config)?;
+    if let Some(url) = nats {
+        cfg.log.nats_url = Some(url.to_owned());
+    }
+    let log = lockstep::service::open_log(&cfg).await?;
+    let records = commands::log_records(&log, from, to).await?;
+    let file =
+        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let written_by = concat!("lockstep ", env!("CARGO_PKG_VERSION"));
+    let mut writer = LogWriter::new(BufWriter::new(file), Format::from_path(output), written_by)?;
+    let (mut events, mut actions) = (0u64, 0u64);
+    for rec in records.iter().skip(1) {
+        match rec {
+            lockstep_schemas::Record::Event(_) => events += 1,
+            lockstep_schemas::Record::Action(_) => actions += 1,
+            lockstep_schemas::Record::Header(_) => continue,
+        }
+        writer.write(rec)?;
+    }
+    writer.finish()?;
+    eprintln!(
+        "exported {events} events and {actions} actions to {}",
+        output.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCode> {
+    let store = lockstep::service::open_store(cfg)?;
+    match store.checkpoint() {
+        Ok(Some(cp)) => {
+            let engine = lockstep_engine::Engine::restore(&cp.snapshot)
+                .context("restoring the checkpoint")?;
+            println!(
+                "checkpoint: seq {} ({} bytes), state hash {}",
+                cp.seq,
+                cp.snapshot.len(),
+                engine.hash()
+            );
+        }
+        Ok(None) => println!("checkpoint: none"),
+        Err(e) => println!("checkpoint: {e}"),
+    }
+    let ledger = store.ledger()?;
+    let dispatched = ledger.iter().filter(|e| e.dispatched > 0).count();
+    let twice = ledger.iter().filter(|e| e.dispatched > 1).count();
+    let outcomes = ledger.iter().filter(|e| e.outcome.is_some()).count();
+    println!(
+        "ledger: {} actions issued, {dispatched} dispatched, {twice} dispatched more than once, {outcomes} with an outcome",
+        ledger.len()
+    );
+    if let Some(node) = node {
+        for t in store.transitions(node)? {
+            println!("{}", lockstep::render::transition(&t));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn open(path: &Path) -> Result<log::LogReader<std::io::BufReader<std::fs::File>>> {
     log::open(path).with_context(|| format!("opening log {}", path.display()))
 }
 
-fn replay(path: &Path, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode> {
-    let reader = open(path)?;
-    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    let bar = if std::io::stderr().is_terminal() && size > 8 << 20 {
-        let bar = indicatif::ProgressBar::new(size);
+/// Where a replay or audit reads its records.
+enum Source {
+    File(PathBuf),
+    Log(lockstep::config::Config, String),
+}
+
+impl Source {
+    fn new(log: Option<String>, config: Option<&Path>) -> Result<Self> {
+        match (log, config) {
+            (Some(url), _) if url.starts_with("nats://") => {
+                let mut cfg = lockstep::config::Config::default();
+                cfg.log.nats_url = Some(url.clone());
+                Ok(Self::Log(cfg, url))
+            }
+            (Some(path), _) => Ok(Self::File(PathBuf::from(path))),
+            (None, Some(cfg)) => Ok(Self::Log(
+                load_config(Some(cfg))?,
+                cfg.display().to_string(),
+            )),
+            (None, None) => anyhow::bail!("name a log file, a nats:// URL, or --config"),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Self::File(p) => p.display().to_string(),
+            Self::Log(_, name) => name.clone(),
+        }
+    }
+
+    fn records(
+        &self,
+    ) -> Result<Box<dyn Iterator<Item = Result<lockstep_schemas::Record, log::DecodeError>>>> {
+        match self {
+            Self::File(path) => Ok(Box::new(open(path)?)),
+            Self::Log(cfg, _) => {
+                let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+                let records = rt.block_on(async {
+                    let log = lockstep::service::open_log(cfg).await?;
+                    commands::log_records(&log, 1, None).await
+                })?;
+                Ok(Box::new(records.into_iter().map(Ok)))
+            }
+        }
+    }
+}
+
+fn replay(source: &Source, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode> {
+    let records = source.records()?;
+    let bar = if std::io::stderr().is_terminal() && !opts.json {
+        let bar = indicatif::ProgressBar::new_spinner();
         bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            )
-            .expect("static template"),
+            indicatif::ProgressStyle::with_template("{spinner} {pos} records ({per_sec})")
+                .expect("static template"),
         );
         Some(bar)
     } else {
@@ -171,7 +402,7 @@ fn replay(path: &Path, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode> {
     let mut out = BufWriter::new(stdout.lock());
     let mut sink = std::io::sink();
     let target: &mut dyn Write = if quiet { &mut sink } else { &mut out };
-    let report = commands::replay(reader, opts, target, &mut |n| {
+    let report = commands::replay(records, opts, target, &mut |n| {
         if let Some(b) = &bar {
             b.set_position(n);
         }
@@ -192,7 +423,7 @@ fn replay(path: &Path, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode> {
     if let Some(e) = &report.damage {
         eprintln!(
             "error: {}: {e}; everything before it was replayed",
-            path.display()
+            source.name()
         );
         return Ok(ExitCode::from(2));
     }

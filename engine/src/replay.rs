@@ -4,8 +4,6 @@
 //! Pure like the rest of the crate: records come in as values, the caller
 //! reads files and prints.
 
-use std::collections::VecDeque;
-
 use lockstep_schemas::{Event, EventId, EventRecord, IssuedAction, Record, Target};
 
 use crate::{Engine, Output, Transition};
@@ -21,50 +19,48 @@ pub struct Divergence {
     pub recomputed: Option<IssuedAction>,
 }
 
-/// Compares two ordered action streams as they arrive.
+/// Compares the recorded and recomputed actions. Within one record the
+/// order of its actions carries no meaning (a service that restarted may
+/// publish them in another order), so both sides are compared in
+/// (sequence, id) order.
 #[derive(Debug, Default)]
 struct Verifier {
-    recorded: VecDeque<IssuedAction>,
-    recomputed: VecDeque<IssuedAction>,
+    recorded: Vec<IssuedAction>,
+    recomputed: Vec<IssuedAction>,
     divergence: Option<Divergence>,
     matched: u64,
+    finished: bool,
 }
 
 impl Verifier {
-    fn settle(&mut self) {
-        while self.divergence.is_none() {
-            let (Some(a), Some(b)) = (self.recorded.front(), self.recomputed.front()) else {
-                return;
-            };
-            if a == b {
-                self.recorded.pop_front();
-                self.recomputed.pop_front();
-                self.matched += 1;
-            } else {
-                self.diverge();
-            }
-        }
-    }
-
-    fn diverge(&mut self) {
-        let a = self.recorded.pop_front();
-        let b = self.recomputed.pop_front();
-        let seq = match (&a, &b) {
-            (Some(a), Some(b)) => a.seq.min(b.seq),
-            (Some(x), None) | (None, Some(x)) => x.seq,
-            (None, None) => return,
-        };
-        self.divergence = Some(Divergence {
-            seq,
-            recorded: a,
-            recomputed: b,
-        });
-    }
-
     fn finish(&mut self) {
-        self.settle();
-        if self.divergence.is_none() {
-            self.diverge();
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let key = |a: &IssuedAction| (a.seq, a.id.clone());
+        self.recorded.sort_by_key(key);
+        self.recomputed.sort_by_key(key);
+        let mut a = std::mem::take(&mut self.recorded).into_iter();
+        let mut b = std::mem::take(&mut self.recomputed).into_iter();
+        loop {
+            match (a.next(), b.next()) {
+                (None, None) => return,
+                (Some(x), Some(y)) if x == y => self.matched += 1,
+                (x, y) => {
+                    let seq = match (&x, &y) {
+                        (Some(x), Some(y)) => x.seq.min(y.seq),
+                        (Some(v), None) | (None, Some(v)) => v.seq,
+                        (None, None) => unreachable!("handled above"),
+                    };
+                    self.divergence = Some(Divergence {
+                        seq,
+                        recorded: x,
+                        recomputed: y,
+                    });
+                    return;
+                }
+            }
         }
     }
 }
@@ -97,6 +93,7 @@ pub struct Replay {
     engine: Engine,
     out: Output,
     verifier: Verifier,
+    verify: bool,
     totals: Totals,
 }
 
@@ -107,8 +104,15 @@ impl Replay {
             engine,
             out: Output::default(),
             verifier: Verifier::default(),
+            verify: false,
             totals: Totals::default(),
         }
+    }
+
+    /// Keeps recorded and recomputed actions for [`Replay::divergence`].
+    pub fn verifying(mut self) -> Self {
+        self.verify = true;
+        self
     }
 
     /// Applies one record. Events are applied; recorded actions are kept for
@@ -118,8 +122,9 @@ impl Replay {
             Record::Header(_) => Step::Skipped,
             Record::Action(a) => {
                 self.totals.recorded_actions += 1;
-                self.verifier.recorded.push_back(a.clone());
-                self.verifier.settle();
+                if self.verify {
+                    self.verifier.recorded.push(a.clone());
+                }
                 Step::Skipped
             }
             Record::Event(ev) => {
@@ -128,10 +133,11 @@ impl Replay {
                 self.totals.events += 1;
                 self.totals.actions += self.out.actions.len() as u64;
                 self.totals.transitions += self.out.transitions.len() as u64;
-                self.verifier
-                    .recomputed
-                    .extend(self.out.actions.iter().cloned());
-                self.verifier.settle();
+                if self.verify {
+                    self.verifier
+                        .recomputed
+                        .extend(self.out.actions.iter().cloned());
+                }
                 Step::Applied(ev, &self.out)
             }
         }
@@ -144,7 +150,7 @@ impl Replay {
         self.verifier.divergence.clone()
     }
 
-    /// Recorded actions that matched so far.
+    /// Recorded actions that matched (after [`Replay::divergence`]).
     pub fn matched(&self) -> u64 {
         self.verifier.matched
     }

@@ -1,0 +1,191 @@
+//! `lockstep run` configuration (TOML).
+//!
+//! Every field has a default; unknown fields are an error, so a typo is
+//! caught at start, not silently ignored. The policy lives in its own JSON
+//! file (the same document `lockstep policy default` prints), because it also
+//! travels in the log as `PolicyChanged`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the embedded log and the store live.
+    pub data_dir: PathBuf,
+    /// The policy file (JSON). Unset: the default policy. Changes to the file
+    /// take effect without restart: they enter the log as `PolicyChanged`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_file: Option<PathBuf>,
+    /// The event log.
+    pub log: LogConfig,
+    /// The apply loop.
+    pub service: ServiceConfig,
+    /// Metrics, health and logs.
+    pub telemetry: TelemetryConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("lockstep-data"),
+            policy_file: None,
+            log: LogConfig::default(),
+            service: ServiceConfig::default(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// The event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// NATS server URL (JetStream). Unset: the embedded log in
+    /// `<data_dir>/log`, which needs nothing else on a single machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_url: Option<String>,
+    /// How long JetStream remembers message ids for deduplication.
+    pub duplicate_window_s: u64,
+    /// Messages older than this are discarded by JetStream.
+    pub max_age_s: u64,
+    /// Size bound of each JetStream stream.
+    pub max_bytes: i64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            nats_url: None,
+            duplicate_window_s: 120,
+            max_age_s: 30 * 24 * 3600,
+            max_bytes: 8 << 30,
+        }
+    }
+}
+
+/// The apply loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceConfig {
+    /// Records applied per batch (one commit per batch).
+    pub batch_max: usize,
+    /// How long a read waits for new records before the loop looks around.
+    pub read_wait_ms: u64,
+    /// A `Tick` is appended when the log has been quiet this long, so that
+    /// log time (grace periods, retries) moves.
+    pub tick_interval_ms: u64,
+    /// How often the policy file is checked for changes.
+    pub policy_poll_ms: u64,
+    /// A checkpoint is written after this many records ...
+    pub checkpoint_every_records: u64,
+    /// ... or this much time, whichever comes first.
+    pub checkpoint_every_ms: u64,
+    /// Retry delay bound when the log is unreachable.
+    pub retry_backoff_max_ms: u64,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            batch_max: 1024,
+            read_wait_ms: 200,
+            tick_interval_ms: 1000,
+            policy_poll_ms: 1000,
+            checkpoint_every_records: 100_000,
+            checkpoint_every_ms: 30_000,
+            retry_backoff_max_ms: 5_000,
+        }
+    }
+}
+
+/// Metrics, health and logs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Address of the HTTP endpoint: `/metrics` (Prometheus), `/livez`,
+    /// `/readyz`, `/status`. Unset: no endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Log lines as `text` or `json`. The filter comes from `RUST_LOG`
+    /// (default `info`).
+    pub log_format: LogFormat,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// See [`TelemetryConfig::log_format`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let mut cfg: Config =
+            toml::from_str(&text).with_context(|| format!("in config {}", path.display()))?;
+        // Relative paths are relative to the config file.
+        let base = path.parent().unwrap_or(Path::new("."));
+        if cfg.data_dir.is_relative() {
+            cfg.data_dir = base.join(&cfg.data_dir);
+        }
+        if let Some(p) = &mut cfg.policy_file {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        if cfg.service.batch_max == 0 {
+            anyhow::bail!(
+                "in config {}: service.batch_max must be at least 1",
+                path.display()
+            );
+        }
+        Ok(cfg)
+    }
+
+    /// Stream limits for JetStream.
+    pub fn stream_limits(&self) -> lockstep_store::StreamLimits {
+        lockstep_store::StreamLimits {
+            duplicate_window: Duration::from_secs(self.log.duplicate_window_s),
+            max_age: Duration::from_secs(self.log.max_age_s),
+            max_bytes: self.log.max_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_config_round_trips_and_an_empty_file_is_the_default() {
+        let text = toml::to_string(&Config::default()).unwrap();
+        assert_eq!(toml::from_str::<Config>(&text).unwrap(), Config::default());
+        assert_eq!(toml::from_str::<Config>("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn a_misspelt_field_is_an_error() {
+        let err = toml::from_str::<Config>("[log]\nnats = \"nats://x\"\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `nats`"), "{err}");
+    }
+}

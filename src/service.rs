@@ -1,0 +1,343 @@
+//! `lockstep run`: consume the log, apply in batches, commit, then act.
+//!
+//! Persist first, then act (restate's partition processor): each batch's
+//! checkpoint (when due), ledger entries and audit rows are committed in one
+//! store transaction and flushed before its actions are published. After a
+//! crash the service restarts from the last checkpoint, re-applies the log
+//! after it (the same records give the same action ids), and publishes only
+//! what the ledger has not dispatched; the action stream deduplicates by id
+//! besides.
+//!
+//! This loop owns the engine. It never decides anything itself.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use lockstep_engine::{Engine, Output};
+use lockstep_schemas::{Envelope, Event, OutcomeResult, Policy, Source};
+use lockstep_store::store::Error as StoreError;
+use lockstep_store::{Checkpoint, Commit, EventLog, Store};
+use tracing::{error, info, warn};
+
+use crate::config::Config;
+use crate::telemetry::{self, Health};
+
+/// Opens the configured log.
+pub async fn open_log(cfg: &Config) -> Result<EventLog> {
+    match &cfg.log.nats_url {
+        Some(url) => EventLog::connect_nats(url, &cfg.stream_limits())
+            .await
+            .with_context(|| format!("connecting to the event log at {url}")),
+        None => {
+            let dir = cfg.data_dir.join("log");
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            EventLog::open_embedded(&dir)
+                .with_context(|| format!("opening the embedded log in {}", dir.display()))
+        }
+    }
+}
+
+/// Opens the store.
+pub fn open_store(cfg: &Config) -> Result<Store> {
+    let dir = cfg.data_dir.join("store");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Store::open(&dir).with_context(|| format!("opening the store in {}", dir.display()))
+}
+
+/// The engine and next sequence to apply, from the store's checkpoint. A
+/// damaged or unreadable checkpoint is reported and the engine rebuilds from
+/// the start of the log instead.
+pub fn restore(store: &Store) -> Result<(Engine, u64)> {
+    match store.checkpoint() {
+        Ok(Some(Checkpoint { seq, snapshot })) => match Engine::restore(&snapshot) {
+            Ok(engine) => {
+                info!(seq, "resuming from checkpoint");
+                Ok((engine, seq + 1))
+            }
+            Err(e) => {
+                error!(seq, error = %e, "checkpoint does not restore; rebuilding from the log");
+                Ok((Engine::new(Policy::default()), 1))
+            }
+        },
+        Ok(None) => Ok((Engine::new(Policy::default()), 1)),
+        Err(e @ StoreError::CorruptCheckpoint { .. }) => {
+            error!(error = %e, "rebuilding from the log instead of starting from bad state");
+            Ok((Engine::new(Policy::default()), 1))
+        }
+        Err(e) => Err(e).context("reading the checkpoint"),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Reads and checks the policy file.
+fn read_policy(path: &Path) -> Result<Policy> {
+    crate::commands::read_policy(path)
+}
+
+/// Runs until `shutdown` resolves; then finishes the batch, commits a final
+/// checkpoint and returns.
+pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    let health = Arc::new(Health::default());
+    if let Some(addr) = cfg.telemetry.listen {
+        let handle = telemetry::install_metrics()?;
+        let health = health.clone();
+        tokio::spawn(async move {
+            if let Err(e) = telemetry::serve(addr, handle, health).await {
+                error!(error = format!("{e:#}"), "telemetry endpoint failed");
+            }
+        });
+    }
+    let store = open_store(&cfg)?;
+    let log = open_log(&cfg).await?;
+    let (mut engine, mut next) = restore(&store)?;
+    health.checkpoint_seq.store(next - 1, Ordering::Relaxed);
+
+    // Actions committed but not published before a crash.
+    dispatch(&store, &log, store.undispatched()?).await?;
+
+    let last_activity = Arc::new(std::sync::atomic::AtomicU64::new(now_ms()));
+    let ticker = tokio::spawn(tick_when_quiet(
+        log.clone(),
+        cfg.service.tick_interval_ms,
+        last_activity.clone(),
+    ));
+    let policy_task = cfg
+        .policy_file
+        .clone()
+        .map(|path| tokio::spawn(watch_policy(log.clone(), path, cfg.service.policy_poll_ms)));
+
+    let mut out = Output::default();
+    let mut since_checkpoint = (0u64, Instant::now());
+    let read_wait = Duration::from_millis(cfg.service.read_wait_ms);
+    let mut backoff = Duration::from_millis(100);
+    let max_backoff = Duration::from_millis(cfg.service.retry_backoff_max_ms.max(100));
+    tokio::pin!(shutdown);
+    loop {
+        let batch = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            batch = log.read(next, cfg.service.batch_max, read_wait) => batch,
+        };
+        let batch = match batch {
+            Ok(b) => {
+                backoff = Duration::from_millis(100);
+                b
+            }
+            Err(e) => {
+                telemetry::LogUnavailable {
+                    what: "read",
+                    error: &e,
+                    retry_in: backoff,
+                }
+                .emit();
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(max_backoff);
+                continue;
+            }
+        };
+        if batch.is_empty() {
+            // Idle: a good moment to look at the head.
+            if let Ok(head) = log.head().await {
+                health.head_seq.store(head, Ordering::Relaxed);
+                telemetry::record_lag(head, next - 1);
+                if head < next && !health.ready.swap(true, Ordering::Relaxed) {
+                    info!(applied_seq = next - 1, "caught up with the log");
+                }
+            }
+            continue;
+        }
+        last_activity.store(now_ms(), Ordering::Relaxed);
+        let started = Instant::now();
+        out.clear();
+        let mut commit = Commit::default();
+        for rec in &batch {
+            if rec.seq < next {
+                continue;
+            }
+            engine.apply(rec, &mut out);
+            if let Event::ActionOutcome(o) = &rec.envelope.event {
+                let result = match &o.result {
+                    OutcomeResult::Succeeded => "succeeded",
+                    OutcomeResult::AlreadyDone => "already_done",
+                    OutcomeResult::Failed {
+                        retryable: true, ..
+                    } => "failed_retryable",
+                    OutcomeResult::Failed { .. } => "failed",
+                };
+                telemetry::OutcomeApplied {
+                    kind: o.kind.name(),
+                    result,
+                }
+                .emit();
+                commit
+                    .outcomes
+                    .push((o.action_id.clone(), o.result.clone()));
+            }
+            next = rec.seq + 1;
+        }
+        let apply = started.elapsed();
+        since_checkpoint.0 += batch.len() as u64;
+        let due = since_checkpoint.0 >= cfg.service.checkpoint_every_records
+            || since_checkpoint.1.elapsed()
+                >= Duration::from_millis(cfg.service.checkpoint_every_ms);
+        if due {
+            commit.checkpoint = Some(take_checkpoint(&engine));
+            since_checkpoint = (0, Instant::now());
+        }
+        commit.issued.clone_from(&out.actions);
+        commit.transitions.clone_from(&out.transitions);
+        let commit_started = Instant::now();
+        store.commit(&commit).context("committing a batch")?;
+        store.flush().await.context("flushing the store")?;
+        telemetry::BatchCommitted {
+            records: batch.len(),
+            last_seq: next - 1,
+            output: &out,
+            apply,
+            commit: commit_started.elapsed(),
+        }
+        .emit();
+        if let Some(cp) = &commit.checkpoint {
+            health.checkpoint_seq.store(cp.seq, Ordering::Relaxed);
+        }
+        health.applied_seq.store(next - 1, Ordering::Relaxed);
+        // Then act.
+        dispatch(&store, &log, out.actions.clone()).await?;
+    }
+
+    // Graceful stop: everything applied is in a final checkpoint.
+    ticker.abort();
+    if let Some(t) = policy_task {
+        t.abort();
+    }
+    store
+        .commit(&Commit {
+            checkpoint: Some(take_checkpoint(&engine)),
+            ..Commit::default()
+        })
+        .context("writing the final checkpoint")?;
+    store.flush().await?;
+    log.flush().await?;
+    info!(applied_seq = next - 1, "stopped");
+    Ok(())
+}
+
+fn take_checkpoint(engine: &Engine) -> Checkpoint {
+    let started = Instant::now();
+    let snapshot = engine.snapshot();
+    telemetry::CheckpointWritten {
+        seq: engine.last_seq(),
+        bytes: snapshot.len(),
+        took: started.elapsed(),
+    }
+    .emit();
+    Checkpoint {
+        seq: engine.last_seq(),
+        snapshot,
+    }
+}
+
+/// Publishes actions the ledger has not dispatched, then records them.
+async fn dispatch(
+    store: &Store,
+    log: &EventLog,
+    actions: Vec<lockstep_schemas::IssuedAction>,
+) -> Result<()> {
+    let mut todo = Vec::with_capacity(actions.len());
+    for a in actions {
+        if store.ledger_entry(&a.id)?.is_some_and(|e| e.dispatched > 0) {
+            continue;
+        }
+        todo.push(a);
+    }
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match log.publish_actions(&todo).await {
+            Ok(()) => break,
+            Err(e) if e.is_retryable() => {
+                telemetry::LogUnavailable {
+                    what: "publish actions",
+                    error: &e,
+                    retry_in: backoff,
+                }
+                .emit();
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e).context("publishing actions"),
+        }
+    }
+    let ids: Vec<_> = todo.iter().map(|a| a.id.clone()).collect();
+    store.mark_dispatched(&ids)?;
+    store.flush().await?;
+    telemetry::ActionsDispatched { count: ids.len() }.emit();
+    Ok(())
+}
+
+/// Appends a `Tick` whenever the log has been quiet for `interval_ms`.
+async fn tick_when_quiet(
+    log: EventLog,
+    interval_ms: u64,
+    last_activity: Arc<std::sync::atomic::AtomicU64>,
+) {
+    let interval = Duration::from_millis(interval_ms.max(10));
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = now_ms();
+        if now.saturating_sub(last_activity.load(Ordering::Relaxed)) < interval_ms {
+            continue;
+        }
+        match log
+            .append(&Envelope::new(Source::Lockstep, now, Event::Tick))
+            .await
+        {
+            Ok(_) => last_activity.store(now, Ordering::Relaxed),
+            Err(e) => warn!(error = %e, "appending a tick failed"),
+        }
+    }
+}
+
+/// Appends `PolicyChanged` when the policy file's content changes (and once
+/// at start). An invalid file is reported and ignored: the last good policy
+/// stays in force.
+async fn watch_policy(log: EventLog, path: std::path::PathBuf, poll_ms: u64) {
+    let mut last: Option<String> = None;
+    loop {
+        match std::fs::read_to_string(&path) {
+            Ok(text) if last.as_deref() != Some(text.as_str()) => match read_policy(&path) {
+                Ok(policy) => {
+                    let env = Envelope::new(
+                        Source::Lockstep,
+                        now_ms(),
+                        Event::PolicyChanged(Box::new(policy)),
+                    );
+                    match log.append(&env).await {
+                        Ok(a) => {
+                            info!(file = %path.display(), seq = a.seq, "policy change appended to the log");
+                            last = Some(text);
+                        }
+                        Err(e) => warn!(error = %e, "appending the policy failed; will retry"),
+                    }
+                }
+                Err(e) => {
+                    error!(file = %path.display(), error = format!("{e:#}"), "policy file rejected; keeping the policy in force");
+                    last = Some(text);
+                }
+            },
+            Ok(_) => {}
+            Err(e) => warn!(file = %path.display(), error = %e, "cannot read the policy file"),
+        }
+        tokio::time::sleep(Duration::from_millis(poll_ms.max(100))).await;
+    }
+}

@@ -1,0 +1,16 @@
+//! lockstep-store: what outlives a `lockstep run` process.
+//!
+//! - [`log`]: the event log, NATS JetStream or embedded (sled), with
+//!   deduplication by content id and one total order.
+//! - [`store`]: checkpoints, the action ledger and the audit index, written in
+//!   one transaction per batch (persist first, then act).
+//!
+//! Nothing here decides anything; the reducer (`lockstep-engine`) does.
+
+pub mod log;
+pub mod store;
+#[doc(hidden)]
+pub mod testing;
+
+pub use log::{Appended, EventLog, StreamLimits};
+pub use store::{Checkpoint, Commit, LedgerEntry, Store};

@@ -1,0 +1,563 @@
+//! The event log: one total order of envelopes, and the stream of issued
+//! actions beside it.
+//!
+//! Two implementations behind one type:
+//! - NATS JetStream: streams `LOCKSTEP` (observations, subjects `ls.obs.>`)
+//!   and `LOCKSTEP_ACTIONS` (subjects `ls.act.>`), file storage, published
+//!   with `Nats-Msg-Id` = the event or action id so a re-publish is
+//!   deduplicated. The record's time is the server's stored timestamp.
+//! - Embedded (sled): the same contract in a local directory, the default
+//!   when no NATS URL is configured. The record's time is the append time on
+//!   this machine.
+//!
+//! This module owns ordering and deduplication; it never interprets events.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use lockstep_schemas::{Envelope, EventRecord, IssuedAction};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, Notify};
+
+/// Stream name of observations.
+pub const EVENTS_STREAM: &str = "LOCKSTEP";
+/// Stream name of issued actions.
+pub const ACTIONS_STREAM: &str = "LOCKSTEP_ACTIONS";
+
+/// Errors of the event log.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The embedded log's database failed.
+    #[error("embedded log")]
+    Sled(#[from] sled::Error),
+    /// A sled transaction failed.
+    #[error("embedded log transaction: {0}")]
+    Transaction(String),
+    /// Connecting to NATS failed (retryable).
+    #[error("connecting to nats at {url}")]
+    Connect {
+        /// Server URL.
+        url: String,
+        /// Cause.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// A JetStream request failed (retryable: the server may be restarting).
+    #[error("jetstream {what}: {message}")]
+    JetStream {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        message: String,
+    },
+    /// A stream exists with a configuration lockstep cannot use.
+    #[error("stream {stream} exists with subjects {found:?}; lockstep needs {wanted:?} (delete or fix the stream)")]
+    StreamMismatch {
+        /// Stream name.
+        stream: String,
+        /// Its subjects.
+        found: Vec<String>,
+        /// The subjects lockstep uses.
+        wanted: Vec<String>,
+    },
+    /// A stored record does not decode.
+    #[error("record at seq {seq} does not decode")]
+    Decode {
+        /// Sequence.
+        seq: u64,
+        /// Cause.
+        #[source]
+        source: rmp_serde::decode::Error,
+    },
+}
+
+impl Error {
+    /// Whether trying again later may help.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Connect { .. } | Self::JetStream { .. })
+    }
+}
+
+/// `Result` of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn js_err(what: &'static str) -> impl FnOnce(String) -> Error {
+    move |message| Error::JetStream { what, message }
+}
+
+/// Limits of the JetStream streams.
+#[derive(Debug, Clone)]
+pub struct StreamLimits {
+    /// How long a message id is remembered for deduplication.
+    pub duplicate_window: Duration,
+    /// Messages older than this are discarded (0: kept forever).
+    pub max_age: Duration,
+    /// Size bound of each stream in bytes (-1: unbounded).
+    pub max_bytes: i64,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self {
+            duplicate_window: Duration::from_secs(120),
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            max_bytes: 8 << 30,
+        }
+    }
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The record's sequence (the original's, for a duplicate).
+    pub seq: u64,
+    /// The envelope was already in the log (same id); nothing was added.
+    pub duplicate: bool,
+}
+
+/// The event log.
+#[derive(Clone)]
+pub enum EventLog {
+    /// Embedded in a local directory.
+    Embedded(Arc<Embedded>),
+    /// NATS JetStream.
+    Nats(Arc<Nats>),
+}
+
+impl EventLog {
+    /// Opens (creating if needed) the embedded log in `dir`.
+    pub fn open_embedded(dir: &Path) -> Result<Self> {
+        Ok(Self::Embedded(Arc::new(Embedded::open(dir)?)))
+    }
+
+    /// Connects to NATS and creates or checks the two streams.
+    pub async fn connect_nats(url: &str, limits: &StreamLimits) -> Result<Self> {
+        Ok(Self::Nats(Arc::new(Nats::connect(url, limits).await?)))
+    }
+
+    /// Appends one envelope, deduplicated by its id.
+    pub async fn append(&self, envelope: &Envelope) -> Result<Appended> {
+        match self {
+            Self::Embedded(e) => e.append(envelope),
+            Self::Nats(n) => n.append(envelope).await,
+        }
+    }
+
+    /// Up to `max` records with sequence `>= from`, waiting up to `wait` for
+    /// the first one. Empty when nothing arrived in time.
+    pub async fn read(&self, from: u64, max: usize, wait: Duration) -> Result<Vec<EventRecord>> {
+        match self {
+            Self::Embedded(e) => e.read(from, max, wait).await,
+            Self::Nats(n) => n.read(from, max, wait).await,
+        }
+    }
+
+    /// The last sequence in the log (0 when empty).
+    pub async fn head(&self) -> Result<u64> {
+        match self {
+            Self::Embedded(e) => e.head(),
+            Self::Nats(n) => n.head().await,
+        }
+    }
+
+    /// Publishes issued actions, deduplicated by action id.
+    pub async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<()> {
+        match self {
+            Self::Embedded(e) => e.publish_actions(actions),
+            Self::Nats(n) => n.publish_actions(actions).await,
+        }
+    }
+
+    /// Every published action, in publication order.
+    pub async fn actions(&self) -> Result<Vec<IssuedAction>> {
+        match self {
+            Self::Embedded(e) => e.actions(),
+            Self::Nats(n) => n.actions().await,
+        }
+    }
+
+    /// Makes everything appended so far durable.
+    pub async fn flush(&self) -> Result<()> {
+        match self {
+            Self::Embedded(e) => {
+                e.db.flush_async().await?;
+                Ok(())
+            }
+            Self::Nats(_) => Ok(()),
+        }
+    }
+}
+
+/// A record as the embedded log stores it.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    time_ms: u64,
+    envelope: Envelope,
+}
+
+/// The embedded log.
+pub struct Embedded {
+    db: sled::Db,
+    log: sled::Tree,
+    ids: sled::Tree,
+    actions: sled::Tree,
+    action_ids: sled::Tree,
+    /// Serialises appends (sequence numbers are contiguous).
+    append_lock: std::sync::Mutex<u64>,
+    appended: Notify,
+}
+
+impl Embedded {
+    fn open(dir: &Path) -> Result<Self> {
+        let db = sled::open(dir)?;
+        let log = db.open_tree("log")?;
+        let ids = db.open_tree("ids")?;
+        let actions = db.open_tree("actions")?;
+        let action_ids = db.open_tree("action_ids")?;
+        let last_time = match log.last()? {
+            Some((k, v)) => {
+                let seq = be(&k);
+                rmp_serde::from_slice::<Stored>(&v)
+                    .map_err(|source| Error::Decode { seq, source })?
+                    .time_ms
+            }
+            None => 0,
+        };
+        Ok(Self {
+            db,
+            log,
+            ids,
+            actions,
+            action_ids,
+            append_lock: std::sync::Mutex::new(last_time),
+            appended: Notify::new(),
+        })
+    }
+
+    fn append(&self, envelope: &Envelope) -> Result<Appended> {
+        let mut last_time = self.append_lock.lock().expect("append lock poisoned");
+        if let Some(seq) = self.ids.get(envelope.id.0.as_bytes())? {
+            return Ok(Appended {
+                seq: be(&seq),
+                duplicate: true,
+            });
+        }
+        let seq = self.log.last()?.map_or(1, |(k, _)| be(&k) + 1);
+        // The log's clock never goes back, whatever this machine's does.
+        let time_ms = now_ms().max(*last_time);
+        let value = rmp_serde::to_vec_named(&Stored {
+            time_ms,
+            envelope: envelope.clone(),
+        })
+        .expect("envelopes encode");
+        use sled::Transactional;
+        (&self.log, &self.ids)
+            .transaction(|(log, ids)| {
+                log.insert(&seq.to_be_bytes(), value.as_slice())?;
+                ids.insert(envelope.id.0.as_bytes(), &seq.to_be_bytes())?;
+                Ok(())
+            })
+            .map_err(|e: sled::transaction::TransactionError| Error::Transaction(e.to_string()))?;
+        *last_time = time_ms;
+        drop(last_time);
+        self.appended.notify_waiters();
+        Ok(Appended {
+            seq,
+            duplicate: false,
+        })
+    }
+
+    async fn read(&self, from: u64, max: usize, wait: Duration) -> Result<Vec<EventRecord>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.appended.notified();
+            let out = self.read_now(from, max)?;
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    fn read_now(&self, from: u64, max: usize) -> Result<Vec<EventRecord>> {
+        let mut out = Vec::new();
+        for item in self.log.range(from.max(1).to_be_bytes()..).take(max) {
+            let (k, v) = item?;
+            let seq = be(&k);
+            let stored: Stored =
+                rmp_serde::from_slice(&v).map_err(|source| Error::Decode { seq, source })?;
+            out.push(EventRecord {
+                seq,
+                time_ms: stored.time_ms,
+                envelope: stored.envelope,
+            });
+        }
+        Ok(out)
+    }
+
+    fn head(&self) -> Result<u64> {
+        Ok(self.log.last()?.map_or(0, |(k, _)| be(&k)))
+    }
+
+    fn publish_actions(&self, actions: &[IssuedAction]) -> Result<()> {
+        let _guard = self.append_lock.lock().expect("append lock poisoned");
+        for a in actions {
+            if self.action_ids.contains_key(a.id.0.as_bytes())? {
+                continue;
+            }
+            let n = self.actions.last()?.map_or(1, |(k, _)| be(&k) + 1);
+            let value = rmp_serde::to_vec_named(a).expect("actions encode");
+            self.actions.insert(n.to_be_bytes(), value)?;
+            self.action_ids
+                .insert(a.id.0.as_bytes(), &n.to_be_bytes())?;
+        }
+        Ok(())
+    }
+
+    fn actions(&self) -> Result<Vec<IssuedAction>> {
+        let mut out = Vec::new();
+        for item in self.actions.iter() {
+            let (k, v) = item?;
+            out.push(rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
+                seq: be(&k),
+                source,
+            })?);
+        }
+        Ok(out)
+    }
+}
+
+fn be(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[..8]);
+    u64::from_be_bytes(b)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The NATS JetStream log.
+pub struct Nats {
+    js: async_nats::jetstream::Context,
+    /// The ordered consumer reading observations, and the next sequence it
+    /// will deliver.
+    cursor: Mutex<Option<(u64, async_nats::jetstream::consumer::pull::Ordered)>>,
+}
+
+impl Nats {
+    async fn connect(url: &str, limits: &StreamLimits) -> Result<Self> {
+        let client = async_nats::ConnectOptions::new()
+            .name("lockstep")
+            .retry_on_initial_connect()
+            .connect(url)
+            .await
+            .map_err(|source| Error::Connect {
+                url: url.to_owned(),
+                source,
+            })?;
+        let js = async_nats::jetstream::new(client);
+        for (name, subject) in [(EVENTS_STREAM, "ls.obs.>"), (ACTIONS_STREAM, "ls.act.>")] {
+            let config = async_nats::jetstream::stream::Config {
+                name: name.to_owned(),
+                subjects: vec![subject.to_owned()],
+                storage: async_nats::jetstream::stream::StorageType::File,
+                duplicate_window: limits.duplicate_window,
+                max_age: limits.max_age,
+                max_bytes: limits.max_bytes,
+                ..Default::default()
+            };
+            let mut stream = js
+                .get_or_create_stream(config)
+                .await
+                .map_err(|e| js_err("create or check stream")(e.to_string()))?;
+            let info = stream
+                .info()
+                .await
+                .map_err(|e| js_err("stream info")(e.to_string()))?;
+            if info.config.subjects != [subject] {
+                return Err(Error::StreamMismatch {
+                    stream: name.to_owned(),
+                    found: info.config.subjects.clone(),
+                    wanted: vec![subject.to_owned()],
+                });
+            }
+        }
+        Ok(Self {
+            js,
+            cursor: Mutex::new(None),
+        })
+    }
+
+    async fn append(&self, envelope: &Envelope) -> Result<Appended> {
+        let payload = rmp_serde::to_vec_named(envelope).expect("envelopes encode");
+        let subject = format!("ls.obs.{}", envelope.source.name());
+        let publish = async_nats::jetstream::context::Publish::build()
+            .message_id(&envelope.id.0)
+            .payload(payload.into());
+        let ack = self
+            .js
+            .send_publish(subject, publish)
+            .await
+            .map_err(|e| js_err("publish")(e.to_string()))?
+            .await
+            .map_err(|e| js_err("publish ack")(e.to_string()))?;
+        Ok(Appended {
+            seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    async fn read(&self, from: u64, max: usize, wait: Duration) -> Result<Vec<EventRecord>> {
+        use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+        let mut cursor = self.cursor.lock().await;
+        if cursor.as_ref().is_none_or(|(next, _)| *next != from) {
+            let stream = self
+                .js
+                .get_stream(EVENTS_STREAM)
+                .await
+                .map_err(|e| js_err("get stream")(e.to_string()))?;
+            let consumer = stream
+                .create_consumer(pull::OrderedConfig {
+                    deliver_policy: DeliverPolicy::ByStartSequence {
+                        start_sequence: from.max(1),
+                    },
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| js_err("create consumer")(e.to_string()))?;
+            let messages = consumer
+                .messages()
+                .await
+                .map_err(|e| js_err("consume")(e.to_string()))?;
+            *cursor = Some((from, messages));
+        }
+        let (next, messages) = cursor.as_mut().expect("set above");
+        let mut out = Vec::new();
+        let first = match tokio::time::timeout(wait, messages.next()).await {
+            Err(_) => return Ok(out),
+            Ok(None) => {
+                *cursor = None;
+                return Err(js_err("consume")("consumer ended".to_owned()));
+            }
+            Ok(Some(m)) => m,
+        };
+        let mut pending = Some(first);
+        loop {
+            let msg = match pending.take() {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    *cursor = None;
+                    return Err(js_err("consume")(e.to_string()));
+                }
+                None => break,
+            };
+            let info = msg
+                .info()
+                .map_err(|e| js_err("message info")(e.to_string()))?;
+            let seq = info.stream_sequence;
+            let time_ms = (info.published.unix_timestamp_nanos() / 1_000_000).max(0) as u64;
+            let envelope: Envelope = rmp_serde::from_slice(&msg.payload)
+                .map_err(|source| Error::Decode { seq, source })?;
+            *next = seq + 1;
+            out.push(EventRecord {
+                seq,
+                time_ms,
+                envelope,
+            });
+            if out.len() >= max {
+                break;
+            }
+            pending = match messages.next().now_or_never() {
+                Some(Some(m)) => Some(m),
+                _ => None,
+            };
+        }
+        Ok(out)
+    }
+
+    async fn head(&self) -> Result<u64> {
+        let mut stream = self
+            .js
+            .get_stream(EVENTS_STREAM)
+            .await
+            .map_err(|e| js_err("get stream")(e.to_string()))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| js_err("stream info")(e.to_string()))?;
+        Ok(info.state.last_sequence)
+    }
+
+    async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<()> {
+        let mut acks = Vec::with_capacity(actions.len());
+        for a in actions {
+            let payload = rmp_serde::to_vec_named(a).expect("actions encode");
+            let subject = format!("ls.act.{}", a.action.kind().name());
+            let publish = async_nats::jetstream::context::Publish::build()
+                .message_id(&a.id.0)
+                .payload(payload.into());
+            acks.push(
+                self.js
+                    .send_publish(subject, publish)
+                    .await
+                    .map_err(|e| js_err("publish action")(e.to_string()))?,
+            );
+        }
+        for ack in acks {
+            ack.await
+                .map_err(|e| js_err("publish action ack")(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    async fn actions(&self) -> Result<Vec<IssuedAction>> {
+        let mut stream = self
+            .js
+            .get_stream(ACTIONS_STREAM)
+            .await
+            .map_err(|e| js_err("get stream")(e.to_string()))?;
+        let last = stream
+            .info()
+            .await
+            .map_err(|e| js_err("stream info")(e.to_string()))?
+            .state
+            .last_sequence;
+        let mut out = Vec::new();
+        if last == 0 {
+            return Ok(out);
+        }
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+            .await
+            .map_err(|e| js_err("create consumer")(e.to_string()))?;
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| js_err("consume")(e.to_string()))?;
+        while let Some(m) = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .map_err(|_| js_err("read actions")("timed out".to_owned()))?
+        {
+            let m = m.map_err(|e| js_err("consume")(e.to_string()))?;
+            let seq = m
+                .info()
+                .map_err(|e| js_err("message info")(e.to_string()))?
+                .stream_sequence;
+            out.push(
+                rmp_serde::from_slice(&m.payload)
+                    .map_err(|source| Error::Decode { seq, source })?,
+            );
+            if seq >= last {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,318 @@
+//! The store (sled): the engine checkpoint, the action ledger and the audit
+//! index, committed together in one transaction per batch.
+//!
+//! It owns durability of what the service decided; it never decides. A
+//! checkpoint carries a SHA-256 of its bytes: a damaged one is detected and
+//! refused, and the service rebuilds from the log instead of starting from
+//! bad state.
+
+use std::path::Path;
+
+use lockstep_engine::Transition;
+use lockstep_schemas::{ActionId, IssuedAction, OutcomeResult};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sled::Transactional;
+
+/// The format this build writes. A store written by a newer format is refused.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database failed.
+    #[error("store database")]
+    Sled(#[from] sled::Error),
+    /// A transaction failed.
+    #[error("store transaction: {0}")]
+    Transaction(String),
+    /// The store was written by a newer lockstep.
+    #[error("the store at {path} has format {found}; this lockstep writes format {FORMAT_VERSION} (upgrade lockstep, or point it at a new data directory)")]
+    NewerFormat {
+        /// Store path.
+        path: String,
+        /// The format found.
+        found: u32,
+    },
+    /// The checkpoint is damaged (its checksum does not match).
+    #[error("checkpoint at seq {seq} is damaged (checksum mismatch)")]
+    CorruptCheckpoint {
+        /// The sequence it claims.
+        seq: u64,
+    },
+    /// A stored value does not decode.
+    #[error("stored {what} does not decode")]
+    Decode {
+        /// What.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: rmp_serde::decode::Error,
+    },
+}
+
+/// `Result` of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A checkpoint: the engine snapshot after applying `seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Last applied sequence.
+    pub seq: u64,
+    /// `Engine::snapshot()` bytes.
+    pub snapshot: Vec<u8>,
+}
+
+/// What the ledger knows of an action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    /// The action as issued.
+    pub issued: IssuedAction,
+    /// How many times it was handed to the action stream (a correct run
+    /// never needs more than one; re-publishing is deduplicated anyway).
+    pub dispatched: u32,
+    /// The outcome, once reported.
+    pub outcome: Option<OutcomeResult>,
+}
+
+/// One batch's worth of things to make durable together.
+#[derive(Debug, Default)]
+pub struct Commit {
+    /// A new checkpoint, if one is due.
+    pub checkpoint: Option<Checkpoint>,
+    /// Actions issued in the batch.
+    pub issued: Vec<IssuedAction>,
+    /// Outcomes reported in the batch.
+    pub outcomes: Vec<(ActionId, OutcomeResult)>,
+    /// Transitions of the batch.
+    pub transitions: Vec<Transition>,
+}
+
+/// The store.
+pub struct Store {
+    db: sled::Db,
+    meta: sled::Tree,
+    ledger: sled::Tree,
+    audit: sled::Tree,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let db = sled::open(dir)?;
+        let meta = db.open_tree("meta")?;
+        let ledger = db.open_tree("ledger")?;
+        let audit = db.open_tree("audit")?;
+        match meta.get("format")? {
+            Some(v) => {
+                let found = u32::from_be_bytes(v.as_ref().try_into().unwrap_or([0xff; 4]));
+                if found > FORMAT_VERSION {
+                    return Err(Error::NewerFormat {
+                        path: dir.display().to_string(),
+                        found,
+                    });
+                }
+            }
+            None => {
+                meta.insert("format", &FORMAT_VERSION.to_be_bytes())?;
+            }
+        }
+        Ok(Self {
+            db,
+            meta,
+            ledger,
+            audit,
+        })
+    }
+
+    /// The last checkpoint, verified; `Ok(None)` when there is none.
+    pub fn checkpoint(&self) -> Result<Option<Checkpoint>> {
+        let Some(raw) = self.meta.get("checkpoint")? else {
+            return Ok(None);
+        };
+        // [seq: u64 BE][sha256 of snapshot: 32][snapshot]
+        if raw.len() < 40 {
+            return Err(Error::CorruptCheckpoint { seq: 0 });
+        }
+        let seq = u64::from_be_bytes(raw[..8].try_into().expect("8 bytes"));
+        let (sum, snapshot) = raw[8..].split_at(32);
+        if Sha256::digest(snapshot).as_slice() != sum {
+            return Err(Error::CorruptCheckpoint { seq });
+        }
+        Ok(Some(Checkpoint {
+            seq,
+            snapshot: snapshot.to_vec(),
+        }))
+    }
+
+    /// Writes one batch atomically: checkpoint, ledger, audit index.
+    pub fn commit(&self, commit: &Commit) -> Result<()> {
+        let checkpoint = commit.checkpoint.as_ref().map(|c| {
+            let mut raw = Vec::with_capacity(40 + c.snapshot.len());
+            raw.extend_from_slice(&c.seq.to_be_bytes());
+            raw.extend_from_slice(&Sha256::digest(&c.snapshot));
+            raw.extend_from_slice(&c.snapshot);
+            raw
+        });
+        // Keyed by (node, seq, place among that record's transitions): the
+        // same whatever the batch split, so re-applying after a restart
+        // overwrites instead of duplicating.
+        let mut audit_rows: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(commit.transitions.len());
+        let mut place = (0u64, 0u32);
+        for t in &commit.transitions {
+            place = if place.0 == t.seq {
+                (t.seq, place.1 + 1)
+            } else {
+                (t.seq, 0)
+            };
+            audit_rows.push((
+                audit_key(&t.node, t.seq, place.1),
+                rmp_serde::to_vec_named(t).expect("transitions encode"),
+            ));
+        }
+        (&self.meta, &self.ledger, &self.audit)
+            .transaction(|(meta, ledger, audit)| {
+                if let Some(raw) = &checkpoint {
+                    meta.insert("checkpoint", raw.as_slice())?;
+                }
+                for a in &commit.issued {
+                    // Re-applying after a restart issues the same ids: keep
+                    // what the ledger already knows about them.
+                    if ledger.get(a.id.0.as_bytes())?.is_none() {
+                        let entry = LedgerEntry {
+                            issued: a.clone(),
+                            dispatched: 0,
+                            outcome: None,
+                        };
+                        ledger.insert(
+                            a.id.0.as_bytes(),
+                            rmp_serde::to_vec_named(&entry).expect("ledger encodes"),
+                        )?;
+                    }
+                }
+                for (id, outcome) in &commit.outcomes {
+                    if let Some(raw) = ledger.get(id.0.as_bytes())? {
+                        if let Ok(mut entry) = rmp_serde::from_slice::<LedgerEntry>(&raw) {
+                            entry.outcome = Some(outcome.clone());
+                            ledger.insert(
+                                id.0.as_bytes(),
+                                rmp_serde::to_vec_named(&entry).expect("ledger encodes"),
+                            )?;
+                        }
+                    }
+                }
+                for (k, v) in &audit_rows {
+                    audit.insert(k.as_slice(), v.as_slice())?;
+                }
+                Ok(())
+            })
+            .map_err(|e: sled::transaction::TransactionError| Error::Transaction(e.to_string()))
+    }
+
+    /// Actions of the ledger not yet dispatched, in issue order.
+    pub fn undispatched(&self) -> Result<Vec<IssuedAction>> {
+        let mut out = Vec::new();
+        for item in self.ledger.iter() {
+            let (_, v) = item?;
+            let entry: LedgerEntry = rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
+                what: "ledger entry",
+                source,
+            })?;
+            if entry.dispatched == 0 {
+                out.push(entry.issued);
+            }
+        }
+        out.sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+        Ok(out)
+    }
+
+    /// Records that these actions were handed to the action stream.
+    pub fn mark_dispatched(&self, ids: &[ActionId]) -> Result<()> {
+        for id in ids {
+            self.ledger.update_and_fetch(id.0.as_bytes(), |old| {
+                let old = old?;
+                let mut entry: LedgerEntry = rmp_serde::from_slice(old).ok()?;
+                entry.dispatched += 1;
+                Some(rmp_serde::to_vec_named(&entry).expect("ledger encodes"))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The ledger entry of one action.
+    pub fn ledger_entry(&self, id: &ActionId) -> Result<Option<LedgerEntry>> {
+        self.ledger
+            .get(id.0.as_bytes())?
+            .map(|v| {
+                rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
+                    what: "ledger entry",
+                    source,
+                })
+            })
+            .transpose()
+    }
+
+    /// Every ledger entry.
+    pub fn ledger(&self) -> Result<Vec<LedgerEntry>> {
+        self.ledger
+            .iter()
+            .map(|item| {
+                let (_, v) = item?;
+                rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
+                    what: "ledger entry",
+                    source,
+                })
+            })
+            .collect()
+    }
+
+    /// Every recorded transition of one Slurm node, in order.
+    pub fn transitions(&self, node: &str) -> Result<Vec<Transition>> {
+        let mut prefix = node.as_bytes().to_vec();
+        prefix.push(0);
+        self.audit
+            .scan_prefix(&prefix)
+            .map(|item| {
+                let (_, v) = item?;
+                rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
+                    what: "transition",
+                    source,
+                })
+            })
+            .collect()
+    }
+
+    /// Makes everything committed so far durable on disk.
+    pub async fn flush(&self) -> Result<()> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// Size of the store on disk, in bytes.
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+
+    /// Overwrites the checkpoint bytes (tests: simulate damage).
+    #[doc(hidden)]
+    pub fn damage_checkpoint(&self) -> Result<()> {
+        if let Some(raw) = self.meta.get("checkpoint")? {
+            let mut raw = raw.to_vec();
+            let last = raw.len() - 1;
+            raw[last] ^= 0xff;
+            self.meta.insert("checkpoint", raw)?;
+            self.db.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// `node \0 seq(BE) index(BE)`: a node's transitions in log order.
+fn audit_key(node: &str, seq: u64, index: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(node.len() + 13);
+    k.extend_from_slice(node.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k.extend_from_slice(&index.to_be_bytes());
+    k
+}

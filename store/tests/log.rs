@@ -1,0 +1,201 @@
+//! The event log against a real nats-server, and the embedded log.
+
+use std::time::Duration;
+
+use lockstep_schemas::{Envelope, Event, KubeNode, Source};
+use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_store::{EventLog, StreamLimits};
+
+fn node(i: u64) -> Envelope {
+    Envelope::new(
+        Source::Test,
+        1_000 + i,
+        Event::KubeNode(KubeNode {
+            name: format!("k{i}"),
+            unschedulable: i % 2 == 0,
+            ready: lockstep_schemas::ConditionStatus::True,
+            conditions: vec![],
+            labels: Default::default(),
+            taints: vec![],
+        }),
+    )
+}
+
+async fn read_all(log: &EventLog, from: u64, until: u64) -> Vec<lockstep_schemas::EventRecord> {
+    let mut out: Vec<lockstep_schemas::EventRecord> = Vec::new();
+    let mut next = from;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while next <= until {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "read stalled at seq {next}"
+        );
+        match log.read(next, 64, Duration::from_millis(500)).await {
+            Ok(batch) => {
+                for r in batch.into_iter().filter(|r| r.seq <= until) {
+                    assert!(
+                        r.seq >= next,
+                        "seq {} went back (expected >= {next})",
+                        r.seq
+                    );
+                    next = r.seq + 1;
+                    out.push(r);
+                }
+            }
+            // The server may be restarting: try again.
+            Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    out
+}
+
+async fn round_trip_and_dedup(log: EventLog) {
+    let mut seqs = Vec::new();
+    for i in 0..20 {
+        let a = log.append(&node(i)).await.unwrap();
+        assert!(!a.duplicate);
+        seqs.push(a.seq);
+    }
+    assert!(seqs.windows(2).all(|w| w[1] > w[0]));
+    // Re-publishing the same envelope (a restart between publish and ack) adds nothing.
+    let again = log.append(&node(7)).await.unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.seq, seqs[7]);
+    assert_eq!(log.head().await.unwrap(), seqs[19]);
+    let got = read_all(&log, 1, seqs[19]).await;
+    assert_eq!(got.len(), 20);
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.envelope, node(i as u64));
+        assert!(r.envelope.id_matches());
+    }
+    assert!(got.windows(2).all(|w| w[1].time_ms >= w[0].time_ms));
+    // Reading from the middle starts there.
+    let tail = read_all(&log, seqs[15], seqs[19]).await;
+    assert_eq!(tail.len(), 5);
+    assert_eq!(tail[0].seq, seqs[15]);
+    // Nothing more: an empty batch after the wait.
+    assert!(log
+        .read(seqs[19] + 1, 10, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_round_trip_in_order_with_deduplication() {
+    let nats = NatsServer::start();
+    let log = EventLog::connect_nats(&nats.url(), &StreamLimits::default())
+        .await
+        .unwrap();
+    round_trip_and_dedup(log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_round_trip_in_order_with_deduplication() {
+    let dir = temp_dir("embedded-log");
+    round_trip_and_dedup(EventLog::open_embedded(&dir).unwrap()).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_log_survives_reopen_and_wakes_readers() {
+    let dir = temp_dir("embedded-reopen");
+    {
+        let log = EventLog::open_embedded(&dir).unwrap();
+        for i in 0..5 {
+            log.append(&node(i)).await.unwrap();
+        }
+        log.flush().await.unwrap();
+    }
+    let log = EventLog::open_embedded(&dir).unwrap();
+    assert_eq!(log.head().await.unwrap(), 5);
+    assert!(
+        log.append(&node(3)).await.unwrap().duplicate,
+        "dedup survives reopen"
+    );
+    let reader = {
+        let log = log.clone();
+        tokio::spawn(async move { log.read(6, 10, Duration::from_secs(10)).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    log.append(&node(9)).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].seq, 6);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_restart_in_the_middle_loses_and_repeats_nothing() {
+    let mut nats = NatsServer::start();
+    let log = EventLog::connect_nats(&nats.url(), &StreamLimits::default())
+        .await
+        .unwrap();
+    for i in 0..50 {
+        log.append(&node(i)).await.unwrap();
+    }
+    let first = read_all(&log, 1, 25).await;
+    assert_eq!(first.last().unwrap().seq, 25);
+    nats.restart();
+    // Appends resume once the client has reconnected.
+    let mut i = 50;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while i < 100 {
+        match log.append(&node(i)).await {
+            Ok(_) => i += 1,
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no reconnect within 30 s: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let rest = read_all(&log, 26, 100).await;
+    let seqs: Vec<u64> = first.iter().chain(&rest).map(|r| r.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=100).collect::<Vec<_>>(),
+        "every record exactly once, in order"
+    );
+    for r in first.iter().chain(&rest) {
+        assert_eq!(r.envelope, node(r.seq - 1));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_are_published_once_per_id() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("embedded-actions");
+    for log in [
+        EventLog::connect_nats(&nats.url(), &StreamLimits::default())
+            .await
+            .unwrap(),
+        EventLog::open_embedded(&dir).unwrap(),
+    ] {
+        let a = lockstep_schemas::IssuedAction {
+            id: lockstep_schemas::ActionId("5.slurm_drain.slurm:n1/state".into()),
+            seq: 5,
+            time_ms: 1,
+            cause: lockstep_schemas::EventId("e".into()),
+            rule: "drain.cordon".into(),
+            attempt: 1,
+            action: lockstep_schemas::Action::SlurmDrain {
+                node: "n1".into(),
+                reason: "lockstep: test".into(),
+            },
+        };
+        let mut b = a.clone();
+        b.id = lockstep_schemas::ActionId("6.slurm_drain.slurm:n2/state".into());
+        log.publish_actions(&[a.clone(), b.clone()]).await.unwrap();
+        log.publish_actions(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(log.actions().await.unwrap(), [a, b]);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

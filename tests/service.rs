@@ -1,0 +1,389 @@
+//! `lockstep run` as a process, against a real nats-server: killed with
+//! SIGKILL at random points while events keep arriving, restarted, and at the
+//! end it must be where a clean replay of the same log is, with no action
+//! dispatched twice. Also: a damaged checkpoint is rebuilt from the log, and
+//! the embedded log works with nothing else running.
+//!
+//! The crash schedule is seeded: a failure prints the seed; rerun with
+//! `LOCKSTEP_CRASH_SEED=<seed> cargo test --test service`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_benches::{Generator, Rng, Shape};
+use lockstep_engine::{Engine, Output};
+use lockstep_schemas::Policy;
+use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_store::{EventLog, Store, StreamLimits};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Service {
+    dir: PathBuf,
+    config: PathBuf,
+    port: u16,
+}
+
+impl Service {
+    fn new(nats: Option<&str>) -> Self {
+        let dir = temp_dir("service");
+        let port = free_port();
+        let nats = nats.map_or(String::new(), |u| format!("nats_url = \"{u}\"\n"));
+        let config = dir.join("lockstep.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir = \"data\"\n[log]\n{nats}[service]\nbatch_max = 64\ntick_interval_ms = 300\ncheckpoint_every_records = 150\ncheckpoint_every_ms = 500\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
+            ),
+        )
+        .unwrap();
+        Self { dir, config, port }
+    }
+
+    fn start(&self) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join("run.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("lockstep runs")
+    }
+
+    fn status(&self) -> Option<(u64, u64)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        let json = &body[body.find('{')?..];
+        let v: serde_json::Value = serde_json::from_str(json.trim()).ok()?;
+        Some((v["applied_seq"].as_u64()?, v["head_seq"].as_u64()?))
+    }
+
+    /// Waits until the service has applied `head`.
+    fn wait_applied(&self, head: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if self.status().is_some_and(|(applied, _)| applied >= head) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lockstep did not apply seq {head} within 60 s; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(&self, mut child: Child) {
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                assert!(
+                    s.success(),
+                    "lockstep exited with {s} on SIGTERM; log:\n{}",
+                    self.log()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lockstep did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("run.log")).unwrap_or_default()
+    }
+
+    fn store(&self) -> Store {
+        Store::open(&self.dir.join("data/store")).unwrap()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The state a clean replay of the whole log reaches, and the actions it issues.
+async fn clean_replay(log: &EventLog) -> (String, BTreeSet<String>) {
+    let head = log.head().await.unwrap();
+    let mut engine = Engine::new(Policy::default());
+    let mut out = Output::default();
+    let mut ids = BTreeSet::new();
+    let mut next = 1;
+    while next <= head {
+        for rec in log.read(next, 1024, Duration::from_secs(5)).await.unwrap() {
+            if rec.seq > head {
+                break;
+            }
+            out.clear();
+            engine.apply(&rec, &mut out);
+            ids.extend(out.actions.iter().map(|a| a.id.0.clone()));
+            next = rec.seq + 1;
+        }
+    }
+    (engine.hash(), ids)
+}
+
+fn checkpoint_hash(store: &Store) -> (u64, String) {
+    let cp = store
+        .checkpoint()
+        .unwrap()
+        .expect("a checkpoint after a graceful stop");
+    (cp.seq, Engine::restore(&cp.snapshot).unwrap().hash())
+}
+
+fn events(seed: u64, n: usize) -> Vec<lockstep_schemas::Envelope> {
+    let mut g = Generator::new(Shape::plain(40, 4), seed);
+    g.steady_state(n);
+    // Everything but the generator's own policy record; cordons among them
+    // make the reducer issue drains and resumes.
+    g.into_records()
+        .into_iter()
+        .skip(1)
+        .map(|r| r.envelope)
+        .collect()
+}
+
+#[test]
+fn kill_minus_9_at_random_points_then_restart_reaches_the_clean_replay_state() {
+    let seed = std::env::var("LOCKSTEP_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_u64);
+    eprintln!("crash schedule seed: {seed} (rerun with LOCKSTEP_CRASH_SEED={seed})");
+    let mut rng = Rng::new(seed);
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The NATS client spawns on drop: keep the runtime's context entered.
+    let _entered = rt.enter();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits::default(),
+        ))
+        .unwrap();
+    let service = Service::new(Some(&nats.url()));
+    let all = events(seed, 3_000);
+    let mut feed = all.iter();
+    const RUNS: usize = 20;
+    for run in 0..RUNS {
+        let child = service.start();
+        // Events keep arriving while it runs; the kill lands anywhere:
+        // mid-batch, mid-commit, between commit and publish.
+        for e in feed.by_ref().take(all.len() / RUNS) {
+            rt.block_on(log.append(e)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(400)));
+        let mut child = child;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        eprintln!("run {run}: killed");
+    }
+    for e in feed {
+        rt.block_on(log.append(e)).unwrap();
+    }
+    // The last run catches up and stops gracefully.
+    let child = service.start();
+    let head = rt.block_on(log.head()).unwrap();
+    service.wait_applied(head);
+    service.stop(child);
+    let head = rt.block_on(log.head()).unwrap();
+
+    let (clean_hash, clean_ids) = rt.block_on(clean_replay(&log));
+    let store = service.store();
+    let (seq, hash) = checkpoint_hash(&store);
+    assert_eq!(
+        seq, head,
+        "seed {seed}: the final checkpoint is at the head"
+    );
+    assert_eq!(
+        hash, clean_hash,
+        "seed {seed}: state differs from a clean replay of the same log"
+    );
+    let ledger = store.ledger().unwrap();
+    let twice: Vec<_> = ledger
+        .iter()
+        .filter(|e| e.dispatched > 1)
+        .map(|e| &e.issued.id)
+        .collect();
+    assert!(twice.is_empty(), "seed {seed}: dispatched twice: {twice:?}");
+    assert!(
+        ledger.iter().all(|e| e.dispatched == 1),
+        "seed {seed}: an issued action was never dispatched"
+    );
+    let ledger_ids: BTreeSet<String> = ledger.iter().map(|e| e.issued.id.0.clone()).collect();
+    assert!(!clean_ids.is_empty(), "the log makes the reducer act");
+    assert_eq!(
+        ledger_ids, clean_ids,
+        "seed {seed}: the ledger holds exactly the actions a clean replay issues"
+    );
+    let published = rt.block_on(log.actions()).unwrap();
+    let published_ids: Vec<String> = published.iter().map(|a| a.id.0.clone()).collect();
+    let unique: BTreeSet<String> = published_ids.iter().cloned().collect();
+    assert_eq!(
+        unique.len(),
+        published_ids.len(),
+        "seed {seed}: an action was published twice"
+    );
+    assert_eq!(unique, clean_ids);
+
+    // The stream itself replays and verifies against the actions published.
+    drop(store);
+    let replay = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["replay", "--verify", "--quiet", &nats.url()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&replay.stderr);
+    assert!(replay.status.success(), "seed {seed}: {stderr}");
+    assert!(stderr.contains(&clean_hash), "{stderr}");
+    // And the audit index answers without a replay.
+    let node = {
+        let store = service.store();
+        let ledger = store.ledger().unwrap();
+        match &ledger[0].issued.action {
+            lockstep_schemas::Action::SlurmDrain { node, .. }
+            | lockstep_schemas::Action::SlurmResume { node } => node.clone(),
+            other => panic!("unexpected action {other:?}"),
+        }
+    };
+    let audit = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["audit", &node, "--config"])
+        .arg(&service.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&audit.stdout);
+    assert!(audit.status.success());
+    assert!(
+        text.contains(&format!("audit index of slurm node {node}")),
+        "{text}"
+    );
+    assert!(text.contains("-> draining [drain.cordon]"), "{text}");
+}
+
+#[test]
+fn a_damaged_checkpoint_is_rebuilt_from_the_log() {
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The NATS client spawns on drop: keep the runtime's context entered.
+    let _entered = rt.enter();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits::default(),
+        ))
+        .unwrap();
+    let service = Service::new(Some(&nats.url()));
+    for e in events(7, 500) {
+        rt.block_on(log.append(&e)).unwrap();
+    }
+    let child = service.start();
+    service.wait_applied(rt.block_on(log.head()).unwrap());
+    service.stop(child);
+    service.store().damage_checkpoint().unwrap();
+
+    let child = service.start();
+    let head = rt.block_on(log.head()).unwrap();
+    service.wait_applied(head);
+    service.stop(child);
+    assert!(
+        service
+            .log()
+            .contains("rebuilding from the log instead of starting from bad state"),
+        "{}",
+        service.log()
+    );
+    let (_, hash) = checkpoint_hash(&service.store());
+    assert_eq!(hash, rt.block_on(clean_replay(&log)).0);
+}
+
+#[test]
+fn the_embedded_log_needs_nothing_else_and_exports_to_a_replayable_file() {
+    let service = Service::new(None);
+    let policy = service.dir.join("policy.json");
+    std::fs::write(&policy, serde_json::to_string(&Policy::default()).unwrap()).unwrap();
+    let cfg = std::fs::read_to_string(&service.config).unwrap();
+    std::fs::write(
+        &service.config,
+        format!("policy_file = \"policy.json\"\n{cfg}"),
+    )
+    .unwrap();
+    let child = service.start();
+    // Ticks and the policy are appended by the service itself.
+    service.wait_applied(3);
+    // A policy change takes effect without restart.
+    std::fs::write(&policy, r#"{"health": {"not_ready_grace_s": 5}}"#).unwrap();
+    std::thread::sleep(Duration::from_millis(2_000));
+    service.stop(child);
+    let export = service.dir.join("export.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["export", "--config"])
+        .arg(&service.config)
+        .arg(&export)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let replay = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["replay", "--verify", "--all-events"])
+        .arg(&export)
+        .output()
+        .unwrap();
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let timeline = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(timeline.matches("policy changed").count(), 2, "{timeline}");
+    let stderr = String::from_utf8_lossy(&replay.stderr);
+    let (_, hash) = checkpoint_hash(&service.store());
+    assert!(
+        stderr.contains(&hash),
+        "export replays to the service's state: {stderr} vs {hash}"
+    );
+    assert!(
+        policy_in_force(&service.dir.join("data/store"))
+            .health
+            .not_ready_grace_s
+            == 5
+    );
+}
+
+fn policy_in_force(store: &Path) -> Policy {
+    let store = Store::open(store).unwrap();
+    let cp = store.checkpoint().unwrap().unwrap();
+    Engine::restore(&cp.snapshot).unwrap().policy().clone()
+}
