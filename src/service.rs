@@ -99,6 +99,7 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
     let log = open_log(&cfg).await?;
     let (mut engine, mut next) = restore(&store)?;
     health.checkpoint_seq.store(next - 1, Ordering::Relaxed);
+    health.applied_seq.store(next - 1, Ordering::Relaxed);
 
     // Actions committed but not published before a crash.
     dispatch(&store, &log, store.undispatched()?).await?;

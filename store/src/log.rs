@@ -211,7 +211,7 @@ pub struct Embedded {
 
 impl Embedded {
     fn open(dir: &Path) -> Result<Self> {
-        let db = sled::open(dir)?;
+        let db = crate::store::sled_config(dir).open()?;
         let log = db.open_tree("log")?;
         let ids = db.open_tree("ids")?;
         let actions = db.open_tree("actions")?;

@@ -99,7 +99,7 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let db = sled::open(dir)?;
+        let db = sled_config(dir).open()?;
         let meta = db.open_tree("meta")?;
         let ledger = db.open_tree("ledger")?;
         let audit = db.open_tree("audit")?;
@@ -306,6 +306,17 @@ impl Store {
         Ok(())
     }
 }
+
+/// sled with a bounded page cache: its default (1 GiB) would dwarf the
+/// engine's own memory.
+pub(crate) fn sled_config(dir: &Path) -> sled::Config {
+    sled::Config::new()
+        .path(dir)
+        .cache_capacity(CACHE_BYTES_MAX)
+}
+
+/// Upper bound of sled's page cache, per database.
+const CACHE_BYTES_MAX: u64 = 8 << 20;
 
 /// `node \0 seq(BE) index(BE)`: a node's transitions in log order.
 fn audit_key(node: &str, seq: u64, index: u32) -> Vec<u8> {

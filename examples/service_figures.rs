@@ -1,0 +1,232 @@
+//! Figures of `lockstep run` against a real nats-server, for the README:
+//! end-to-end publish -> apply throughput, restart and catch-up of a large
+//! log with and without a checkpoint, and resident memory with 50,000 Slurm
+//! nodes in state.
+//!
+//! ```sh
+//! cargo build --release --bin lockstep
+//! cargo run --release --example service_figures -- [events] [memory_nodes]
+//! ```
+//! (defaults: 1,000,000 events, 50,000 nodes; needs `nats-server` on PATH).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_benches::{Generator, Shape};
+use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_store::{EventLog, StreamLimits};
+
+fn lockstep_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("own path");
+    // target/release/examples/service_figures -> target/release/lockstep
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("lockstep")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn status(port: u16) -> Option<(bool, u64)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let json = &body[body.find('{')?..];
+    let ready = json.contains("\"ready\":true");
+    let applied = json
+        .split("\"applied_seq\":")
+        .nth(1)?
+        .split(',')
+        .next()?
+        .parse()
+        .ok()?;
+    Some((ready, applied))
+}
+
+fn wait_applied(port: u16, head: u64, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        if let Some((true, applied)) = status(port) {
+            if applied >= head {
+                return t.elapsed();
+            }
+        }
+        assert!(
+            t.elapsed() < limit,
+            "not caught up with seq {head} within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start(config: &Path) -> Child {
+    Command::new(lockstep_bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run target/release/lockstep (cargo build --release --bin lockstep)")
+}
+
+fn stop(child: &mut Child) {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn config(dir: &Path, nats: &str, port: u16) -> PathBuf {
+    let path = dir.join("lockstep.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "data_dir = \"data\"\n[log]\nnats_url = \"{nats}\"\nmax_bytes = -1\n[service]\nbatch_max = 4096\ntick_interval_ms = 60000\ncheckpoint_every_records = 200000\ncheckpoint_every_ms = 60000\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+async fn publish(log: &EventLog, records: &[lockstep_schemas::EventRecord]) -> Duration {
+    let t = Instant::now();
+    for chunk in records.chunks(2048) {
+        let appends = chunk.iter().map(|r| log.append(&r.envelope));
+        for a in futures::future::join_all(appends).await {
+            a.expect("publish");
+        }
+    }
+    t.elapsed()
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let events: usize = args
+        .next()
+        .map_or(1_000_000, |a| a.parse().expect("events"));
+    let memory_nodes: usize = args
+        .next()
+        .map_or(50_000, |a| a.parse().expect("memory_nodes"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+
+    // 1. Publish -> apply, and restarts, on a log of `events` records.
+    let nats = NatsServer::start();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits {
+                max_bytes: -1,
+                ..StreamLimits::default()
+            },
+        ))
+        .unwrap();
+    eprintln!("generating {events} events over 10,000 slurm nodes ...");
+    let mut g = Generator::new(Shape::plain(10_000, 4), 42);
+    g.steady_state(events.saturating_sub(g.records().len()));
+    let records = g.into_records();
+    let dir = temp_dir("service-figures");
+    let port = free_port();
+    let cfg = config(&dir, &nats.url(), port);
+    let mut child = start(&cfg);
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let published = rt.block_on(publish(&log, &records));
+    let head = rt.block_on(log.head()).unwrap();
+    wait_applied(port, head, Duration::from_secs(600));
+    let total = t.elapsed();
+    println!(
+        "publish -> apply: {} events published in {:.2} s ({:.0} events/s); all applied {:.2} s after the first publish: {:.0} events/s end to end",
+        records.len(),
+        published.as_secs_f64(),
+        records.len() as f64 / published.as_secs_f64(),
+        total.as_secs_f64(),
+        records.len() as f64 / total.as_secs_f64()
+    );
+    stop(&mut child);
+
+    // 2. Restart with the checkpoint written at shutdown.
+    let t = Instant::now();
+    let mut child = start(&cfg);
+    let caught_up = wait_applied(port, head, Duration::from_secs(600)).max(Duration::ZERO);
+    println!(
+        "restart with a checkpoint at seq {head}: caught up in {:.2} s ({:.2} s from process start)",
+        caught_up.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    stop(&mut child);
+
+    // 3. Restart without it: rebuild from the whole log.
+    std::fs::remove_dir_all(dir.join("data/store")).unwrap();
+    let t = Instant::now();
+    let mut child = start(&cfg);
+    wait_applied(port, head, Duration::from_secs(600));
+    println!(
+        "restart without a checkpoint: re-applied {head} records in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    stop(&mut child);
+    drop(nats);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // 4. Memory with a large model.
+    let nats = NatsServer::start();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits {
+                max_bytes: -1,
+                ..StreamLimits::default()
+            },
+        ))
+        .unwrap();
+    let shape = Shape {
+        slurm_nodes: memory_nodes,
+        per_kube_node: 10,
+        pending_jobs: 100_000,
+        scaling_and_topology: true,
+    };
+    eprintln!("generating a cluster of {memory_nodes} slurm nodes and 100,000 jobs ...");
+    let records = Generator::new(shape, 7).into_records();
+    rt.block_on(publish(&log, &records));
+    let head = rt.block_on(log.head()).unwrap();
+    let dir = temp_dir("service-memory");
+    let port = free_port();
+    let cfg = config(&dir, &nats.url(), port);
+    let mut child = start(&cfg);
+    wait_applied(port, head, Duration::from_secs(600));
+    std::thread::sleep(Duration::from_secs(3));
+    let built = rss_mib(child.id());
+    stop(&mut child);
+    let mut child = start(&cfg);
+    wait_applied(port, head, Duration::from_secs(600));
+    std::thread::sleep(Duration::from_secs(3));
+    println!(
+        "memory: lockstep run with {memory_nodes} slurm nodes, {} kubernetes nodes, {memory_nodes} pods and 100,000 jobs in state: {built:.0} MiB resident after applying the log, {:.0} MiB after a restart from its checkpoint",
+        memory_nodes / 10,
+        rss_mib(child.id())
+    );
+    stop(&mut child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
