@@ -125,6 +125,20 @@ pub struct Engine {
     #[serde(with = "sorted")]
     idle_since: FxHashMap<String, u64>,
     scale_wake: Option<u64>,
+    // Derived, for scaling's fast path: rebuilt after a restore (the first
+    // evaluation then scans), so neither serialized nor hashed.
+    /// Slurm nodes that run or finish a job.
+    #[serde(skip)]
+    busy_nodes: rustc_hash::FxHashSet<String>,
+    /// Per scale rule: busy nodes among its pods, kept current between scans.
+    #[serde(skip)]
+    scale_busy: Vec<u32>,
+    /// Per scale rule: the last scan found pods of an old revision.
+    #[serde(skip)]
+    scale_rollout: Vec<bool>,
+    /// Pods, targets or visibility changed since the last scan.
+    #[serde(skip, default = "yes")]
+    scale_scan_needed: bool,
     /// `--policy` replays: ignore `PolicyChanged` records.
     #[serde(skip)]
     pinned: bool,
@@ -162,6 +176,10 @@ impl Engine {
             victims: BTreeMap::new(),
             idle_since: FxHashMap::default(),
             scale_wake: None,
+            busy_nodes: rustc_hash::FxHashSet::default(),
+            scale_busy: Vec::new(),
+            scale_rollout: Vec::new(),
+            scale_scan_needed: true,
             pinned: false,
             dirty: Vec::new(),
             scratch_causes: Vec::new(),
@@ -270,6 +288,10 @@ impl Engine {
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
         e.model.rebuild_indexes(&e.policy);
+        let names: Vec<String> = e.model.slurm_nodes.keys().cloned().collect();
+        for n in names {
+            e.update_busy(&n);
+        }
         Ok(e)
     }
 
@@ -389,6 +411,11 @@ impl Engine {
                         {
                             self.dirty.push(Wake::Slurm(node.name.clone()));
                         }
+                        if busy_changed {
+                            self.update_busy(&node.name);
+                        }
+                        // Drains and known nodes matter to scaling only for
+                        // victims and scale-in, which always scan.
                         if relevant || busy_changed {
                             self.schedule_scaling(ctx.now_ms);
                         }
@@ -404,6 +431,7 @@ impl Engine {
                         if self.model.jobs_on(&node.name) == 0 {
                             self.idle_since.insert(node.name.clone(), ctx.now_ms);
                         }
+                        self.update_busy(&node.name);
                         self.touch_slurm(&node.name);
                         self.schedule_scaling(ctx.now_ms);
                     }
@@ -524,11 +552,11 @@ impl Engine {
                 }
                 let pod = pod.clone();
                 self.index_pod(&key, &pod);
-                self.schedule_scaling(ctx.now_ms);
+                self.scaling_needs_scan(ctx.now_ms);
             }
             Event::KubePodGone { namespace, name } => {
                 self.remove_pod(&pod_key(namespace, name));
-                self.schedule_scaling(ctx.now_ms);
+                self.scaling_needs_scan(ctx.now_ms);
             }
             Event::KubeScaleTarget(t) => {
                 let gen = self.gen(Domain::KubeScaleTargets);
@@ -539,11 +567,11 @@ impl Engine {
                         gen,
                     },
                 );
-                self.schedule_scaling(ctx.now_ms);
+                self.scaling_needs_scan(ctx.now_ms);
             }
             Event::KubeScaleTargetGone { target } => {
                 self.model.scale_targets.remove(target);
-                self.schedule_scaling(ctx.now_ms);
+                self.scaling_needs_scan(ctx.now_ms);
             }
             Event::SyncStarted { domain } => {
                 let s = &mut self.model.sync[domain_index(*domain)];
@@ -561,7 +589,7 @@ impl Engine {
                 if *flag != *visible {
                     *flag = *visible;
                     self.touch_all();
-                    self.schedule_scaling(ctx.now_ms);
+                    self.scaling_needs_scan(ctx.now_ms);
                 }
             }
             Event::Tick => {}
@@ -573,7 +601,7 @@ impl Engine {
                 self.policy = (**policy).clone();
                 self.model.rebuild_indexes(&self.policy);
                 self.touch_all();
-                self.schedule_scaling(ctx.now_ms);
+                self.scaling_needs_scan(ctx.now_ms);
             }
         }
     }
@@ -626,7 +654,9 @@ impl Engine {
 
     fn remove_slurm_node(&mut self, name: &str) {
         if self.model.slurm_nodes.remove(name).is_some() {
+            self.update_busy(name);
             self.touch_slurm(name);
+            self.schedule_scaling(self.now_ms);
         }
     }
 
@@ -661,10 +691,52 @@ impl Engine {
             } else {
                 self.idle_since.remove(&node);
             }
+            self.update_busy(&node);
             if label {
                 self.dirty.push(Wake::Slurm(node));
             }
         }
+    }
+
+    /// Keeps `busy_nodes` and the per-rule busy counts current.
+    fn update_busy(&mut self, node: &str) {
+        let busy = self.model.jobs_on(node) > 0
+            || self
+                .model
+                .slurm_nodes
+                .get(node)
+                .is_some_and(|n| scaling::slurm_busy(&n.obs));
+        if busy == self.busy_nodes.contains(node) {
+            return;
+        }
+        if busy {
+            self.busy_nodes.insert(node.to_owned());
+        } else {
+            self.busy_nodes.remove(node);
+        }
+        let rule = self.model.pod_of(node).and_then(|(_, p)| {
+            let p = &p.obs;
+            self.policy.scaling.targets.iter().position(|r| {
+                p.namespace == r.target.namespace
+                    && p.owner
+                        .as_ref()
+                        .is_some_and(|o| o.kind == r.target.kind && o.name == r.target.name)
+            })
+        });
+        if let Some(count) = rule.and_then(|r| self.scale_busy.get_mut(r)) {
+            *count = if busy {
+                *count + 1
+            } else {
+                count.saturating_sub(1)
+            };
+        }
+    }
+
+    /// Something scaling reads beyond job counts changed: the next
+    /// evaluation scans the targets' pods.
+    fn scaling_needs_scan(&mut self, now_ms: u64) {
+        self.scale_scan_needed = true;
+        self.schedule_scaling(now_ms);
     }
 
     /// Scaling looks again within `evaluate_every_s`; changes in between are
@@ -1325,7 +1397,13 @@ impl Engine {
         }
         let mut wake: Option<u64> = None;
         let visible = self.model.slurm_visible && self.model.kube_visible;
-        for rule in &rules {
+        let scan_all =
+            std::mem::take(&mut self.scale_scan_needed) || self.scale_busy.len() != rules.len();
+        if scan_all {
+            self.scale_busy = vec![0; rules.len()];
+            self.scale_rollout = vec![true; rules.len()];
+        }
+        for (index, rule) in rules.iter().enumerate() {
             let Some(target) = self
                 .model
                 .scale_targets
@@ -1335,6 +1413,62 @@ impl Engine {
                 continue;
             };
             let current = target.replicas;
+            // Fast path: nothing but job counts changed since the last scan,
+            // no victims, no rollout, and no scale-in wanted: only the
+            // replica count can need a change, and the busy count is current.
+            if !scan_all
+                && !self.scale_rollout[index]
+                && !self.victims.values().any(|v| v.target == rule.target)
+            {
+                let pending = self.model.pending_nodes(&rule.partition);
+                let desired = scaling::desired(
+                    self.scale_busy[index],
+                    pending,
+                    rule.min_replicas,
+                    rule.max_replicas,
+                );
+                if desired >= current {
+                    let ctl = self.scale.entry(rule.target.clone()).or_default();
+                    ctl.desired = Some(desired);
+                    let up_ready_at = ctl
+                        .last_up_ms
+                        .map_or(0, |t| t + rule.scale_up_cooldown_s * 1000);
+                    let want = if desired > current {
+                        if now >= up_ready_at {
+                            Some(desired)
+                        } else {
+                            min_wake(&mut wake, up_ready_at);
+                            None
+                        }
+                    } else {
+                        None
+                    };
+                    let want = want.map(|replicas| Action::KubeScale {
+                        target: rule.target.clone(),
+                        replicas,
+                    });
+                    let issue = Issue {
+                        seq: ctx.seq,
+                        now_ms: now,
+                        cause: ctx.event,
+                        rule: Rule::Scaling.name(),
+                    };
+                    let before = out.actions.len();
+                    let (_, w) =
+                        ctl.slot
+                            .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
+                    if out.actions[before..]
+                        .iter()
+                        .any(|a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current))
+                    {
+                        ctl.last_up_ms = Some(now);
+                    }
+                    if let Some(w) = w {
+                        min_wake(&mut wake, w);
+                    }
+                    continue;
+                }
+            }
             // The target's pods, with what scaling needs to know of each.
             struct PodInfo<'a> {
                 key: &'a str,
@@ -1377,6 +1511,11 @@ impl Engine {
             // No sort: every decision below is independent of this order
             // (counts, lookups, and candidates sorted by a total order).
             let busy = pods.iter().filter(|p| p.busy).count() as u32;
+            self.scale_busy[index] = busy;
+            self.scale_rollout[index] = target
+                .update_revision
+                .as_deref()
+                .is_some_and(|rev| pods.iter().any(|p| p.revision.is_some_and(|r| r != rev)));
             let pending = self.model.pending_nodes(&rule.partition);
             let desired = scaling::desired(busy, pending, rule.min_replicas, rule.max_replicas);
             let ctl = self.scale.entry(rule.target.clone()).or_default();
@@ -1687,6 +1826,10 @@ impl Engine {
             Wake::Kube(name.to_owned())
         });
     }
+}
+
+const fn yes() -> bool {
+    true
 }
 
 /// Takes the orphaned slots whose target `key_of` recognises, keyed by what
