@@ -8,6 +8,16 @@ scripts/ensure-nats.sh
 
 step() { printf '\n== %s\n' "$*"; }
 
+# The connector tests start a real kube-apiserver (deploy/local/kube) and a
+# real Slurm (deploy/local/slurm) themselves; stop them when we are done.
+cleanup() {
+  for state in /tmp/lockstep-local /tmp/lockstep-kube-disrupt; do
+    [ -x deploy/local/kube/down.sh ] && LOCKSTEP_STATE_DIR=$state deploy/local/kube/down.sh >/dev/null 2>&1 || true
+  done
+  [ -x deploy/local/slurm/down.sh ] && deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

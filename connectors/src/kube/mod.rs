@@ -1,1 +1,28 @@
 //! Kubernetes watchers and actuator.
+//!
+//! Owns everything lockstep says to and hears from the Kubernetes API:
+//!
+//! - [`Observer`]: kube-runtime watchers on Nodes, the slurmd Pods (the
+//!   policy's `mapping.pod_selector`) and scale targets (StatefulSets, or
+//!   any [`ScaleKind`]), each object reduced to the observation the reducer
+//!   reads ([`reduce`]), deduplicated, with relists as
+//!   `SyncStarted` .. `SyncDone` and deletes as `*Gone` events. It sends
+//!   [`Observation`]s into a bounded channel; the caller wraps them into
+//!   envelopes and appends them to the log.
+//! - [`Actuator`]: executes the `Kube*` actions idempotently and reports an
+//!   [`ActionOutcome`](lockstep_schemas::ActionOutcome) for each.
+//!
+//! It must never decide anything (that is the reducer's job, from the log
+//! alone), never block without a bound, and never let a Kubernetes type
+//! leak into the events: only `lockstep_schemas` types leave this module.
+
+mod actuator;
+mod error;
+mod observer;
+pub mod reduce;
+mod tracker;
+
+pub use actuator::{Actuator, ActuatorConfig, FIELD_MANAGER};
+pub use error::{Error, Result};
+pub use observer::{load_config, Observation, Observer, ObserverConfig};
+pub use reduce::{ObserveSpec, ScaleKind};

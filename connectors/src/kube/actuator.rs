@@ -1,0 +1,490 @@
+//! The Kubernetes actuator: carries out the reducer's Kubernetes actions.
+//!
+//! Every action reads its target first and reports
+//! [`OutcomeResult::AlreadyDone`] if it already holds, so executing an
+//! action twice (after a crash, a failover, a retry) changes nothing the
+//! second time. Every call is bounded by a timeout, and every action ends
+//! in an [`ActionOutcome`]: errors become `Failed { retryable }`, never a
+//! panic or a hang.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::Client;
+use lockstep_schemas::{
+    Action, ActionOutcome, IssuedAction, OutcomeResult, PodCondition, ScaleTargetRef, Taint,
+    TaintEffect,
+};
+use serde_json::json;
+
+use super::error::{Error, Result};
+use super::reduce::{condition_status, condition_status_str, taint_effect_str, ScaleKind};
+
+/// The field manager lockstep's writes are recorded under.
+pub const FIELD_MANAGER: &str = "lockstep";
+
+/// Bounds of the actuator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActuatorConfig {
+    /// Timeout to connect to the API server.
+    pub connect_timeout_ms: u64,
+    /// Timeout of one API call (read of the response).
+    pub request_timeout_ms: u64,
+    /// Timeout of one whole action, all its calls included.
+    pub action_timeout_ms: u64,
+    /// How often a read-modify-write that lost a race (409 Conflict) is
+    /// tried again within one action before it is reported as retryable.
+    pub conflict_attempts_max: u32,
+}
+
+impl Default for ActuatorConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: 5_000,
+            request_timeout_ms: 10_000,
+            action_timeout_ms: 30_000,
+            conflict_attempts_max: 3,
+        }
+    }
+}
+
+/// What an action did when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    Changed,
+    Already,
+}
+
+/// Executes Kubernetes actions.
+#[derive(Clone)]
+pub struct Actuator {
+    client: Client,
+    scale_kinds: Vec<ScaleKind>,
+    config: ActuatorConfig,
+}
+
+impl std::fmt::Debug for Actuator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Actuator")
+            .field("scale_kinds", &self.scale_kinds)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Actuator {
+    /// An actuator for the cluster of `kube_config` (see
+    /// [`load_config`](super::load_config)) that can scale targets of
+    /// `scale_kinds`.
+    pub fn new(
+        mut kube_config: kube::Config,
+        scale_kinds: Vec<ScaleKind>,
+        config: ActuatorConfig,
+    ) -> Result<Self> {
+        kube_config.connect_timeout = Some(Duration::from_millis(config.connect_timeout_ms));
+        kube_config.read_timeout = Some(Duration::from_millis(config.request_timeout_ms));
+        kube_config.write_timeout = Some(Duration::from_millis(config.request_timeout_ms));
+        kube_config.reset_reader_on_write = true;
+        let client = Client::try_from(kube_config).map_err(|e| Error::Client(Box::new(e)))?;
+        Ok(Self {
+            client,
+            scale_kinds,
+            config,
+        })
+    }
+
+    /// Executes one action and reports how it ended. Never fails, never
+    /// takes longer than `action_timeout_ms` (plus scheduling).
+    pub async fn execute(&self, issued: &IssuedAction) -> ActionOutcome {
+        let action = &issued.action;
+        let timeout_ms = self.config.action_timeout_ms;
+        let result =
+            match tokio::time::timeout(Duration::from_millis(timeout_ms), self.apply(action)).await
+            {
+                Ok(Ok(Done::Changed)) => OutcomeResult::Succeeded,
+                Ok(Ok(Done::Already)) => OutcomeResult::AlreadyDone,
+                Ok(Err(e)) => failed(&e),
+                Err(_) => failed(&Error::Timeout {
+                    what: action.describe(),
+                    timeout_ms,
+                }),
+            };
+        match &result {
+            OutcomeResult::Failed { retryable, error } => tracing::warn!(
+                action_id = %issued.id,
+                kind = action.kind().name(),
+                retryable,
+                error = %error,
+                "kubernetes action failed"
+            ),
+            r => tracing::info!(
+                action_id = %issued.id,
+                kind = action.kind().name(),
+                already_done = (*r == OutcomeResult::AlreadyDone),
+                "kubernetes action done"
+            ),
+        }
+        ActionOutcome {
+            action_id: issued.id.clone(),
+            kind: action.kind(),
+            target: action.target(),
+            result,
+        }
+    }
+
+    async fn apply(&self, action: &Action) -> Result<Done> {
+        match action {
+            Action::KubeSetPodCondition {
+                namespace,
+                pod,
+                condition,
+            } => self.set_pod_condition(namespace, pod, condition).await,
+            Action::KubeTaintNode { node, taint } => {
+                self.edit_taints(node, |taints| taint_node(taints, taint))
+                    .await
+            }
+            Action::KubeUntaintNode { node, key } => {
+                self.edit_taints(node, |taints| untaint_node(taints, key))
+                    .await
+            }
+            Action::KubeLabelPod {
+                namespace,
+                pod,
+                key,
+                value,
+            } => self.label_pod(namespace, pod, key, value.as_deref()).await,
+            Action::KubeDeletePod {
+                namespace,
+                pod,
+                uid,
+            } => self.delete_pod(namespace, pod, uid).await,
+            Action::KubeScale { target, replicas } => self.scale(target, *replicas).await,
+            Action::SlurmDrain { .. }
+            | Action::SlurmResume { .. }
+            | Action::SlurmDown { .. }
+            | Action::SlurmSetFeatures { .. }
+            | Action::SlurmSetTopology { .. } => Err(Error::NotKubernetes(action.kind().name())),
+        }
+    }
+
+    fn params() -> PatchParams {
+        PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        }
+    }
+
+    async fn set_pod_condition(
+        &self,
+        namespace: &str,
+        name: &str,
+        want: &PodCondition,
+    ) -> Result<Done> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("get pod {namespace}/{name}");
+        let pod = api.get(name).await.map_err(|e| Error::from_kube(what, e))?;
+        let current = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .find(|c| c.type_ == want.type_);
+        let status_changes = current.is_none_or(|c| condition_status(&c.status) != want.status);
+        if let Some(c) = current {
+            if !status_changes
+                && c.reason.as_deref().unwrap_or_default() == want.reason
+                && c.message.as_deref().unwrap_or_default() == want.message
+            {
+                return Ok(Done::Already);
+            }
+        }
+        let mut condition = json!({
+            "type": want.type_,
+            "status": condition_status_str(want.status),
+            "reason": want.reason,
+            "message": want.message,
+        });
+        if status_changes {
+            condition["lastTransitionTime"] = json!(rfc3339_now());
+        }
+        // A strategic merge patch merges pod conditions by type: the other
+        // conditions, and the fields of this one not sent (its
+        // lastTransitionTime when the status stays), are kept.
+        let patch = json!({"status": {"conditions": [condition]}});
+        api.patch_status(name, &Self::params(), &Patch::Strategic(patch))
+            .await
+            .map_err(|e| Error::from_kube(format!("patch status of pod {namespace}/{name}"), e))?;
+        Ok(Done::Changed)
+    }
+
+    /// Read-modify-write of a node's taints, guarded by its resourceVersion
+    /// so that a concurrent change to the other taints is never lost.
+    async fn edit_taints(
+        &self,
+        node: &str,
+        edit: impl Fn(&[k8s_openapi::api::core::v1::Taint]) -> Option<serde_json::Value>,
+    ) -> Result<Done> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut attempt = 1;
+        loop {
+            let n = api
+                .get(node)
+                .await
+                .map_err(|e| Error::from_kube(format!("get node {node}"), e))?;
+            let taints = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_deref())
+                .unwrap_or_default();
+            let Some(new_taints) = edit(taints) else {
+                return Ok(Done::Already);
+            };
+            let patch = json!({
+                "metadata": {"resourceVersion": n.metadata.resource_version},
+                "spec": {"taints": new_taints},
+            });
+            match api.patch(node, &Self::params(), &Patch::Merge(patch)).await {
+                Ok(_) => return Ok(Done::Changed),
+                Err(kube::Error::Api(s))
+                    if s.code == 409 && attempt < self.config.conflict_attempts_max =>
+                {
+                    tracing::debug!(node, attempt, "taint patch conflict; reading again");
+                    attempt += 1;
+                }
+                Err(e) => return Err(Error::from_kube(format!("patch taints of node {node}"), e)),
+            }
+        }
+    }
+
+    async fn label_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<Done> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pod = api
+            .get(name)
+            .await
+            .map_err(|e| Error::from_kube(format!("get pod {namespace}/{name}"), e))?;
+        let current = pod.metadata.labels.as_ref().and_then(|l| l.get(key));
+        if current.map(String::as_str) == value {
+            return Ok(Done::Already);
+        }
+        let patch = json!({"metadata": {"labels": {key: value}}});
+        api.patch(name, &Self::params(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| Error::from_kube(format!("label pod {namespace}/{name}"), e))?;
+        Ok(Done::Changed)
+    }
+
+    async fn delete_pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Done> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("delete pod {namespace}/{name}");
+        let pod = match api.get_opt(name).await {
+            Ok(Some(pod)) => pod,
+            // The pod is gone: what the delete wanted holds.
+            Ok(None) => return Ok(Done::Already),
+            Err(e) => return Err(Error::from_kube(what, e)),
+        };
+        if pod.metadata.uid.as_deref() == Some(uid) && pod.metadata.deletion_timestamp.is_some() {
+            return Ok(Done::Already);
+        }
+        // Even when the UID read above differs, the refusal is left to the
+        // API server's precondition: it is the atomic check.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => Ok(Done::Changed),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Done::Already),
+            // The only precondition sent is the UID, so a conflict is its
+            // failure, whatever the server's wording.
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::UidPrecondition {
+                what,
+                message: s.message,
+            }),
+            Err(e) => Err(Error::from_kube(what, e)),
+        }
+    }
+
+    async fn scale(&self, target: &ScaleTargetRef, replicas: u32) -> Result<Done> {
+        let kind = self
+            .scale_kinds
+            .iter()
+            .find(|k| k.matches(target))
+            .ok_or_else(|| Error::UnknownScaleKind {
+                group: target.group.clone(),
+                kind: target.kind.clone(),
+            })?;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &target.namespace, &kind.api_resource());
+        let scale = api
+            .get_scale(&target.name)
+            .await
+            .map_err(|e| Error::from_kube(format!("get scale of {target}"), e))?;
+        let current = scale.spec.as_ref().and_then(|s| s.replicas);
+        if current.and_then(|r| u32::try_from(r).ok()) == Some(replicas) {
+            return Ok(Done::Already);
+        }
+        let patch = json!({"spec": {"replicas": replicas}});
+        api.patch_scale(&target.name, &Self::params(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| Error::from_kube(format!("scale {target}"), e))?;
+        Ok(Done::Changed)
+    }
+}
+
+fn failed(e: &Error) -> OutcomeResult {
+    OutcomeResult::Failed {
+        retryable: e.retryable(),
+        error: e.to_string(),
+    }
+}
+
+/// The taint list with `taint` in place of any taint with its key, or
+/// `None` if it is already there exactly.
+fn taint_node(
+    taints: &[k8s_openapi::api::core::v1::Taint],
+    taint: &Taint,
+) -> Option<serde_json::Value> {
+    let effect = taint_effect_str(taint.effect);
+    let same_key: Vec<_> = taints.iter().filter(|t| t.key == taint.key).collect();
+    if let [only] = same_key.as_slice() {
+        if only.effect == effect && only.value.as_deref().unwrap_or_default() == taint.value {
+            return None;
+        }
+    }
+    let mut out: Vec<serde_json::Value> = taints
+        .iter()
+        .filter(|t| t.key != taint.key)
+        .map(|t| serde_json::to_value(t).expect("taints serialize"))
+        .collect();
+    let mut new = json!({"key": taint.key, "effect": effect});
+    if !taint.value.is_empty() {
+        new["value"] = json!(taint.value);
+    }
+    // As `kubectl taint` does: NoExecute taints carry the time they were
+    // added, which tolerationSeconds count from.
+    if taint.effect == TaintEffect::NoExecute {
+        new["timeAdded"] = json!(rfc3339_now());
+    }
+    out.push(new);
+    Some(serde_json::Value::Array(out))
+}
+
+/// The taint list without taints of `key`, or `None` if there is none.
+fn untaint_node(
+    taints: &[k8s_openapi::api::core::v1::Taint],
+    key: &str,
+) -> Option<serde_json::Value> {
+    if !taints.iter().any(|t| t.key == key) {
+        return None;
+    }
+    let rest: Vec<serde_json::Value> = taints
+        .iter()
+        .filter(|t| t.key != key)
+        .map(|t| serde_json::to_value(t).expect("taints serialize"))
+        .collect();
+    // `null` removes the field, as `kubectl taint ... -` does for the last one.
+    Some(if rest.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::Value::Array(rest)
+    })
+}
+
+fn rfc3339_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    Timestamp::from_second(secs)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Taint as KTaint;
+
+    fn kt(key: &str, value: Option<&str>, effect: &str) -> KTaint {
+        KTaint {
+            key: key.to_owned(),
+            value: value.map(str::to_owned),
+            effect: effect.to_owned(),
+            time_added: None,
+        }
+    }
+
+    fn lt(key: &str, value: &str, effect: TaintEffect) -> Taint {
+        Taint {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            effect,
+        }
+    }
+
+    #[test]
+    fn taint_edits_keep_other_taints() {
+        let foreign = kt("node.kubernetes.io/not-ready", None, "NoSchedule");
+        let ours = kt("lockstep.io/x", Some("v"), "NoSchedule");
+        // Already there exactly: nothing to do.
+        assert_eq!(
+            taint_node(
+                &[foreign.clone(), ours.clone()],
+                &lt("lockstep.io/x", "v", TaintEffect::NoSchedule)
+            ),
+            None
+        );
+        // New value replaces the old taint of that key, keeps the foreign one.
+        let got = taint_node(
+            &[foreign.clone(), ours.clone()],
+            &lt("lockstep.io/x", "w", TaintEffect::NoSchedule),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            json!([
+                {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+                {"key": "lockstep.io/x", "value": "w", "effect": "NoSchedule"},
+            ])
+        );
+        // NoExecute gets timeAdded.
+        let got = taint_node(&[], &lt("lockstep.io/x", "", TaintEffect::NoExecute)).unwrap();
+        assert!(
+            got[0]["timeAdded"].as_str().unwrap().ends_with('Z'),
+            "{got}"
+        );
+        // Untaint.
+        assert_eq!(
+            untaint_node(std::slice::from_ref(&foreign), "lockstep.io/x"),
+            None
+        );
+        assert_eq!(
+            untaint_node(&[foreign.clone(), ours.clone()], "lockstep.io/x").unwrap(),
+            json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}])
+        );
+        assert_eq!(
+            untaint_node(&[ours], "lockstep.io/x").unwrap(),
+            serde_json::Value::Null
+        );
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let t = rfc3339_now();
+        assert!(
+            t.len() == 20 && t.ends_with('Z') && t.as_bytes()[10] == b'T',
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,642 @@
+//! Reduces Kubernetes objects to the observations the reducer reads.
+//!
+//! Everything not named here is dropped: heartbeat times, resource versions,
+//! managed fields, labels and conditions lockstep was not asked about. So an
+//! object whose only change is a kubelet heartbeat reduces to the same
+//! observation, and the tracker does not emit it again.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ApiResource, DynamicObject};
+use lockstep_schemas::{
+    ConditionStatus, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, PodCondition,
+    PodPhase, Policy, ScaleTargetRef, Taint, TaintEffect,
+};
+
+/// Prefix of a `node_labels` entry that names an annotation instead of a label.
+pub const ANNOTATION_PREFIX: &str = "annotation:";
+
+/// The label a StatefulSet (or a Slinky NodeSet) puts the pod's revision in.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// The condition the eviction API and the scheduler's preemption put on a pod.
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// Taint keys with this prefix are lockstep's, and are observed.
+pub const LOCKSTEP_TAINT_PREFIX: &str = "lockstep.io/";
+
+/// Node label keys observed by default: the ones topology policies read.
+pub const DEFAULT_NODE_LABELS: &[&str] = &["topology.kubernetes.io/zone"];
+
+/// A kind of object with a scale subresource that lockstep watches and scales.
+///
+/// The field paths are dotted JSON paths into the object, as the kind's
+/// scale subresource maps them (a CRD's `scale.specReplicasPath` without the
+/// leading `.`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScaleKind {
+    /// API group, empty for the core group.
+    pub group: String,
+    /// API version, e.g. `v1`.
+    pub version: String,
+    /// Kind, e.g. `StatefulSet`.
+    pub kind: String,
+    /// Resource name (lowercase plural), e.g. `statefulsets`.
+    pub plural: String,
+    /// Path of the desired replica count.
+    pub replicas_path: String,
+    /// Path of the ready replica count.
+    pub ready_replicas_path: String,
+    /// Path of the revision new pods get, if the kind has one.
+    pub update_revision_path: Option<String>,
+}
+
+impl ScaleKind {
+    /// `apps/v1` StatefulSet.
+    pub fn stateful_set() -> Self {
+        Self {
+            group: "apps".to_owned(),
+            version: "v1".to_owned(),
+            kind: "StatefulSet".to_owned(),
+            plural: "statefulsets".to_owned(),
+            replicas_path: "spec.replicas".to_owned(),
+            ready_replicas_path: "status.readyReplicas".to_owned(),
+            update_revision_path: Some("status.updateRevision".to_owned()),
+        }
+    }
+
+    /// The dynamic API resource of this kind.
+    pub fn api_resource(&self) -> ApiResource {
+        let api_version = if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        };
+        ApiResource {
+            group: self.group.clone(),
+            version: self.version.clone(),
+            api_version,
+            kind: self.kind.clone(),
+            plural: self.plural.clone(),
+        }
+    }
+
+    /// Whether `target` is of this kind.
+    pub fn matches(&self, target: &ScaleTargetRef) -> bool {
+        self.group == target.group && self.kind == target.kind
+    }
+}
+
+/// What the observer watches and what it keeps of each object.
+///
+/// Built from the policy with [`ObserveSpec::from_policy`]; a policy change
+/// that changes the spec needs a new observer (its first listing then
+/// re-emits every object under the new spec).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObserveSpec {
+    /// Label selector of the nodes to watch; `None` watches all nodes.
+    pub node_selector: Option<String>,
+    /// Label selector of the pods to watch (`mapping.pod_selector`); `None`
+    /// watches no pods (host mode without a selector).
+    pub pod_selector: Option<String>,
+    /// Namespace of the pods and scale targets to watch; `None`: all.
+    pub namespace: Option<String>,
+    /// Node condition types to report (`health.node_conditions`).
+    pub node_conditions: Vec<String>,
+    /// Node label keys to report; `annotation:<key>` reports an annotation.
+    pub node_labels: Vec<String>,
+    /// Taints whose key starts with one of these are reported.
+    pub taint_prefixes: Vec<String>,
+    /// Taints with exactly these keys are reported (the policy's taints).
+    pub taint_keys: Vec<String>,
+    /// Pod label keys to report (`mapping.node_name_label`, the busy label).
+    pub pod_labels: Vec<String>,
+    /// Pod condition types to report (the ones lockstep sets).
+    pub pod_conditions: Vec<String>,
+    /// Kinds of scale target to watch.
+    pub scale_kinds: Vec<ScaleKind>,
+    /// Label selector of the scale targets; `None`: all of each kind.
+    pub scale_selector: Option<String>,
+}
+
+impl ObserveSpec {
+    /// What `policy` needs observed: the node labels its topology policy
+    /// reads plus `node_labels` (label or `annotation:` keys), its pod
+    /// selector, node-name and busy labels, the conditions and taints it
+    /// reads and sets, and StatefulSets as scale targets (other kinds: add a
+    /// [`ScaleKind`] to `scale_kinds`).
+    pub fn from_policy(policy: &Policy, node_labels: &[&str]) -> Self {
+        let non_empty = |s: &str| (!s.trim().is_empty()).then(|| s.to_owned());
+        let mut taint_keys: Vec<String> = [
+            policy.drain.foreign_drain_taint.as_ref(),
+            policy.health.unhealthy_taint.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|t| t.key.clone())
+        .collect();
+        taint_keys.sort();
+        taint_keys.dedup();
+        let mut pod_conditions: Vec<String> = [
+            policy.drain.foreign_drain_condition.as_str(),
+            policy.health.slurm_health_condition.as_str(),
+        ]
+        .into_iter()
+        .filter_map(non_empty)
+        .collect();
+        pod_conditions.sort();
+        pod_conditions.dedup();
+        let mut spec = Self {
+            node_selector: None,
+            pod_selector: non_empty(&policy.mapping.pod_selector),
+            namespace: None,
+            node_conditions: policy.health.node_conditions.clone(),
+            node_labels: node_labels
+                .iter()
+                .map(|s| (*s).to_owned())
+                .chain(policy.topology.features.iter().map(|f| f.label.clone()))
+                .chain(policy.topology.unit_label.iter().cloned())
+                .collect(),
+            taint_prefixes: vec![LOCKSTEP_TAINT_PREFIX.to_owned()],
+            taint_keys,
+            pod_labels: policy
+                .mapping
+                .node_name_label
+                .iter()
+                .cloned()
+                .chain(non_empty(&policy.scaling.busy_label))
+                .collect(),
+            pod_conditions,
+            scale_kinds: vec![ScaleKind::stateful_set()],
+            scale_selector: None,
+        };
+        spec.normalize();
+        spec
+    }
+
+    /// Sorts and deduplicates the key lists (observations list conditions
+    /// sorted by type).
+    pub fn normalize(&mut self) {
+        for v in [
+            &mut self.node_conditions,
+            &mut self.node_labels,
+            &mut self.taint_prefixes,
+            &mut self.taint_keys,
+            &mut self.pod_labels,
+            &mut self.pod_conditions,
+        ] {
+            v.retain(|s| !s.is_empty());
+            v.sort();
+            v.dedup();
+        }
+    }
+
+    fn taint_observed(&self, key: &str) -> bool {
+        self.taint_keys.iter().any(|k| k == key)
+            || self
+                .taint_prefixes
+                .iter()
+                .any(|p| key.starts_with(p.as_str()))
+    }
+}
+
+/// Parses a Kubernetes condition status; anything but `True`/`False` is
+/// `Unknown`.
+pub fn condition_status(s: &str) -> ConditionStatus {
+    match s {
+        "True" => ConditionStatus::True,
+        "False" => ConditionStatus::False,
+        _ => ConditionStatus::Unknown,
+    }
+}
+
+/// The Kubernetes spelling of a condition status.
+pub const fn condition_status_str(s: ConditionStatus) -> &'static str {
+    match s {
+        ConditionStatus::True => "True",
+        ConditionStatus::False => "False",
+        ConditionStatus::Unknown => "Unknown",
+    }
+}
+
+/// Parses a taint effect; `None` for a value Kubernetes does not define.
+pub fn taint_effect(s: &str) -> Option<TaintEffect> {
+    match s {
+        "NoSchedule" => Some(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Some(TaintEffect::NoExecute),
+        _ => None,
+    }
+}
+
+/// The Kubernetes spelling of a taint effect.
+pub const fn taint_effect_str(e: TaintEffect) -> &'static str {
+    match e {
+        TaintEffect::NoSchedule => "NoSchedule",
+        TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+        TaintEffect::NoExecute => "NoExecute",
+    }
+}
+
+fn pod_phase(s: Option<&str>) -> PodPhase {
+    match s {
+        // The API server defaults a new pod's phase to Pending.
+        Some("Pending") | None => PodPhase::Pending,
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        Some(_) => PodPhase::Unknown,
+    }
+}
+
+/// A node's observation, or `None` if it has no name.
+pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
+    let name = node.metadata.name.clone().filter(|n| !n.is_empty())?;
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let ready = conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map_or(ConditionStatus::Unknown, |c| condition_status(&c.status));
+    let mut watched: Vec<NodeCondition> = conditions
+        .iter()
+        .filter(|c| spec.node_conditions.binary_search(&c.type_).is_ok())
+        .map(|c| NodeCondition {
+            type_: c.type_.clone(),
+            status: condition_status(&c.status),
+            reason: c.reason.clone().unwrap_or_default(),
+        })
+        .collect();
+    watched.sort_by(|a, b| a.type_.cmp(&b.type_));
+    watched.dedup_by(|a, b| a.type_ == b.type_);
+
+    let mut labels = BTreeMap::new();
+    for key in &spec.node_labels {
+        let value = match key.strip_prefix(ANNOTATION_PREFIX) {
+            Some(annotation) => node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(annotation)),
+            None => node.metadata.labels.as_ref().and_then(|l| l.get(key)),
+        };
+        if let Some(v) = value {
+            labels.insert(key.clone(), v.clone());
+        }
+    }
+
+    let node_spec = node.spec.as_ref();
+    let mut taints: Vec<Taint> = node_spec
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| spec.taint_observed(&t.key))
+        .filter_map(|t| {
+            Some(Taint {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect: taint_effect(&t.effect)?,
+            })
+        })
+        .collect();
+    taints.sort_by(|a, b| {
+        (a.key.as_str(), taint_effect_str(a.effect), a.value.as_str()).cmp(&(
+            b.key.as_str(),
+            taint_effect_str(b.effect),
+            b.value.as_str(),
+        ))
+    });
+
+    Some(KubeNode {
+        name,
+        unschedulable: node_spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        ready,
+        conditions: watched,
+        labels,
+        taints,
+    })
+}
+
+/// A pod's observation, or `None` if it has no name.
+pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
+    let meta = &pod.metadata;
+    let name = meta.name.clone().filter(|n| !n.is_empty())?;
+    let status = pod.status.as_ref();
+    let conditions = status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let disruption_target = conditions
+        .iter()
+        .any(|c| c.type_ == DISRUPTION_TARGET && c.status == "True");
+    let mut managed: Vec<PodCondition> = conditions
+        .iter()
+        .filter(|c| spec.pod_conditions.binary_search(&c.type_).is_ok())
+        .map(|c| PodCondition {
+            type_: c.type_.clone(),
+            status: condition_status(&c.status),
+            reason: c.reason.clone().unwrap_or_default(),
+            message: c.message.clone().unwrap_or_default(),
+        })
+        .collect();
+    managed.sort_by(|a, b| a.type_.cmp(&b.type_));
+    managed.dedup_by(|a, b| a.type_ == b.type_);
+
+    let all_labels = meta.labels.as_ref();
+    let labels: BTreeMap<String, String> = spec
+        .pod_labels
+        .iter()
+        .filter_map(|k| Some((k.clone(), all_labels?.get(k)?.clone())))
+        .collect();
+    let owner = meta
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| OwnerRef {
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+        });
+
+    Some(KubePod {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name,
+        uid: meta.uid.clone().unwrap_or_default(),
+        node_name: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        phase: pod_phase(status.and_then(|s| s.phase.as_deref())),
+        deleting: meta.deletion_timestamp.is_some(),
+        disruption_target,
+        labels,
+        conditions: managed,
+        owner,
+        revision: all_labels.and_then(|l| l.get(REVISION_LABEL)).cloned(),
+    })
+}
+
+fn json_path<'a>(v: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+    path.split('.')
+        .filter(|p| !p.is_empty())
+        .try_fold(v, |v, p| v.get(p))
+}
+
+fn json_u32(v: &serde_json::Value, path: &str) -> u32 {
+    json_path(v, path)
+        .and_then(serde_json::Value::as_u64)
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// The reference of a scale target of `kind`, or `None` without a name.
+pub fn scale_ref(obj: &DynamicObject, kind: &ScaleKind) -> Option<ScaleTargetRef> {
+    Some(ScaleTargetRef {
+        group: kind.group.clone(),
+        kind: kind.kind.clone(),
+        namespace: obj.metadata.namespace.clone().unwrap_or_default(),
+        name: obj.metadata.name.clone().filter(|n| !n.is_empty())?,
+    })
+}
+
+/// A scale target's observation, or `None` if it has no name.
+pub fn scale_target(obj: &DynamicObject, kind: &ScaleKind) -> Option<KubeScaleTarget> {
+    Some(KubeScaleTarget {
+        target: scale_ref(obj, kind)?,
+        replicas: json_u32(&obj.data, &kind.replicas_path),
+        ready_replicas: json_u32(&obj.data, &kind.ready_replicas_path),
+        update_revision: kind
+            .update_revision_path
+            .as_deref()
+            .and_then(|p| json_path(&obj.data, p))
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec() -> ObserveSpec {
+        let mut policy = Policy::default();
+        policy.health.node_conditions = vec!["GpuXid".to_owned()];
+        policy.mapping.node_name_label = Some("slurm.node".to_owned());
+        ObserveSpec::from_policy(&policy, &["topology.kubernetes.io/zone", "annotation:rack"])
+    }
+
+    #[test]
+    fn spec_names_what_the_policy_reads() {
+        let mut policy = Policy::default();
+        policy.topology.features = vec![lockstep_schemas::LabelFeature {
+            label: "nvidia.com/gpu.product".to_owned(),
+            prefix: "gpu-".to_owned(),
+        }];
+        policy.topology.unit_label = Some("nvidia.com/gpu.clique".to_owned());
+        policy.scaling.busy_label = "lockstep.io/slurm-busy".to_owned();
+        policy.mapping.node_name_label = Some("slurm.node".to_owned());
+        let spec = ObserveSpec::from_policy(&policy, DEFAULT_NODE_LABELS);
+        assert_eq!(
+            spec.node_labels,
+            [
+                "nvidia.com/gpu.clique",
+                "nvidia.com/gpu.product",
+                "topology.kubernetes.io/zone"
+            ]
+        );
+        assert_eq!(spec.pod_labels, ["lockstep.io/slurm-busy", "slurm.node"]);
+        assert_eq!(
+            spec.pod_conditions,
+            ["SlurmNodeDrained", "SlurmNodeHealthy"]
+        );
+        assert_eq!(spec.taint_keys, ["lockstep.io/slurm-unhealthy"]);
+        assert_eq!(
+            spec.pod_selector.as_deref(),
+            Some("app.kubernetes.io/component=slurmd")
+        );
+        assert_eq!(spec.scale_kinds, [ScaleKind::stateful_set()]);
+    }
+
+    fn node_json(heartbeat: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "n1",
+                "resourceVersion": "17",
+                "labels": {"topology.kubernetes.io/zone": "z1", "other": "x"},
+                "annotations": {"rack": "r7", "noise": "y"},
+            },
+            "spec": {
+                "unschedulable": true,
+                "taints": [
+                    {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+                    {"key": "lockstep.io/slurm-unhealthy", "effect": "NoSchedule"},
+                    {"key": "lockstep.io/a", "value": "v", "effect": "NoExecute", "timeAdded": "2025-01-01T00:00:00Z"},
+                ],
+            },
+            "status": {"conditions": [
+                {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "lastHeartbeatTime": heartbeat},
+                {"type": "GpuXid", "status": "True", "reason": "Xid79", "lastHeartbeatTime": heartbeat},
+                {"type": "MemoryPressure", "status": "False", "lastHeartbeatTime": heartbeat},
+            ]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn node_keeps_only_what_the_policy_names() {
+        let got = node(&node_json("2025-01-01T00:00:00Z"), &spec()).unwrap();
+        let want = KubeNode {
+            name: "n1".to_owned(),
+            unschedulable: true,
+            ready: ConditionStatus::False,
+            conditions: vec![NodeCondition {
+                type_: "GpuXid".to_owned(),
+                status: ConditionStatus::True,
+                reason: "Xid79".to_owned(),
+            }],
+            labels: [
+                ("annotation:rack", "r7"),
+                ("topology.kubernetes.io/zone", "z1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+            taints: vec![
+                Taint {
+                    key: "lockstep.io/a".to_owned(),
+                    value: "v".to_owned(),
+                    effect: TaintEffect::NoExecute,
+                },
+                Taint {
+                    key: "lockstep.io/slurm-unhealthy".to_owned(),
+                    value: String::new(),
+                    effect: TaintEffect::NoSchedule,
+                },
+            ],
+        };
+        assert_eq!(got, want);
+        // A heartbeat changes nothing lockstep reads.
+        assert_eq!(
+            node(&node_json("2025-01-01T00:00:10Z"), &spec()).unwrap(),
+            want
+        );
+    }
+
+    #[test]
+    fn node_without_conditions_is_ready_unknown() {
+        let n: Node = serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap();
+        let got = node(&n, &spec()).unwrap();
+        assert_eq!(got.ready, ConditionStatus::Unknown);
+        assert!(!got.unschedulable && got.labels.is_empty() && got.taints.is_empty());
+        let nameless: Node = serde_json::from_value(json!({"metadata": {}})).unwrap();
+        assert_eq!(node(&nameless, &spec()), None);
+    }
+
+    #[test]
+    fn pod_reduction() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "slurm", "name": "c1", "uid": "u1",
+                "deletionTimestamp": "2025-01-01T00:00:00Z",
+                "labels": {"slurm.node": "c1", "controller-revision-hash": "r-1", "x": "y"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Other", "name": "o", "uid": "1"},
+                    {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "ss", "uid": "2", "controller": true},
+                ],
+            },
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+                {"type": "SlurmNodeDrained", "status": "True", "reason": "Admin", "message": "m",
+                 "lastTransitionTime": "2025-01-01T00:00:00Z"},
+            ]},
+        }))
+        .unwrap();
+        let got = pod(&p, &spec()).unwrap();
+        assert_eq!(
+            got,
+            KubePod {
+                namespace: "slurm".to_owned(),
+                name: "c1".to_owned(),
+                uid: "u1".to_owned(),
+                node_name: Some("n1".to_owned()),
+                phase: PodPhase::Running,
+                deleting: true,
+                disruption_target: true,
+                labels: [("slurm.node".to_owned(), "c1".to_owned())].into(),
+                conditions: vec![PodCondition {
+                    type_: "SlurmNodeDrained".to_owned(),
+                    status: ConditionStatus::True,
+                    reason: "Admin".to_owned(),
+                    message: "m".to_owned(),
+                }],
+                owner: Some(OwnerRef {
+                    kind: "StatefulSet".to_owned(),
+                    name: "ss".to_owned()
+                }),
+                revision: Some("r-1".to_owned()),
+            }
+        );
+    }
+
+    #[test]
+    fn pod_phase_table() {
+        let cases = [
+            (None, PodPhase::Pending),
+            (Some("Pending"), PodPhase::Pending),
+            (Some("Running"), PodPhase::Running),
+            (Some("Succeeded"), PodPhase::Succeeded),
+            (Some("Failed"), PodPhase::Failed),
+            (Some("Unknown"), PodPhase::Unknown),
+            (Some("Surprising"), PodPhase::Unknown),
+        ];
+        for (s, want) in cases {
+            assert_eq!(pod_phase(s), want, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn stateful_set_as_scale_target() {
+        let kind = ScaleKind::stateful_set();
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"namespace": "slurm", "name": "compute"},
+            "spec": {"replicas": 4},
+            "status": {"readyReplicas": 3, "updateRevision": "compute-abc"},
+        }))
+        .unwrap();
+        assert_eq!(
+            scale_target(&obj, &kind).unwrap(),
+            KubeScaleTarget {
+                target: ScaleTargetRef {
+                    group: "apps".to_owned(),
+                    kind: "StatefulSet".to_owned(),
+                    namespace: "slurm".to_owned(),
+                    name: "compute".to_owned(),
+                },
+                replicas: 4,
+                ready_replicas: 3,
+                update_revision: Some("compute-abc".to_owned()),
+            }
+        );
+        let fresh: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"namespace": "slurm", "name": "compute"},
+            "spec": {"replicas": 2},
+        }))
+        .unwrap();
+        let got = scale_target(&fresh, &kind).unwrap();
+        assert_eq!(
+            (got.replicas, got.ready_replicas, got.update_revision),
+            (2, 0, None)
+        );
+        assert_eq!(kind.api_resource().api_version, "apps/v1");
+    }
+}
