@@ -76,7 +76,7 @@ pub fn replay(
             }
         };
         n += 1;
-        if n % 4096 == 0 {
+        if n.is_multiple_of(4096) {
             progress(n);
         }
         if what_if {
