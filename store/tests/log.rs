@@ -12,7 +12,7 @@ fn node(i: u64) -> Envelope {
         1_000 + i,
         Event::KubeNode(KubeNode {
             name: format!("k{i}"),
-            unschedulable: i % 2 == 0,
+            unschedulable: i.is_multiple_of(2),
             ready: lockstep_schemas::ConditionStatus::True,
             conditions: vec![],
             labels: Default::default(),
