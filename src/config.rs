@@ -28,6 +28,9 @@ pub struct Config {
     pub service: ServiceConfig,
     /// Metrics, health and logs.
     pub telemetry: TelemetryConfig,
+    /// The Kubernetes connector. Unset: lockstep does not talk to Kubernetes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 impl Default for Config {
@@ -38,6 +41,38 @@ impl Default for Config {
             log: LogConfig::default(),
             service: ServiceConfig::default(),
             telemetry: TelemetryConfig::default(),
+            kubernetes: None,
+        }
+    }
+}
+
+/// The Kubernetes connector.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// Kubeconfig file. Unset: `$KUBECONFIG`, `~/.kube/config`, or the
+    /// in-cluster service account.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Watch Nodes, the slurmd Pods and scale targets into the log.
+    pub observe: bool,
+    /// Carry out the Kubernetes actions the reducer issues.
+    pub actuate: bool,
+    /// More node labels (or `annotation:<key>`) to observe, beyond those the
+    /// policy reads.
+    pub node_labels: Vec<String>,
+    /// Kubernetes actions carried out at the same time, at most.
+    pub actions_in_flight_max: usize,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            observe: true,
+            actuate: true,
+            node_labels: Vec::new(),
+            actions_in_flight_max: 16,
         }
     }
 }
@@ -149,6 +184,11 @@ impl Config {
             cfg.data_dir = base.join(&cfg.data_dir);
         }
         if let Some(p) = &mut cfg.policy_file {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        if let Some(p) = cfg.kubernetes.as_mut().and_then(|k| k.kubeconfig.as_mut()) {
             if p.is_relative() {
                 *p = base.join(&*p);
             }

@@ -101,8 +101,15 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
     health.checkpoint_seq.store(next - 1, Ordering::Relaxed);
     health.applied_seq.store(next - 1, Ordering::Relaxed);
 
+    // The policy the connectors start with (what they watch follows it).
+    let start_policy = match &cfg.policy_file {
+        Some(path) => read_policy(path)?,
+        None => engine.policy().clone(),
+    };
+    let actuators = start_connectors(&cfg, &start_policy, &log).await?;
+
     // Actions committed but not published before a crash.
-    dispatch(&store, &log, store.undispatched()?).await?;
+    dispatch(&store, &log, &actuators, store.undispatched()?).await?;
 
     let last_activity = Arc::new(std::sync::atomic::AtomicU64::new(now_ms()));
     let ticker = tokio::spawn(tick_when_quiet(
@@ -211,7 +218,7 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
         }
         health.applied_seq.store(next - 1, Ordering::Relaxed);
         // Then act.
-        dispatch(&store, &log, out.actions.clone()).await?;
+        dispatch(&store, &log, &actuators, out.actions.clone()).await?;
     }
 
     // Graceful stop: everything applied is in a final checkpoint.
@@ -246,10 +253,109 @@ fn take_checkpoint(engine: &Engine) -> Checkpoint {
     }
 }
 
-/// Publishes actions the ledger has not dispatched, then records them.
+/// Where dispatched actions go to be carried out in this process.
+#[derive(Default)]
+struct Actuators {
+    kube: Option<tokio::sync::mpsc::Sender<lockstep_schemas::IssuedAction>>,
+}
+
+impl Actuators {
+    async fn hand_over(&self, actions: &[lockstep_schemas::IssuedAction]) {
+        for a in actions {
+            let is_kube = a.action.kind().name().starts_with("kube_");
+            if let (true, Some(tx)) = (is_kube, &self.kube) {
+                // Bounded: a slow API server slows dispatch down rather than
+                // queueing without limit.
+                let _ = tx.send(a.clone()).await;
+            }
+        }
+    }
+}
+
+/// Starts the configured connectors: observers append to the log,
+/// actuators take dispatched actions and append their outcomes.
+async fn start_connectors(cfg: &Config, policy: &Policy, log: &EventLog) -> Result<Actuators> {
+    let mut actuators = Actuators::default();
+    let Some(k) = &cfg.kubernetes else {
+        return Ok(actuators);
+    };
+    use lockstep_connectors::kube;
+    let kube_config = kube::load_config(k.kubeconfig.as_deref())
+        .await
+        .context("loading the Kubernetes client configuration")?;
+    if k.observe {
+        let labels: Vec<&str> = k.node_labels.iter().map(String::as_str).collect();
+        let spec = kube::ObserveSpec::from_policy(policy, &labels);
+        let observer =
+            kube::Observer::new(kube_config.clone(), spec, kube::ObserverConfig::default())
+                .context("starting the Kubernetes observer")?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+        tokio::spawn(observer.run(tx));
+        let log = log.clone();
+        tokio::spawn(async move {
+            while let Some((source, observed_ms, event)) = rx.recv().await {
+                append_until_done(&log, &Envelope::new(source, observed_ms, event)).await;
+            }
+        });
+        info!("watching Kubernetes");
+    }
+    if k.actuate {
+        let actuator = kube::Actuator::new(
+            kube_config,
+            vec![kube::ScaleKind::stateful_set()],
+            kube::ActuatorConfig::default(),
+        )
+        .context("starting the Kubernetes actuator")?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<lockstep_schemas::IssuedAction>(1024);
+        let limit = Arc::new(tokio::sync::Semaphore::new(k.actions_in_flight_max.max(1)));
+        let log = log.clone();
+        tokio::spawn(async move {
+            while let Some(action) = rx.recv().await {
+                let Ok(permit) = limit.clone().acquire_owned().await else {
+                    break;
+                };
+                let (actuator, log) = (actuator.clone(), log.clone());
+                tokio::spawn(async move {
+                    let outcome = actuator.execute(&action).await;
+                    let env =
+                        Envelope::new(Source::Actuator, now_ms(), Event::ActionOutcome(outcome));
+                    append_until_done(&log, &env).await;
+                    drop(permit);
+                });
+            }
+        });
+        actuators.kube = Some(tx);
+        info!("carrying out Kubernetes actions");
+    }
+    Ok(actuators)
+}
+
+/// Appends, retrying with bounded backoff while the log is unavailable.
+async fn append_until_done(log: &EventLog, env: &Envelope) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match log.append(env).await {
+            Ok(_) => return,
+            Err(e) => {
+                telemetry::LogUnavailable {
+                    what: "append",
+                    error: &e,
+                    retry_in: backoff,
+                }
+                .emit();
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Publishes actions the ledger has not dispatched, records them, then
+/// hands them to the actuators of this process.
 async fn dispatch(
     store: &Store,
     log: &EventLog,
+    actuators: &Actuators,
     actions: Vec<lockstep_schemas::IssuedAction>,
 ) -> Result<()> {
     let mut todo = Vec::with_capacity(actions.len());
@@ -283,6 +389,7 @@ async fn dispatch(
     store.mark_dispatched(&ids)?;
     store.flush().await?;
     telemetry::ActionsDispatched { count: ids.len() }.emit();
+    actuators.hand_over(&todo).await;
     Ok(())
 }
 
