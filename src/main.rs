@@ -342,7 +342,7 @@ fn open(path: &Path) -> Result<log::LogReader<std::io::BufReader<std::fs::File>>
 /// Where a replay or audit reads its records.
 enum Source {
     File(PathBuf),
-    Log(lockstep::config::Config, String),
+    Log(Box<lockstep::config::Config>, String),
 }
 
 impl Source {
@@ -351,11 +351,11 @@ impl Source {
             (Some(url), _) if url.starts_with("nats://") => {
                 let mut cfg = lockstep::config::Config::default();
                 cfg.log.nats_url = Some(url.clone());
-                Ok(Self::Log(cfg, url))
+                Ok(Self::Log(Box::new(cfg), url))
             }
             (Some(path), _) => Ok(Self::File(PathBuf::from(path))),
             (None, Some(cfg)) => Ok(Self::Log(
-                load_config(Some(cfg))?,
+                Box::new(load_config(Some(cfg))?),
                 cfg.display().to_string(),
             )),
             (None, None) => anyhow::bail!("name a log file, a nats:// URL, or --config"),
