@@ -288,7 +288,10 @@ impl Engine {
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
         e.model.rebuild_indexes(&e.policy);
-        let names: Vec<String> = e.model.slurm_nodes.keys().cloned().collect();
+        // Busy: running a job (known to Slurm's node list or not) or
+        // finishing one.
+        let mut names: Vec<String> = e.model.slurm_nodes.keys().cloned().collect();
+        names.extend(e.model.nodes_with_jobs());
         for n in names {
             e.update_busy(&n);
         }

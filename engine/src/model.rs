@@ -357,6 +357,11 @@ impl Model {
         }
     }
 
+    /// Slurm nodes some job holds.
+    pub fn nodes_with_jobs(&self) -> impl Iterator<Item = String> + '_ {
+        self.running_jobs.keys().cloned()
+    }
+
     /// Nodes wanted by a partition's pending jobs that more nodes can help.
     pub fn pending_nodes(&self, partition: &str) -> u64 {
         self.pending_nodes.get(partition).copied().unwrap_or(0)
