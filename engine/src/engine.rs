@@ -639,6 +639,7 @@ impl Engine {
                     self.park(slot);
                 }
             }
+            self.scaling_needs_scan(self.now_ms);
         }
     }
 
@@ -809,6 +810,7 @@ impl Engine {
             Domain::KubeScaleTargets => {
                 for t in stale(&self.model.scale_targets, gen, |e| e.gen) {
                     self.model.scale_targets.remove(&t);
+                    self.scaling_needs_scan(self.now_ms);
                 }
             }
         }
@@ -1513,7 +1515,14 @@ impl Engine {
             }
             // No sort: every decision below is independent of this order
             // (counts, lookups, and candidates sorted by a total order).
-            let busy = pods.iter().filter(|p| p.busy).count() as u32;
+            // Busy Slurm nodes, each once even while two pods claim it (a
+            // replacement starting beside a terminating pod).
+            let busy = pods
+                .iter()
+                .filter(|p| p.busy)
+                .map(|p| p.slurm)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len() as u32;
             self.scale_busy[index] = busy;
             self.scale_rollout[index] = target
                 .update_revision
