@@ -839,25 +839,7 @@ impl Engine {
                 namespace,
                 pod,
                 condition,
-            } => {
-                let key = pod_key(namespace, pod);
-                let Some(entry) = self.model.pods.get_mut(&key) else {
-                    return;
-                };
-                let Some((_, slot)) = entry
-                    .condition_slots
-                    .iter_mut()
-                    .find(|(t, _)| t == condition)
-                else {
-                    return;
-                };
-                if slot.handle_outcome(&o.action_id, &o.result, now_ms, policy) {
-                    let pod = entry.obs.clone();
-                    if let Some(s) = slurm_name_of_pod(&pod, &self.policy) {
-                        self.touch_slurm(s);
-                    }
-                }
-            }
+            } => self.pod_slot_outcome(namespace, pod, condition, o, now_ms),
             Target::NodeTaint { node, key } => {
                 let Some(entry) = self.model.kube_nodes.get_mut(node) else {
                     return;
@@ -884,26 +866,7 @@ impl Engine {
                 namespace,
                 pod,
                 key,
-            } => {
-                let pk = pod_key(namespace, pod);
-                let slot_key = format!("label:{key}");
-                let Some(entry) = self.model.pods.get_mut(&pk) else {
-                    return;
-                };
-                let Some((_, slot)) = entry
-                    .condition_slots
-                    .iter_mut()
-                    .find(|(t, _)| *t == slot_key)
-                else {
-                    return;
-                };
-                if slot.handle_outcome(&o.action_id, &o.result, now_ms, policy) {
-                    let pod = entry.obs.clone();
-                    if let Some(s) = slurm_name_of_pod(&pod, &self.policy) {
-                        self.touch_slurm(s);
-                    }
-                }
-            }
+            } => self.pod_slot_outcome(namespace, pod, &format!("label:{key}"), o, now_ms),
             Target::Pod { namespace, pod } => {
                 let pk = pod_key(namespace, pod);
                 let mut changed = false;
@@ -924,6 +887,34 @@ impl Engine {
                         self.schedule_scaling(now_ms);
                     }
                 }
+            }
+        }
+    }
+
+    /// Records an outcome in one of a pod's slots (a condition type, or
+    /// `label:<key>`), and has its Slurm node looked at again.
+    fn pod_slot_outcome(
+        &mut self,
+        namespace: &str,
+        pod: &str,
+        slot_key: &str,
+        o: &lockstep_schemas::ActionOutcome,
+        now_ms: u64,
+    ) {
+        let Some(entry) = self.model.pods.get_mut(&pod_key(namespace, pod)) else {
+            return;
+        };
+        let Some((_, slot)) = entry
+            .condition_slots
+            .iter_mut()
+            .find(|(k, _)| k == slot_key)
+        else {
+            return;
+        };
+        if slot.handle_outcome(&o.action_id, &o.result, now_ms, &self.policy.actions) {
+            let pod = entry.obs.clone();
+            if let Some(s) = slurm_name_of_pod(&pod, &self.policy) {
+                self.touch_slurm(s);
             }
         }
     }
