@@ -31,6 +31,9 @@ pub struct Config {
     /// The Kubernetes connector. Unset: lockstep does not talk to Kubernetes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesConfig>,
+    /// The Slurm connector. Unset: lockstep does not talk to Slurm.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmConfig>,
 }
 
 impl Default for Config {
@@ -42,6 +45,47 @@ impl Default for Config {
             service: ServiceConfig::default(),
             telemetry: TelemetryConfig::default(),
             kubernetes: None,
+            slurm: None,
+        }
+    }
+}
+
+/// The Slurm connector: slurmrestd, or scontrol where there is none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmConfig {
+    /// slurmrestd base URL (`http://host:port`). Unset: scontrol only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rest_url: Option<String>,
+    /// The user the JWT was issued for (`X-SLURM-USER-NAME`).
+    pub rest_user: String,
+    /// File holding the JWT (`scontrol token` output); re-read when rotated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jwt_file: Option<PathBuf>,
+    /// `SLURM_CONF` for scontrol. Unset: inherited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_conf: Option<PathBuf>,
+    /// Pause between polls while Slurm answers.
+    pub poll_interval_ms: u64,
+    /// Every this many polls, a full listing (objects not listed are gone).
+    pub resync_every_polls: u32,
+    /// Watch Slurm into the log.
+    pub observe: bool,
+    /// Carry out the Slurm actions the reducer issues.
+    pub actuate: bool,
+}
+
+impl Default for SlurmConfig {
+    fn default() -> Self {
+        Self {
+            rest_url: None,
+            rest_user: "root".to_owned(),
+            jwt_file: None,
+            slurm_conf: None,
+            poll_interval_ms: 1_000,
+            resync_every_polls: 600,
+            observe: true,
+            actuate: true,
         }
     }
 }
@@ -184,6 +228,16 @@ impl Config {
             cfg.data_dir = base.join(&cfg.data_dir);
         }
         if let Some(p) = &mut cfg.policy_file {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        for p in cfg
+            .slurm
+            .iter_mut()
+            .flat_map(|s| [s.jwt_file.as_mut(), s.slurm_conf.as_mut()])
+            .flatten()
+        {
             if p.is_relative() {
                 *p = base.join(&*p);
             }

@@ -257,15 +257,20 @@ fn take_checkpoint(engine: &Engine) -> Checkpoint {
 #[derive(Default)]
 struct Actuators {
     kube: Option<tokio::sync::mpsc::Sender<lockstep_schemas::IssuedAction>>,
+    slurm: Option<tokio::sync::mpsc::Sender<lockstep_schemas::IssuedAction>>,
 }
 
 impl Actuators {
     async fn hand_over(&self, actions: &[lockstep_schemas::IssuedAction]) {
         for a in actions {
-            let is_kube = a.action.kind().name().starts_with("kube_");
-            if let (true, Some(tx)) = (is_kube, &self.kube) {
-                // Bounded: a slow API server slows dispatch down rather than
-                // queueing without limit.
+            let to = if a.action.kind().name().starts_with("kube_") {
+                &self.kube
+            } else {
+                &self.slurm
+            };
+            if let Some(tx) = to {
+                // Bounded: a slow API server or slurmctld slows dispatch
+                // down rather than queueing without limit.
                 let _ = tx.send(a.clone()).await;
             }
         }
@@ -276,6 +281,9 @@ impl Actuators {
 /// actuators take dispatched actions and append their outcomes.
 async fn start_connectors(cfg: &Config, policy: &Policy, log: &EventLog) -> Result<Actuators> {
     let mut actuators = Actuators::default();
+    if let Some(s) = &cfg.slurm {
+        start_slurm(s, log, &mut actuators)?;
+    }
     let Some(k) = &cfg.kubernetes else {
         return Ok(actuators);
     };
@@ -328,6 +336,72 @@ async fn start_connectors(cfg: &Config, policy: &Policy, log: &EventLog) -> Resu
         info!("carrying out Kubernetes actions");
     }
     Ok(actuators)
+}
+
+/// The Slurm observer and actuator.
+fn start_slurm(
+    s: &crate::config::SlurmConfig,
+    log: &EventLog,
+    actuators: &mut Actuators,
+) -> Result<()> {
+    use lockstep_connectors::slurm;
+    let rest = match &s.rest_url {
+        Some(url) => {
+            let token = match &s.jwt_file {
+                Some(f) => slurm::TokenSource::File(f.clone()),
+                None => slurm::TokenSource::Env("SLURM_JWT".to_owned()),
+            };
+            let config = slurm::RestConfig::new(url.clone(), s.rest_user.clone(), token);
+            Some(slurm::RestClient::new(config).context("configuring the slurmrestd client")?)
+        }
+        None => None,
+    };
+    let scontrol = slurm::Scontrol::new(slurm::ScontrolConfig {
+        slurm_conf: s.slurm_conf.clone(),
+        ..slurm::ScontrolConfig::default()
+    });
+    if s.observe {
+        let backend = match &rest {
+            Some(r) => slurm::Backend::Rest(r.clone()),
+            None => slurm::Backend::Scontrol(scontrol.clone()),
+        };
+        let observer = slurm::Observer::new(
+            backend,
+            slurm::ObserverConfig {
+                poll_interval_ms: s.poll_interval_ms,
+                resync_every_polls: s.resync_every_polls,
+                ..slurm::ObserverConfig::default()
+            },
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+        tokio::spawn(observer.run(tx));
+        let log = log.clone();
+        tokio::spawn(async move {
+            while let Some((observed_ms, event)) = rx.recv().await {
+                append_until_done(&log, &Envelope::new(Source::Slurm, observed_ms, event)).await;
+            }
+        });
+        info!("watching Slurm");
+    }
+    if s.actuate {
+        let actuator = Arc::new(
+            slurm::Actuator::new(rest, Some(scontrol), slurm::ActuatorConfig::default())
+                .context("starting the Slurm actuator")?,
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<lockstep_schemas::IssuedAction>(1024);
+        let log = log.clone();
+        tokio::spawn(async move {
+            // One at a time: slurmctld serialises node updates anyway.
+            while let Some(action) = rx.recv().await {
+                let outcome = actuator.execute(&action).await;
+                let env = Envelope::new(Source::Actuator, now_ms(), Event::ActionOutcome(outcome));
+                append_until_done(&log, &env).await;
+            }
+        });
+        actuators.slurm = Some(tx);
+        info!("carrying out Slurm actions");
+    }
+    Ok(())
 }
 
 /// Appends, retrying with bounded backoff while the log is unavailable.

@@ -1,0 +1,260 @@
+//! Cost of the Slurm observer against a real slurmrestd (Slurm 22.05) with
+//! 1,000 and 10,000 nodes.
+//!
+//! ```text
+//! cargo run --release -p lockstep-connectors --example slurm_poll_bench [SIZES] [ITERATIONS]
+//! #   SIZES: comma separated node counts (default 1000,10000)
+//! ```
+//!
+//! For each size it starts a separate Slurm with `deploy/local/slurm/up.sh`
+//! (its own state dir and ports, `LOCKSTEP_SLURMD_MAX=0`: the nodes exist in
+//! slurm.conf, no slurmd runs), so the test cluster is not disturbed, and
+//! stops it (`down.sh --purge`) afterwards. Needs root.
+//!
+//! Measured, interleaved in the same run:
+//!
+//! - raw: `GET /nodes`, `/jobs`, `/partitions` with the same HTTP client,
+//!   body read, nothing else (what any client pays);
+//! - lockstep: one observer poll of the same three lists in full
+//!   (`use_update_time = false`): GET, parse, diff against the previous
+//!   snapshot, events;
+//! - an unchanged poll: the observer's poll with `update_time`, where all
+//!   three answers are HTTP 304; this thread's CPU time.
+//!
+//! Times are wall clock (median of the iterations) and this thread's CPU
+//! time (`/proc/thread-self/schedstat`; the runtime is single-threaded, so
+//! all of lockstep's work, HTTP client included, runs on it).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use lockstep_connectors::slurm::{
+    Backend, Observer, ObserverConfig, RestClient, RestConfig, TokenSource,
+};
+
+/// This thread's CPU time, ns. The kernel updates the figure at scheduling
+/// points; yielding first makes it current.
+fn thread_cpu_ns() -> u64 {
+    std::thread::yield_now();
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+struct Bench {
+    state: PathBuf,
+    down: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Bench {
+    fn start(repo: &Path, nodes: usize) -> (Self, RestClient) {
+        let state = PathBuf::from(format!("/tmp/lockstep-bench-{nodes}"));
+        let env: Vec<(String, String)> = [
+            ("LOCKSTEP_STATE_DIR", state.display().to_string()),
+            ("LOCKSTEP_SLURM_NODES", nodes.to_string()),
+            ("LOCKSTEP_SLURMD_MAX", "0".to_owned()),
+            ("LOCKSTEP_SLURMCTLD_PORT", "26817".to_owned()),
+            ("LOCKSTEP_SLURMD_PORT_BASE", "26830".to_owned()),
+            ("LOCKSTEP_SLURMRESTD_PORT", "26820".to_owned()),
+            ("LOCKSTEP_SLURM_WAIT", "300".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let b = Self {
+            state,
+            down: repo.join("deploy/local/slurm/down.sh"),
+            env,
+        };
+        let t = Instant::now();
+        let out = Command::new(repo.join("deploy/local/slurm/up.sh"))
+            .envs(b.env.iter().map(|(k, v)| (k, v)))
+            .env_remove("SLURM_JWT")
+            .output()
+            .expect("run up.sh");
+        assert!(
+            out.status.success(),
+            "up.sh failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "  slurm with {nodes} nodes up in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let mut rc = RestConfig::new(
+            "http://127.0.0.1:26820",
+            "root",
+            TokenSource::File(b.state.join("slurm/token")),
+        );
+        rc.request_timeout_ms = 120_000;
+        (b, RestClient::new(rc).unwrap())
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.down)
+            .arg("--purge")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+async fn run(repo: &Path, nodes: usize, iterations: usize) {
+    eprintln!("== {nodes} nodes");
+    let (_bench, rest) = Bench::start(repo, nodes);
+    let v = rest.version().await.unwrap();
+    let paths = ["nodes", "jobs", "partitions"].map(|p| format!("/slurm/{v}/{p}"));
+    let full = ObserverConfig {
+        use_update_time: false,
+        resync_every_polls: 0,
+        ..ObserverConfig::default()
+    };
+    let mut obs = Observer::new(Backend::Rest(rest.clone()), full);
+    let first = obs.poll().await;
+    assert!(obs.visible(), "{first:?}");
+    assert_eq!(obs.nodes().len(), nodes);
+
+    // Nodes without slurmd go from UNKNOWN to DOWN after SlurmdTimeout
+    // (30 s): let that settle, so slurmctld's own work does not skew the
+    // measurement (at most 3 minutes).
+    let settle = Instant::now();
+    let mut quiet = 0;
+    while quiet < 3 && settle.elapsed() < Duration::from_secs(180) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let changed = !obs.poll().await.is_empty();
+        let unknown = obs
+            .nodes()
+            .iter()
+            .any(|n| n.state == lockstep_schemas::SlurmBaseState::Unknown);
+        let waited = settle.elapsed() > Duration::from_secs(45);
+        quiet = if changed || (unknown && !waited) {
+            0
+        } else {
+            quiet + 1
+        };
+    }
+    eprintln!("  settled after {:.0} s", settle.elapsed().as_secs_f64());
+    let (mut raw_ms, mut raw_cpu, mut ls_ms, mut ls_cpu) = (vec![], vec![], vec![], vec![]);
+    let mut bytes = 0;
+    let mut events = 0;
+    for i in 0..iterations {
+        // Alternate which goes first, so neither always finds slurmrestd warm.
+        for lockstep_turn in [i % 2 == 0, i % 2 != 0] {
+            let (t, c) = (Instant::now(), thread_cpu_ns());
+            if lockstep_turn {
+                events += obs.poll().await.len();
+                assert!(obs.visible());
+                ls_cpu.push((thread_cpu_ns() - c) as f64 / 1e6);
+                ls_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            } else {
+                for p in &paths {
+                    let (status, body) = rest.get_raw(p).await.unwrap();
+                    assert_eq!(status, 200);
+                    bytes += body.len();
+                }
+                raw_cpu.push((thread_cpu_ns() - c) as f64 / 1e6);
+                raw_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    // Parse alone, on the same answer.
+    let (_, body) = rest.get_raw(&paths[0]).await.unwrap();
+    let mut parse_ms = Vec::new();
+    for _ in 0..20 {
+        let c = thread_cpu_ns();
+        let l = lockstep_connectors::slurm::parse::nodes(&body).unwrap();
+        parse_ms.push((thread_cpu_ns() - c) as f64 / 1e6);
+        assert_eq!(l.items.len(), nodes);
+    }
+    let parse = median(&mut parse_ms);
+    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (raw_min, ls_min) = (min(&raw_ms), min(&ls_ms));
+    let (raw, ls) = (median(&mut raw_ms), median(&mut ls_ms));
+    let (rawc, lsc) = (median(&mut raw_cpu), median(&mut ls_cpu));
+    println!(
+        "{nodes:>6} nodes  full poll ({:.1} MB): raw GET median {raw:7.1} ms (client cpu {rawc:5.1} ms) | lockstep poll+diff median {ls:7.1} ms (cpu {lsc:5.1} ms) | wall ratio {:.3} (of the minima {raw_min:.1} / {ls_min:.1} ms: {:.3}) | lockstep's extra cpu {:.1} ms = {:.1}% of the raw GET (parse alone {parse:.1} ms) [{iterations} iterations each, {events} events after the first listing]",
+        bytes as f64 / iterations as f64 / 1e6,
+        ls / raw,
+        ls_min / raw_min,
+        lsc - rawc,
+        (lsc - rawc) / raw * 100.0,
+    );
+
+    // Unchanged polls: update_time, all three answers 304.
+    let mut obs = Observer::new(
+        Backend::Rest(rest.clone()),
+        ObserverConfig {
+            resync_every_polls: 0,
+            ..ObserverConfig::default()
+        },
+    );
+    obs.poll().await;
+    let (mut cpu, mut wall) = (vec![], vec![]);
+    let mut other = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while cpu.len() < 500 && Instant::now() < deadline {
+        let (t, c) = (Instant::now(), thread_cpu_ns());
+        obs.poll().await;
+        let (c, t) = (
+            (thread_cpu_ns() - c) as f64 / 1e3,
+            t.elapsed().as_secs_f64() * 1e3,
+        );
+        let s = obs.last_poll();
+        if s.unchanged == 3 && !s.failed {
+            cpu.push(c);
+            wall.push(t);
+        } else {
+            other += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!cpu.is_empty(), "no unchanged poll in 120 s");
+    println!(
+        "{nodes:>6} nodes  unchanged poll (3 x HTTP 304): lockstep cpu median {:.0} us, p99 {:.0} us; wall median {:.2} ms  [{} polls; {} other polls had changes]",
+        median(&mut cpu),
+        pct(&mut cpu, 0.99),
+        median(&mut wall),
+        cpu.len(),
+        other
+    );
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let sizes: Vec<usize> = args
+        .next()
+        .unwrap_or_else(|| "1000,10000".to_owned())
+        .split(',')
+        .map(|s| s.trim().parse().expect("node count"))
+        .collect();
+    let iterations: usize = args.next().map_or(10, |s| s.parse().expect("iterations"));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for n in sizes {
+            run(&repo, n, iterations).await;
+        }
+    });
+}

@@ -1,0 +1,661 @@
+//! The Slurm observer: polls slurmrestd (or scontrol), diffs against its last
+//! snapshot and emits one event per changed object.
+//!
+//! Its lifecycle is a value, like kube-runtime's `watcher`: a private
+//! [`State`] and a `step` that polls once and returns the events and the next
+//! state. Full listings are part of the event vocabulary: the first one, and
+//! one every `resync_every_polls` polls, is bracketed by
+//! `SyncStarted { domain }` .. `SyncDone { domain }` and lists every object
+//! (objects not listed are gone). Between them only changes are emitted, with
+//! `*Gone` events for objects that left; an unchanged object emits nothing,
+//! also after slurmctld or slurmrestd restarts.
+//!
+//! Failures back off exponentially (bounded); after `lost_after_failures`
+//! consecutive failures the observer reports
+//! `ConnectorStatus { connector: Slurm, visible: false }`, and
+//! `visible: true` once it sees Slurm again, followed by what changed
+//! meanwhile. A failed listing is never taken as "everything is gone".
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lockstep_schemas::{Connector, Domain, Event, SlurmJob, SlurmNode, SlurmPartition};
+use tokio::sync::mpsc;
+
+use super::error::Result;
+use super::rest::{Fetch, RestClient};
+use super::scontrol::Scontrol;
+use super::token::unix_now_s;
+
+/// What the observer sends: observed time (ms since the Unix epoch, this
+/// host's clock) and the event. Wrap it with
+/// `Envelope::new(Source::Slurm, observed_ms, event)`.
+pub type Observation = (u64, Event);
+
+/// Where the observer reads Slurm from.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// slurmrestd: polls with `update_time`, so an unchanged poll is cheap.
+    Rest(RestClient),
+    /// scontrol: for sites without slurmrestd; every poll is a full listing
+    /// (diffed, so it still emits only changes).
+    Scontrol(Scontrol),
+}
+
+enum Items {
+    Nodes(Vec<SlurmNode>),
+    Jobs(Vec<SlurmJob>),
+    Partitions(Vec<SlurmPartition>),
+}
+
+impl Backend {
+    async fn fetch(&self, domain: Domain, since_s: Option<u64>) -> Result<Fetch<Items>> {
+        match self {
+            Self::Rest(c) => Ok(match domain {
+                Domain::SlurmNodes => map(c.nodes(since_s).await?, |l| Items::Nodes(l.items)),
+                Domain::SlurmJobs => map(c.jobs(since_s).await?, |l| Items::Jobs(l.items)),
+                _ => map(c.partitions(since_s).await?, |l| Items::Partitions(l.items)),
+            }),
+            Self::Scontrol(s) => Ok(Fetch::Changed(match domain {
+                Domain::SlurmNodes => Items::Nodes(s.nodes().await?),
+                Domain::SlurmJobs => Items::Jobs(s.jobs().await?),
+                _ => Items::Partitions(s.partitions().await?),
+            })),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Rest(_) => "slurmrestd",
+            Self::Scontrol(_) => "scontrol",
+        }
+    }
+}
+
+fn map<T, U>(f: Fetch<T>, g: impl FnOnce(T) -> U) -> Fetch<U> {
+    match f {
+        Fetch::Unchanged => Fetch::Unchanged,
+        Fetch::Changed(t) => Fetch::Changed(g(t)),
+    }
+}
+
+/// Bounds and rhythm of the observer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObserverConfig {
+    /// Pause between two polls while Slurm answers (measured from the end of
+    /// one poll to the start of the next, so a slow Slurm is not piled on).
+    pub poll_interval_ms: u64,
+    /// Every this many polls, a full listing of every object (bracketed by
+    /// `SyncStarted` .. `SyncDone`) instead of a diff. 0: only the first.
+    pub resync_every_polls: u32,
+    /// First pause after a failed poll.
+    pub backoff_initial_ms: u64,
+    /// Upper bound of the pause after failures (it doubles per failure).
+    pub backoff_max_ms: u64,
+    /// Consecutive failed polls after which the observer reports that it
+    /// lost sight of Slurm.
+    pub lost_after_failures: u32,
+    /// `update_time` is sent this many seconds before the start of the last
+    /// poll that returned data. slurmctld reports a change when its last
+    /// change time (whole seconds) is at or after `update_time`, so 0 is
+    /// exact on one clock; the margin absorbs that much clock skew between
+    /// lockstep and slurmctld, at the price of fetching a change twice.
+    pub update_time_margin_s: u64,
+    /// Poll slurmrestd with `update_time` (HTTP 304 when nothing changed).
+    /// Off: every poll is a full GET, diffed as well.
+    pub use_update_time: bool,
+}
+
+/// What the last poll did, per domain (nodes, jobs, partitions), for
+/// telemetry and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// Domains whose answer was "unchanged" (HTTP 304).
+    pub unchanged: u8,
+    /// Domains fetched in full (and diffed or listed).
+    pub fetched: u8,
+    /// The poll failed (the remaining domains were not polled).
+    pub failed: bool,
+    /// Events the poll produced.
+    pub events: usize,
+}
+
+impl Default for ObserverConfig {
+    fn default() -> Self {
+        Self {
+            poll_interval_ms: 1_000,
+            resync_every_polls: 600,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 30_000,
+            lost_after_failures: 2,
+            update_time_margin_s: 1,
+            use_update_time: true,
+        }
+    }
+}
+
+/// Where the observer is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// Nothing listed yet; visibility not announced.
+    Starting {
+        /// Consecutive failed polls.
+        failures: u32,
+    },
+    /// Sees Slurm.
+    Seeing {
+        /// Polls since the last full listing.
+        polls_since_resync: u32,
+        /// Consecutive failed polls (fewer than `lost_after_failures`).
+        failures: u32,
+    },
+    /// Lost sight of Slurm (`ConnectorStatus { visible: false }` sent).
+    Lost {
+        /// Consecutive failed polls.
+        failures: u32,
+    },
+}
+
+/// How one domain is polled in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every object, bracketed by `SyncStarted` .. `SyncDone`.
+    Sync,
+    /// Only changes (and `*Gone`), polled with `update_time` when known.
+    Diff { since_s: Option<u64> },
+}
+
+trait Keyed: Clone + PartialEq {
+    type Key: Clone + Eq + Hash + Ord + Borrow<Self::Ref>;
+    type Ref: ?Sized + Eq + Hash;
+    fn key_ref(&self) -> &Self::Ref;
+    fn key(&self) -> Self::Key;
+    fn changed(self) -> Event;
+    fn gone(key: Self::Key) -> Event;
+}
+
+impl Keyed for SlurmNode {
+    type Key = String;
+    type Ref = str;
+    fn key_ref(&self) -> &str {
+        &self.name
+    }
+    fn key(&self) -> String {
+        self.name.clone()
+    }
+    fn changed(self) -> Event {
+        Event::SlurmNode(self)
+    }
+    fn gone(name: String) -> Event {
+        Event::SlurmNodeGone { name }
+    }
+}
+
+impl Keyed for SlurmJob {
+    type Key = u64;
+    type Ref = u64;
+    fn key_ref(&self) -> &u64 {
+        &self.job_id
+    }
+    fn key(&self) -> u64 {
+        self.job_id
+    }
+    fn changed(self) -> Event {
+        Event::SlurmJob(self)
+    }
+    fn gone(job_id: u64) -> Event {
+        Event::SlurmJobGone { job_id }
+    }
+}
+
+impl Keyed for SlurmPartition {
+    type Key = String;
+    type Ref = str;
+    fn key_ref(&self) -> &str {
+        &self.name
+    }
+    fn key(&self) -> String {
+        self.name.clone()
+    }
+    fn changed(self) -> Event {
+        Event::SlurmPartition(self)
+    }
+    fn gone(name: String) -> Event {
+        Event::SlurmPartitionGone { name }
+    }
+}
+
+/// One object as last listed, and the listing that last saw it.
+#[derive(Debug)]
+struct Entry<V> {
+    value: V,
+    listing: u64,
+}
+
+/// The last listing of one domain, and how to poll it next.
+#[derive(Debug)]
+struct Snapshot<V: Keyed> {
+    objects: HashMap<V::Key, Entry<V>>,
+    /// Listings applied so far (marks what each one saw).
+    listings: u64,
+    /// A full listing has been seen.
+    listed: bool,
+    /// `update_time` for the next poll.
+    since_s: Option<u64>,
+}
+
+impl<V: Keyed> Default for Snapshot<V> {
+    fn default() -> Self {
+        Self {
+            objects: HashMap::new(),
+            listings: 0,
+            listed: false,
+            since_s: None,
+        }
+    }
+}
+
+impl<V: Keyed> Snapshot<V> {
+    /// Replaces the snapshot by `items`, pushing an event per changed (or,
+    /// with `all`, per listed) object and a gone event per object that left.
+    /// Unchanged objects cost a lookup and a comparison, nothing else.
+    fn apply(&mut self, items: Vec<V>, all: bool, observed_ms: u64, out: &mut Vec<Observation>) {
+        self.listings += 1;
+        let listing = self.listings;
+        for v in items {
+            match self.objects.get_mut(v.key_ref()) {
+                Some(e) => {
+                    e.listing = listing;
+                    if all || e.value != v {
+                        out.push((observed_ms, v.clone().changed()));
+                        e.value = v;
+                    }
+                }
+                None => {
+                    out.push((observed_ms, v.clone().changed()));
+                    self.objects.insert(v.key(), Entry { value: v, listing });
+                }
+            }
+        }
+        let mut gone: Vec<V::Key> = self
+            .objects
+            .iter()
+            .filter(|(_, e)| e.listing != listing)
+            .map(|(k, _)| k.clone())
+            .collect();
+        gone.sort();
+        for k in gone {
+            self.objects.remove(k.borrow());
+            out.push((observed_ms, V::gone(k)));
+        }
+        self.listed = true;
+    }
+
+    fn sorted(&self) -> Vec<V> {
+        let mut v: Vec<(&V::Key, &V)> = self.objects.iter().map(|(k, e)| (k, &e.value)).collect();
+        v.sort_by(|a, b| a.0.cmp(b.0));
+        v.into_iter().map(|(_, x)| x.clone()).collect()
+    }
+}
+
+/// Polls Slurm and emits observation events. See the module docs.
+#[derive(Debug)]
+pub struct Observer {
+    backend: Backend,
+    config: ObserverConfig,
+    state: State,
+    nodes: Snapshot<SlurmNode>,
+    jobs: Snapshot<SlurmJob>,
+    partitions: Snapshot<SlurmPartition>,
+    last_poll: PollStats,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Observer {
+    /// An observer that has not polled yet.
+    pub fn new(backend: Backend, config: ObserverConfig) -> Self {
+        Self {
+            backend,
+            config,
+            state: State::Starting { failures: 0 },
+            nodes: Snapshot::default(),
+            jobs: Snapshot::default(),
+            partitions: Snapshot::default(),
+            last_poll: PollStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ObserverConfig {
+        &self.config
+    }
+
+    /// The nodes as last observed, sorted by name.
+    pub fn nodes(&self) -> Vec<SlurmNode> {
+        self.nodes.sorted()
+    }
+
+    /// The jobs as last observed, sorted by id.
+    pub fn jobs(&self) -> Vec<SlurmJob> {
+        self.jobs.sorted()
+    }
+
+    /// The partitions as last observed, sorted by name.
+    pub fn partitions(&self) -> Vec<SlurmPartition> {
+        self.partitions.sorted()
+    }
+
+    /// What the last poll did.
+    pub fn last_poll(&self) -> PollStats {
+        self.last_poll
+    }
+
+    /// Whether the observer currently sees Slurm (it has not reported
+    /// losing it).
+    pub fn visible(&self) -> bool {
+        !matches!(self.state, State::Lost { .. })
+    }
+
+    /// How long to wait before the next [`Observer::poll`].
+    pub fn next_delay(&self) -> Duration {
+        let failures = match self.state {
+            State::Starting { failures: 0 } => return Duration::ZERO,
+            State::Seeing { failures: 0, .. } => {
+                return Duration::from_millis(self.config.poll_interval_ms)
+            }
+            State::Starting { failures }
+            | State::Seeing { failures, .. }
+            | State::Lost { failures } => failures,
+        };
+        let exp = failures.saturating_sub(1).min(20);
+        let ms = self
+            .config
+            .backoff_initial_ms
+            .saturating_mul(1 << exp)
+            .min(self.config.backoff_max_ms);
+        Duration::from_millis(ms)
+    }
+
+    /// Polls once (without waiting first) and returns what was observed.
+    pub async fn poll(&mut self) -> Vec<Observation> {
+        let mut out = Vec::new();
+        self.last_poll = PollStats::default();
+        let state = std::mem::replace(&mut self.state, State::Starting { failures: 0 });
+        self.state = self.step(state, &mut out).await;
+        self.last_poll.events = out.len();
+        out
+    }
+
+    /// Polls until `tx` is closed, sending every observation to it. Never
+    /// gives up on Slurm; the channel's bound is the only queue (a slow
+    /// consumer delays the next poll).
+    pub async fn run(mut self, tx: mpsc::Sender<Observation>) {
+        loop {
+            tokio::select! {
+                () = tx.closed() => return,
+                () = tokio::time::sleep(self.next_delay()) => {}
+            }
+            for o in self.poll().await {
+                if tx.send(o).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn step(&mut self, state: State, out: &mut Vec<Observation>) -> State {
+        let lost_after = self.config.lost_after_failures.max(1);
+        let modes = match &state {
+            State::Starting { .. } => [Mode::Sync; 3],
+            State::Seeing {
+                polls_since_resync, ..
+            } => {
+                let resync = self.config.resync_every_polls > 0
+                    && polls_since_resync.saturating_add(1) >= self.config.resync_every_polls;
+                self.modes(resync, false)
+            }
+            State::Lost { .. } => {
+                // slurmrestd may have come back with other versions.
+                if let Backend::Rest(c) = &self.backend {
+                    c.forget_version();
+                }
+                self.modes(false, true)
+            }
+        };
+        let mut events = Vec::new();
+        let result = self.poll_domains(modes, &mut events).await;
+        self.last_poll.failed = result.is_err();
+        match (state, result) {
+            (State::Starting { .. } | State::Lost { .. }, Ok(())) => {
+                tracing::info!(backend = self.backend.name(), "slurm observer sees slurm");
+                // First what the reducer should know before the objects:
+                // that it may trust them again.
+                out.push((now_ms(), status(true, String::new())));
+                out.append(&mut events);
+                State::Seeing {
+                    polls_since_resync: 0,
+                    failures: 0,
+                }
+            }
+            (
+                State::Seeing {
+                    polls_since_resync, ..
+                },
+                Ok(()),
+            ) => {
+                out.append(&mut events);
+                let synced = modes.iter().all(|m| *m == Mode::Sync);
+                State::Seeing {
+                    polls_since_resync: if synced {
+                        0
+                    } else {
+                        polls_since_resync.saturating_add(1)
+                    },
+                    failures: 0,
+                }
+            }
+            (state, Err(e)) => {
+                // Domains that were polled before the failure are valid.
+                out.append(&mut events);
+                let (failures, polls, lost) = match state {
+                    State::Starting { failures } => (failures.saturating_add(1), 0, false),
+                    State::Seeing {
+                        polls_since_resync,
+                        failures,
+                    } => (failures.saturating_add(1), polls_since_resync, false),
+                    State::Lost { failures } => (failures.saturating_add(1), 0, true),
+                };
+                tracing::warn!(
+                    backend = self.backend.name(),
+                    failures,
+                    retryable = e.retryable(),
+                    error = %e,
+                    "slurm poll failed"
+                );
+                if lost {
+                    State::Lost { failures }
+                } else if failures >= lost_after {
+                    out.push((now_ms(), status(false, e.to_string())));
+                    State::Lost { failures }
+                } else if polls == 0 && !self.all_listed() {
+                    State::Starting { failures }
+                } else {
+                    State::Seeing {
+                        polls_since_resync: polls,
+                        failures,
+                    }
+                }
+            }
+        }
+    }
+
+    fn all_listed(&self) -> bool {
+        self.nodes.listed && self.jobs.listed && self.partitions.listed
+    }
+
+    /// The mode of each domain (nodes, jobs, partitions): a full listing
+    /// when asked or never listed, else a diff; after a loss (`fresh`), a
+    /// diff against a full GET, since `update_time` may predate the gap.
+    fn modes(&self, resync: bool, fresh: bool) -> [Mode; 3] {
+        let m = |listed: bool, since_s: Option<u64>| {
+            if resync || !listed {
+                Mode::Sync
+            } else {
+                Mode::Diff {
+                    since_s: if fresh { None } else { since_s },
+                }
+            }
+        };
+        [
+            m(self.nodes.listed, self.nodes.since_s),
+            m(self.jobs.listed, self.jobs.since_s),
+            m(self.partitions.listed, self.partitions.since_s),
+        ]
+    }
+
+    async fn poll_domains(&mut self, modes: [Mode; 3], out: &mut Vec<Observation>) -> Result<()> {
+        const DOMAINS: [Domain; 3] = [
+            Domain::SlurmNodes,
+            Domain::SlurmJobs,
+            Domain::SlurmPartitions,
+        ];
+        for (domain, mode) in DOMAINS.into_iter().zip(modes) {
+            let since_s = match mode {
+                Mode::Diff { since_s } if self.config.use_update_time => since_s,
+                _ => None,
+            };
+            let started_s = unix_now_s();
+            let fetched = self.backend.fetch(domain, since_s).await?;
+            let observed_ms = now_ms();
+            let Fetch::Changed(items) = fetched else {
+                self.last_poll.unchanged += 1;
+                continue;
+            };
+            self.last_poll.fetched += 1;
+            let all = mode == Mode::Sync;
+            if all {
+                out.push((observed_ms, Event::SyncStarted { domain }));
+            }
+            let since_next = Some(started_s.saturating_sub(self.config.update_time_margin_s));
+            match items {
+                Items::Nodes(v) => {
+                    self.nodes.apply(v, all, observed_ms, out);
+                    self.nodes.since_s = since_next;
+                }
+                Items::Jobs(v) => {
+                    self.jobs.apply(v, all, observed_ms, out);
+                    self.jobs.since_s = since_next;
+                }
+                Items::Partitions(v) => {
+                    self.partitions.apply(v, all, observed_ms, out);
+                    self.partitions.since_s = since_next;
+                }
+            }
+            if all {
+                out.push((observed_ms, Event::SyncDone { domain }));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn status(visible: bool, detail: String) -> Event {
+    Event::ConnectorStatus {
+        connector: Connector::Slurm,
+        visible,
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_schemas::SlurmBaseState;
+
+    fn node(name: &str, state: SlurmBaseState) -> SlurmNode {
+        SlurmNode {
+            name: name.to_owned(),
+            state,
+            flags: vec![],
+            reason: None,
+            reason_user: None,
+            features: vec![],
+            topology: None,
+            partitions: vec!["batch".to_owned()],
+        }
+    }
+
+    #[test]
+    fn diffs_emit_changes_and_gone_only() {
+        let mut s = Snapshot::<SlurmNode>::default();
+        let mut out = Vec::new();
+        s.apply(
+            vec![
+                node("a", SlurmBaseState::Idle),
+                node("b", SlurmBaseState::Idle),
+            ],
+            true,
+            1,
+            &mut out,
+        );
+        assert_eq!(out.len(), 2);
+        out.clear();
+        // Same again: nothing.
+        s.apply(
+            vec![
+                node("a", SlurmBaseState::Idle),
+                node("b", SlurmBaseState::Idle),
+            ],
+            false,
+            2,
+            &mut out,
+        );
+        assert!(out.is_empty());
+        // b changes, a leaves, c arrives.
+        s.apply(
+            vec![
+                node("b", SlurmBaseState::Mixed),
+                node("c", SlurmBaseState::Idle),
+            ],
+            false,
+            3,
+            &mut out,
+        );
+        let kinds: Vec<String> = out.iter().map(|(_, e)| e.summary()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "slurm node b MIXED",
+                "slurm node c IDLE",
+                "slurm node a gone"
+            ]
+        );
+    }
+
+    #[test]
+    fn backoff_is_bounded() {
+        let mut o = Observer::new(
+            Backend::Scontrol(Scontrol::new(Default::default())),
+            ObserverConfig::default(),
+        );
+        assert_eq!(o.next_delay(), Duration::ZERO);
+        o.state = State::Seeing {
+            polls_since_resync: 3,
+            failures: 0,
+        };
+        assert_eq!(o.next_delay(), Duration::from_millis(1_000));
+        o.state = State::Lost { failures: 1 };
+        assert_eq!(o.next_delay(), Duration::from_millis(500));
+        o.state = State::Lost { failures: 4 };
+        assert_eq!(o.next_delay(), Duration::from_millis(4_000));
+        o.state = State::Lost { failures: 400 };
+        assert_eq!(o.next_delay(), Duration::from_millis(30_000));
+    }
+}

@@ -1,0 +1,514 @@
+//! The scontrol back end: for sites without slurmrestd, and for node updates
+//! on Slurm versions whose REST API has none (22.05's v0.0.38).
+//!
+//! Reads `scontrol --all --oneliner show node|job|partition` (one object a
+//! line of `Key=Value` pairs) into the same observation types as the REST
+//! parser, so both back ends produce identical events for the same cluster;
+//! writes with `scontrol update nodename=...`. Every run is bounded by a
+//! timeout and killed when it expires. The environment is passed through
+//! (SLURM_CONF, munge); it never sets SLURM_JWT.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use lockstep_schemas::{SlurmJob, SlurmNode, SlurmPartition};
+use tokio::process::Command;
+
+use super::error::{classify_message, Error, Result};
+use super::hostlist;
+use super::parse;
+
+/// How to run scontrol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScontrolConfig {
+    /// The program (looked up in `PATH` unless absolute).
+    pub program: PathBuf,
+    /// `SLURM_CONF` for the child; unset: inherited.
+    pub slurm_conf: Option<PathBuf>,
+    /// Upper bound of one run; the child is killed after it.
+    pub timeout_ms: u64,
+    /// Upper bound of what one run may print, in bytes (a 50,000-node
+    /// `show node` is about 40 MB).
+    pub output_bytes_max: usize,
+}
+
+impl Default for ScontrolConfig {
+    fn default() -> Self {
+        Self {
+            program: PathBuf::from("scontrol"),
+            slurm_conf: None,
+            timeout_ms: 10_000,
+            output_bytes_max: 256 << 20,
+        }
+    }
+}
+
+/// A Slurm release, from `scontrol --version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SlurmVersion {
+    /// Year part (22 for 22.05).
+    pub major: u32,
+    /// Month part (5 for 22.05).
+    pub minor: u32,
+}
+
+impl SlurmVersion {
+    /// Parses `slurm 24.05.1`, `slurm-wlm 22.05.8`, `24.11.0-0rc1`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let word = text
+            .split_whitespace()
+            .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()))?;
+        let mut parts = word.split(['.', '-']);
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        Some(Self { major, minor })
+    }
+
+    /// Whether `scontrol update nodename=... topology=...` exists (25.05+).
+    pub fn has_node_topology(self) -> bool {
+        self >= Self {
+            major: 25,
+            minor: 5,
+        }
+    }
+}
+
+impl std::fmt::Display for SlurmVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:02}", self.major, self.minor)
+    }
+}
+
+/// Runs scontrol.
+#[derive(Debug, Clone)]
+pub struct Scontrol {
+    config: ScontrolConfig,
+}
+
+impl Scontrol {
+    /// A runner with this configuration.
+    pub fn new(config: ScontrolConfig) -> Self {
+        Self { config }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ScontrolConfig {
+        &self.config
+    }
+
+    /// Runs `scontrol ARGS`; stdout on success.
+    pub async fn run(&self, args: &[&str]) -> Result<String> {
+        let what = format!("scontrol {}", args.join(" "));
+        let mut cmd = Command::new(&self.config.program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(conf) = &self.config.slurm_conf {
+            cmd.env("SLURM_CONF", conf);
+        }
+        let child = cmd.spawn().map_err(|source| Error::Spawn {
+            program: self.config.program.clone(),
+            source,
+        })?;
+        let out = tokio::time::timeout(
+            Duration::from_millis(self.config.timeout_ms),
+            child.wait_with_output(),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            what: what.clone(),
+            timeout_ms: self.config.timeout_ms,
+        })?
+        .map_err(|source| Error::Spawn {
+            program: self.config.program.clone(),
+            source,
+        })?;
+        if out.stdout.len() > self.config.output_bytes_max {
+            return Err(Error::ScontrolOutput {
+                what,
+                detail: format!("more than {} bytes of output", self.config.output_bytes_max),
+            });
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            let mut stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+            if stderr.is_empty() {
+                stderr = stdout.trim().to_owned();
+            }
+            let retryable = classify_message(&stderr);
+            return Err(Error::Command {
+                what,
+                status: out.status.to_string(),
+                stderr,
+                retryable,
+            });
+        }
+        Ok(stdout)
+    }
+
+    /// `scontrol --version`.
+    pub async fn version(&self) -> Result<SlurmVersion> {
+        let out = self.run(&["--version"]).await?;
+        SlurmVersion::parse(&out).ok_or_else(|| Error::ScontrolOutput {
+            what: "scontrol --version".to_owned(),
+            detail: format!("no version in {:?}", out.trim()),
+        })
+    }
+
+    /// Every node.
+    pub async fn nodes(&self) -> Result<Vec<SlurmNode>> {
+        let out = self.run(&["--all", "--oneliner", "show", "node"]).await?;
+        parse_nodes(&out)
+    }
+
+    /// One node; `Ok(None)` if slurmctld does not know it.
+    pub async fn node(&self, name: &str) -> Result<Option<SlurmNode>> {
+        check_node_name(name)?;
+        match self.run(&["--oneliner", "show", "node", name]).await {
+            Ok(out) => Ok(parse_nodes(&out)?.into_iter().find(|n| n.name == name)),
+            Err(Error::Command { stderr, .. }) if stderr.contains("not found") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every job slurmctld still holds.
+    pub async fn jobs(&self) -> Result<Vec<SlurmJob>> {
+        let out = self.run(&["--all", "--oneliner", "show", "job"]).await?;
+        parse_jobs(&out)
+    }
+
+    /// Every partition.
+    pub async fn partitions(&self) -> Result<Vec<SlurmPartition>> {
+        let out = self
+            .run(&["--all", "--oneliner", "show", "partition"])
+            .await?;
+        parse_partitions(&out)
+    }
+
+    /// `scontrol update nodename=NODE KEY=VALUE...`.
+    pub async fn update_node(&self, node: &str, settings: &[(&str, &str)]) -> Result<()> {
+        check_node_name(node)?;
+        let mut args = vec!["update".to_owned(), format!("nodename={node}")];
+        args.extend(settings.iter().map(|(k, v)| format!("{k}={v}")));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run(&args).await.map(drop)
+    }
+}
+
+/// Rejects node names that scontrol would read as something else.
+pub(crate) fn check_node_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 256
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '=' | ',' | '[' | ']'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: "slurm node name",
+            value: name.to_owned(),
+        })
+    }
+}
+
+/// The `Key=Value` fields of one `scontrol -o` line. A value runs up to the
+/// next ` Key=`; words without `=` belong to the value before them (`OS=Linux
+/// 6.1.0 #1 SMP`).
+fn fields(line: &str) -> Vec<(&str, &str)> {
+    let mut starts = Vec::new();
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if (i == 0 || bytes[i - 1] == b' ') && bytes[i] != b' ' {
+            // A key: letters, digits, '_', '/', ':' up to '='.
+            let key_end = line[i..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '/' | ':')))
+                .map(|e| i + e);
+            if let Some(e) = key_end {
+                if e > i && bytes[e] == b'=' && bytes[i].is_ascii_alphabetic() {
+                    starts.push((i, e));
+                }
+            }
+        }
+        i += 1;
+    }
+    let mut out = Vec::with_capacity(starts.len());
+    for (n, &(k, eq)) in starts.iter().enumerate() {
+        let end = starts.get(n + 1).map_or(line.len(), |&(next, _)| next);
+        out.push((&line[k..eq], line[eq + 1..end].trim_end()));
+    }
+    out
+}
+
+fn lines(out: &str) -> impl Iterator<Item = &str> {
+    out.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("No ") && l.contains('='))
+}
+
+/// Splits `reason [user@time] Key=Value...` into the reason (with its
+/// `[user@time]`) and the fields after it, if any.
+fn split_reason_tail(rest: &str) -> (&str, &str) {
+    let mut from = 0;
+    while let Some(i) = rest[from..].find("] ") {
+        let end = from + i + 1;
+        let after = &rest[end + 1..];
+        let bracket = rest[..end].rfind(" [").map_or("", |open| &rest[open..end]);
+        let key_follows = after.find('=').is_some_and(|eq| {
+            eq > 0
+                && after[..eq]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        });
+        if bracket.contains('@') && key_follows {
+            return (&rest[..end], after);
+        }
+        from = end;
+    }
+    (rest, "")
+}
+
+/// Splits a node reason `text [user@2024-01-01T00:00:00]` into text and user.
+fn split_reason(reason: &str) -> (Option<String>, Option<String>) {
+    let reason = reason.trim();
+    let (text, user) = match reason.rfind(" [") {
+        Some(open) if reason.ends_with(']') && reason[open..].contains('@') => {
+            let inner = &reason[open + 2..reason.len() - 1];
+            let user = inner.split('@').next().unwrap_or("").trim();
+            (&reason[..open], (!user.is_empty()).then(|| user.to_owned()))
+        }
+        _ => (reason, None),
+    };
+    let text = text.trim();
+    if text.is_empty() || text == "(null)" || text == "None" {
+        (None, None)
+    } else {
+        (Some(text.to_owned()), user)
+    }
+}
+
+/// Parses `scontrol --oneliner show node`.
+pub fn parse_nodes(out: &str) -> Result<Vec<SlurmNode>> {
+    let mut nodes = Vec::new();
+    for line in lines(out) {
+        // `Reason=` is free text (it may hold ` x=y`): cut it out before
+        // splitting. It ends the line on 22.05; should fields follow it, its
+        // `[user@time]` suffix marks its end.
+        let (head, reason, tail) = match line.find(" Reason=") {
+            Some(at) => {
+                let rest = &line[at + " Reason=".len()..];
+                let (reason, tail) = split_reason_tail(rest);
+                (&line[..at], Some(reason), tail)
+            }
+            None => (line, None, ""),
+        };
+        let mut name = None;
+        let mut state = None;
+        let mut features = None;
+        let mut available = None;
+        let mut partitions = Vec::new();
+        let mut topology = None;
+        for (k, v) in fields(head).into_iter().chain(fields(tail)) {
+            match k {
+                "NodeName" => name = Some(v),
+                "State" => state = Some(v),
+                "ActiveFeatures" => features = Some(parse::csv_sorted(v)),
+                "AvailableFeatures" | "Features" => available = Some(parse::csv_sorted(v)),
+                "Partitions" => partitions = parse::csv_sorted(v),
+                "Topology" => topology = Some(v).filter(|t| !t.is_empty() && *t != "(null)"),
+                _ => {}
+            }
+        }
+        let err = |detail: String| Error::ScontrolOutput {
+            what: "scontrol show node".to_owned(),
+            detail,
+        };
+        let name = name
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| err(format!("line without NodeName: {:.120}", line)))?;
+        let state = state.ok_or_else(|| err(format!("node {name} without State")))?;
+        let (state, flags) = parse::node_state(state.split('+'))
+            .ok_or_else(|| err(format!("node {name} has an empty State")))?;
+        let (reason, reason_user) = reason.map(split_reason).unwrap_or_default();
+        nodes.push(SlurmNode {
+            name: name.to_owned(),
+            state,
+            flags,
+            reason,
+            reason_user,
+            features: features.or(available).unwrap_or_default(),
+            topology: topology.map(str::to_owned),
+            partitions,
+        });
+    }
+    Ok(nodes)
+}
+
+/// Parses `scontrol --oneliner show job`.
+pub fn parse_jobs(out: &str) -> Result<Vec<SlurmJob>> {
+    let mut jobs = Vec::new();
+    for line in lines(out) {
+        let mut job_id = None;
+        let mut state = None;
+        let mut partition = "";
+        let mut nodes = "";
+        let mut node_count = 0;
+        let mut reason = None;
+        for (k, v) in fields(line) {
+            match k {
+                "JobId" => job_id = v.parse::<u64>().ok(),
+                "JobState" => state = Some(v),
+                "Partition" => partition = v,
+                "NodeList" => nodes = v,
+                // `NumNodes=3-3` (min-max) or `NumNodes=1`.
+                "NumNodes" => {
+                    node_count = v
+                        .split('-')
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                }
+                "Reason" => reason = Some(v.to_owned()),
+                _ => {}
+            }
+        }
+        let err = |detail: String| Error::ScontrolOutput {
+            what: "scontrol show job".to_owned(),
+            detail,
+        };
+        let job_id = job_id.ok_or_else(|| err(format!("line without JobId: {:.120}", line)))?;
+        let state = state
+            .and_then(|s| parse::job_state([s]))
+            .ok_or_else(|| err(format!("job {job_id} without JobState")))?;
+        let mut nodes = hostlist::expand(nodes)?;
+        nodes.sort();
+        nodes.dedup();
+        jobs.push(SlurmJob {
+            job_id,
+            partition: parse::first_partition(partition),
+            nodes,
+            node_count,
+            pending_reason: parse::pending_reason(&state, reason),
+            state,
+        });
+    }
+    Ok(jobs)
+}
+
+/// Parses `scontrol --oneliner show partition`.
+pub fn parse_partitions(out: &str) -> Result<Vec<SlurmPartition>> {
+    let mut parts = Vec::new();
+    for line in lines(out) {
+        let mut name = None;
+        let mut nodes = "";
+        for (k, v) in fields(line) {
+            match k {
+                "PartitionName" => name = Some(v),
+                "Nodes" => nodes = v,
+                _ => {}
+            }
+        }
+        let name = name
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| Error::ScontrolOutput {
+                what: "scontrol show partition".to_owned(),
+                detail: format!("line without PartitionName: {:.120}", line),
+            })?;
+        let mut nodes = hostlist::expand(nodes)?;
+        nodes.sort();
+        nodes.dedup();
+        parts.push(SlurmPartition {
+            name: name.to_owned(),
+            nodes,
+        });
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_keep_values_with_spaces() {
+        let f = fields(
+            "NodeName=a OS=Linux 6.1 #1 SMP  RealMemory=1 CfgTRES=cpu=2,mem=1G ReqB:S:C:T=0:0:*:*",
+        );
+        assert_eq!(
+            f,
+            vec![
+                ("NodeName", "a"),
+                ("OS", "Linux 6.1 #1 SMP"),
+                ("RealMemory", "1"),
+                ("CfgTRES", "cpu=2,mem=1G"),
+                ("ReqB:S:C:T", "0:0:*:*"),
+            ]
+        );
+    }
+
+    #[test]
+    fn reasons_split_off_their_user() {
+        let cases: &[(&str, Option<&str>, Option<&str>)] = &[
+            (
+                "disk check [root@2026-11-30T01:29:22]",
+                Some("disk check"),
+                Some("root"),
+            ),
+            (
+                "Not responding [slurm@2024-01-01T00:00:00]",
+                Some("Not responding"),
+                Some("slurm"),
+            ),
+            (
+                "lockstep: x [y] [admin@2024-01-01T00:00:00]",
+                Some("lockstep: x [y]"),
+                Some("admin"),
+            ),
+            ("no user here", Some("no user here"), None),
+            ("", None, None),
+        ];
+        for (text, reason, user) in cases {
+            let (r, u) = split_reason(text);
+            assert_eq!((r.as_deref(), u.as_deref()), (*reason, *user), "{text}");
+        }
+    }
+
+    #[test]
+    fn fields_after_the_reason_are_read() {
+        let line = "NodeName=a State=IDLE+DRAIN Partitions=p Reason=x=1 y [root@2024-01-01T00:00:00] Comment=c Topology=default:s1";
+        let n = &parse_nodes(line).unwrap()[0];
+        assert_eq!(n.reason.as_deref(), Some("x=1 y"));
+        assert_eq!(n.reason_user.as_deref(), Some("root"));
+        assert_eq!(n.topology.as_deref(), Some("default:s1"));
+        assert_eq!(n.partitions, ["p"]);
+    }
+
+    #[test]
+    fn versions_parse() {
+        let v = SlurmVersion::parse("slurm-wlm 22.05.8\n").unwrap();
+        assert_eq!((v.major, v.minor), (22, 5));
+        assert!(!v.has_node_topology());
+        assert!(SlurmVersion::parse("slurm 25.05.0")
+            .unwrap()
+            .has_node_topology());
+        assert_eq!(
+            SlurmVersion::parse("slurm 24.11.0-0rc1")
+                .unwrap()
+                .to_string(),
+            "24.11"
+        );
+        assert!(SlurmVersion::parse("no version").is_none());
+    }
+
+    #[test]
+    fn node_names_are_checked() {
+        assert!(check_node_name("ls-n1").is_ok());
+        for bad in ["", "a b", "a=b", "n[1-2]", "a,b", "a\nb"] {
+            assert!(check_node_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
