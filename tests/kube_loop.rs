@@ -92,6 +92,23 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
+/// Every record up to the head (a read returns what is at hand, in batches).
+async fn read_all(log: &EventLog) -> Vec<lockstep_schemas::EventRecord> {
+    let head = log.head().await.unwrap();
+    let mut out: Vec<lockstep_schemas::EventRecord> = Vec::new();
+    let mut next = 1;
+    while next <= head {
+        let batch = log.read(next, 1024, Duration::from_secs(5)).await.unwrap();
+        assert!(
+            !batch.is_empty(),
+            "the log stopped at {next} before its head {head}"
+        );
+        next = batch.last().unwrap().seq + 1;
+        out.extend(batch);
+    }
+    out
+}
+
 #[test]
 fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
     let (kubeconfig, kubectl) = control_plane();
@@ -207,22 +224,17 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
 
     // Both directions are in the log: the Kubernetes observations and the
     // actuator's outcome.
-    let head = rt.block_on(log.head()).unwrap();
-    let records = rt
-        .block_on(log.read(1, head as usize, Duration::from_secs(5)))
-        .unwrap();
+    let records = rt.block_on(read_all(&log));
     assert!(records.iter().any(|r| r.envelope.source == Source::Kubernetes
         && matches!(&r.envelope.event, Event::KubeNode(n) if n.name == node && n.unschedulable)));
     let outcome = wait_for(
         "the pod condition's outcome in the log",
         Duration::from_secs(30),
         || {
-            let head = rt.block_on(log.head()).ok()?;
-            rt.block_on(log.read(1, head as usize, Duration::from_secs(5)))
-            .ok()?
-            .into_iter()
-            .find(|r| r.envelope.source == Source::Actuator
-                && matches!(&r.envelope.event, Event::ActionOutcome(o) if o.kind.name() == "kube_set_pod_condition"))
+            rt.block_on(read_all(&log)).into_iter().find(|r| {
+            r.envelope.source == Source::Actuator
+                && matches!(&r.envelope.event, Event::ActionOutcome(o) if o.kind.name() == "kube_set_pod_condition")
+        })
         },
     );
     assert!(
