@@ -136,6 +136,10 @@ pub struct Engine {
     /// Per scale rule: the last scan found pods of an old revision.
     #[serde(skip)]
     scale_rollout: Vec<bool>,
+    /// Slurm node -> the scale rule its pod belongs to, as of the last scan
+    /// (pods do not change between scans: a change forces one).
+    #[serde(skip)]
+    scale_rule_of: FxHashMap<String, usize>,
     /// Pods, targets or visibility changed since the last scan.
     #[serde(skip, default = "yes")]
     scale_scan_needed: bool,
@@ -179,6 +183,7 @@ impl Engine {
             busy_nodes: rustc_hash::FxHashSet::default(),
             scale_busy: Vec::new(),
             scale_rollout: Vec::new(),
+            scale_rule_of: FxHashMap::default(),
             scale_scan_needed: true,
             pinned: false,
             dirty: Vec::new(),
@@ -288,13 +293,7 @@ impl Engine {
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
         e.model.rebuild_indexes(&e.policy);
-        // Busy: running a job (known to Slurm's node list or not) or
-        // finishing one.
-        let mut names: Vec<String> = e.model.slurm_nodes.keys().cloned().collect();
-        names.extend(e.model.nodes_with_jobs());
-        for n in names {
-            e.update_busy(&n);
-        }
+        e.rebuild_busy();
         Ok(e)
     }
 
@@ -603,6 +602,7 @@ impl Engine {
                 }
                 self.policy = (**policy).clone();
                 self.model.rebuild_indexes(&self.policy);
+                self.rebuild_busy();
                 self.touch_all();
                 self.scaling_needs_scan(ctx.now_ms);
             }
@@ -702,8 +702,13 @@ impl Engine {
         }
     }
 
-    /// Keeps `busy_nodes` and the per-rule busy counts current.
+    /// Keeps `busy_nodes` and the per-rule busy counts current. Without
+    /// scale targets there is nothing to keep: the set is rebuilt when a
+    /// policy brings some.
     fn update_busy(&mut self, node: &str) {
+        if self.policy.scaling.targets.is_empty() {
+            return;
+        }
         let busy = self.model.jobs_on(node) > 0
             || self
                 .model
@@ -718,21 +723,24 @@ impl Engine {
         } else {
             self.busy_nodes.remove(node);
         }
-        let rule = self.model.pod_of(node).and_then(|(_, p)| {
-            let p = &p.obs;
-            self.policy.scaling.targets.iter().position(|r| {
-                p.namespace == r.target.namespace
-                    && p.owner
-                        .as_ref()
-                        .is_some_and(|o| o.kind == r.target.kind && o.name == r.target.name)
-            })
-        });
+        let rule = self.scale_rule_of.get(node).copied();
         if let Some(count) = rule.and_then(|r| self.scale_busy.get_mut(r)) {
             *count = if busy {
                 *count + 1
             } else {
                 count.saturating_sub(1)
             };
+        }
+    }
+
+    /// Rebuilds the busy set from the model. Busy: running a job (whether
+    /// Slurm's node list has the node yet or not) or finishing one.
+    fn rebuild_busy(&mut self) {
+        self.busy_nodes.clear();
+        let mut names: Vec<String> = self.model.slurm_nodes.keys().cloned().collect();
+        names.extend(self.model.nodes_with_jobs());
+        for n in names {
+            self.update_busy(&n);
         }
     }
 
@@ -1398,6 +1406,7 @@ impl Engine {
         if scan_all {
             self.scale_busy = vec![0; rules.len()];
             self.scale_rollout = vec![true; rules.len()];
+            self.scale_rule_of.clear();
         }
         for (index, rule) in rules.iter().enumerate() {
             let Some(target) = self
@@ -1515,6 +1524,11 @@ impl Engine {
                 .collect::<std::collections::BTreeSet<_>>()
                 .len() as u32;
             self.scale_busy[index] = busy;
+            for p in &pods {
+                if !self.scale_rule_of.contains_key(p.slurm) {
+                    self.scale_rule_of.insert(p.slurm.to_owned(), index);
+                }
+            }
             self.scale_rollout[index] = target
                 .update_revision
                 .as_deref()
