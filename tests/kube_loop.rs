@@ -7,7 +7,7 @@
 //! the log as the Slurm connector would.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockstep_schemas::{Action, Envelope, Event, SlurmBaseState, SlurmNode, SlurmNodeFlag, Source};
@@ -15,6 +15,19 @@ use lockstep_store::testing::{temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
 
 const STATE: &str = "/tmp/lockstep-local";
+
+/// Kills the child if the test ends early, so a failed test leaves no
+/// `lockstep run` behind.
+struct Reap(Option<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -159,12 +172,13 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         .replace("[telemetry]\n", "[telemetry]\nlisten = \"127.0.0.1:0\"\n"),
     )
     .unwrap();
-    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
         .args(["run", "--config"])
         .arg(&config)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
         .spawn()
+        .map(|c| Reap(Some(c)))
         .unwrap();
     let run_log = || std::fs::read_to_string(dir.join("run.log")).unwrap_or_default();
 
@@ -242,10 +256,11 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
     );
 
     Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.as_ref().unwrap().id().to_string()])
         .status()
         .unwrap();
-    assert!(child.wait().unwrap().success(), "{}", run_log());
+    let status = child.0.take().unwrap().wait().unwrap();
+    assert!(status.success(), "{}", run_log());
     k.run(
         &[
             "delete",

@@ -30,6 +30,9 @@ struct Service {
     dir: PathBuf,
     config: PathBuf,
     port: u16,
+    /// Every `lockstep run` started, killed on drop if still running (a
+    /// failed test leaves none behind).
+    pids: std::cell::RefCell<Vec<u32>>,
 }
 
 impl Service {
@@ -45,11 +48,16 @@ impl Service {
             ),
         )
         .unwrap();
-        Self { dir, config, port }
+        Self {
+            dir,
+            config,
+            port,
+            pids: Default::default(),
+        }
     }
 
     fn start(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
             .args(["run", "--config"])
             .arg(&self.config)
             .env("RUST_LOG", "info")
@@ -62,7 +70,9 @@ impl Service {
                     .unwrap(),
             )
             .spawn()
-            .expect("lockstep runs")
+            .expect("lockstep runs");
+        self.pids.borrow_mut().push(child.id());
+        child
     }
 
     fn status(&self) -> Option<(u64, u64)> {
@@ -129,6 +139,13 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
+        for pid in self.pids.borrow().iter() {
+            // Exited ones are gone or reaped; kill -9 of those fails quietly.
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -14,6 +14,19 @@ use lockstep_store::testing::{temp_dir, NatsServer};
 const STATE: &str = "/tmp/lockstep-local";
 const NODE: &str = "ls-n4";
 
+/// Kills the child if the test ends early, so a failed test leaves no
+/// `lockstep run` behind.
+struct Reap(Option<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -131,6 +144,7 @@ fn kubectl_cordon_drains_the_slurm_node_and_uncordon_resumes_it() {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
         .spawn()
+        .map(|c| Reap(Some(c)))
         .unwrap();
     let run_log = || std::fs::read_to_string(dir.join("run.log")).unwrap_or_default();
 
@@ -158,10 +172,11 @@ fn kubectl_cordon_drains_the_slurm_node_and_uncordon_resumes_it() {
     );
 
     Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.as_ref().unwrap().id().to_string()])
         .status()
         .unwrap();
-    assert!(child.wait().unwrap().success(), "{}", run_log());
+    let status = child.0.take().unwrap().wait().unwrap();
+    assert!(status.success(), "{}", run_log());
     kubectl(&["delete", "node", NODE], None);
     let _ = std::fs::remove_dir_all(dir);
 }
