@@ -140,11 +140,13 @@ impl Service {
 impl Drop for Service {
     fn drop(&mut self) {
         for pid in self.pids.borrow().iter() {
-            // Exited ones are gone or reaped; kill -9 of those fails quietly.
-            let _ = Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
+            // Only a process that is still this test's `lockstep run` (a
+            // reaped pid may have been reused).
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let config = self.config.to_string_lossy();
+            if String::from_utf8_lossy(&cmdline).contains(config.as_ref()) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
