@@ -1435,42 +1435,17 @@ impl Engine {
                 if desired >= current {
                     let ctl = self.scale.entry(rule.target.clone()).or_default();
                     ctl.desired = Some(desired);
-                    let up_ready_at = ctl
-                        .last_up_ms
-                        .map_or(0, |t| t + rule.scale_up_cooldown_s * 1000);
-                    let want = if desired > current {
-                        if now >= up_ready_at {
-                            Some(desired)
-                        } else {
-                            min_wake(&mut wake, up_ready_at);
-                            None
-                        }
-                    } else {
-                        None
-                    };
-                    let want = want.map(|replicas| Action::KubeScale {
-                        target: rule.target.clone(),
-                        replicas,
-                    });
-                    let issue = Issue {
-                        seq: ctx.seq,
-                        now_ms: now,
-                        cause: ctx.event,
-                        rule: Rule::Scaling.name(),
-                    };
-                    let before = out.actions.len();
-                    let (_, w) =
-                        ctl.slot
-                            .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
-                    if out.actions[before..]
-                        .iter()
-                        .any(|a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current))
-                    {
-                        ctl.last_up_ms = Some(now);
-                    }
-                    if let Some(w) = w {
-                        min_wake(&mut wake, w);
-                    }
+                    reconcile_replicas(
+                        ctl,
+                        rule,
+                        current,
+                        desired,
+                        0,
+                        ctx,
+                        &self.policy.actions,
+                        &mut wake,
+                        out,
+                    );
                     continue;
                 }
             }
@@ -1689,45 +1664,17 @@ impl Engine {
                 .values()
                 .filter(|v| v.target == rule.target && v.gone_at_replicas.is_some())
                 .count() as u32;
-            let up_ready_at = ctl
-                .last_up_ms
-                .map_or(0, |t| t + rule.scale_up_cooldown_s * 1000);
-            let want = if desired > current {
-                if now >= up_ready_at {
-                    Some(desired)
-                } else {
-                    min_wake(&mut wake, up_ready_at);
-                    None
-                }
-            } else if gone > 0 {
-                Some(current.saturating_sub(gone).max(rule.min_replicas))
-            } else {
-                None
-            };
-            let want = want
-                .filter(|&r| r != current)
-                .map(|replicas| Action::KubeScale {
-                    target: rule.target.clone(),
-                    replicas,
-                });
-            let issue = Issue {
-                seq: ctx.seq,
-                now_ms: now,
-                cause: ctx.event,
-                rule: Rule::Scaling.name(),
-            };
-            let before = out.actions.len();
-            let (_, w) = ctl
-                .slot
-                .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
-            if out.actions[before..].iter().any(
-                |a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current),
-            ) {
-                ctl.last_up_ms = Some(now);
-            }
-            if let Some(w) = w {
-                min_wake(&mut wake, w);
-            }
+            reconcile_replicas(
+                ctl,
+                rule,
+                current,
+                desired,
+                gone,
+                ctx,
+                &self.policy.actions,
+                &mut wake,
+                out,
+            );
             for n in touched {
                 self.touch_slurm(&n);
             }
@@ -1842,6 +1789,61 @@ impl Engine {
         set_timer(&mut self.timers, &mut entry.wake_ms, wake, || {
             Wake::Kube(name.to_owned())
         });
+    }
+}
+
+/// The replica count a scale target should have now: up to `desired` at
+/// once (after the cooldown), down by the victims whose pods are `gone`.
+#[allow(clippy::too_many_arguments)]
+fn reconcile_replicas(
+    ctl: &mut ScaleCtl,
+    rule: &lockstep_schemas::ScaleRule,
+    current: u32,
+    desired: u32,
+    gone: u32,
+    ctx: &Ctx<'_>,
+    policy: &lockstep_schemas::ActionPolicy,
+    wake: &mut Option<u64>,
+    out: &mut Output,
+) {
+    let now = ctx.now_ms;
+    let up_ready_at = ctl
+        .last_up_ms
+        .map_or(0, |t| t + rule.scale_up_cooldown_s * 1000);
+    let want = if desired > current {
+        if now >= up_ready_at {
+            Some(desired)
+        } else {
+            min_wake(wake, up_ready_at);
+            None
+        }
+    } else if gone > 0 {
+        Some(current.saturating_sub(gone).max(rule.min_replicas))
+    } else {
+        None
+    };
+    let want = want
+        .filter(|&r| r != current)
+        .map(|replicas| Action::KubeScale {
+            target: rule.target.clone(),
+            replicas,
+        });
+    let issue = Issue {
+        seq: ctx.seq,
+        now_ms: now,
+        cause: ctx.event,
+        rule: Rule::Scaling.name(),
+    };
+    let before = out.actions.len();
+    let (_, w) = ctl.slot.reconcile(want, &issue, policy, &mut out.actions);
+    if out.actions[before..]
+        .iter()
+        .any(|a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current))
+    {
+        ctl.last_up_ms = Some(now);
+    }
+    if let Some(w) = w {
+        min_wake(wake, w);
     }
 }
 
