@@ -11,27 +11,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockstep_schemas::{Action, Envelope, Event, SlurmBaseState, SlurmNode, SlurmNodeFlag, Source};
+mod common;
+
+use common::{kubectl_path, repo, Reap, STATE};
 use lockstep_store::testing::{temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
-
-const STATE: &str = "/tmp/lockstep-local";
-
-/// Kills the child if the test ends early, so a failed test leaves no
-/// `lockstep run` behind.
-struct Reap(Option<std::process::Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Starts (or finds running) the local control plane; fails loudly if it
 /// cannot be built or started.
@@ -42,16 +26,7 @@ fn control_plane() -> (PathBuf, PathBuf) {
         .status()
         .expect("deploy/local/kube/up.sh runs");
     assert!(status.success(), "deploy/local/kube/up.sh failed");
-    let env = std::fs::read_to_string(Path::new(STATE).join("kube/env.sh")).unwrap();
-    let bin = env
-        .split("PATH='")
-        .nth(1)
-        .and_then(|s| s.split('\'').next())
-        .expect("env.sh names the kubectl directory");
-    (
-        Path::new(STATE).join("kube/kubeconfig"),
-        PathBuf::from(bin).join("kubectl"),
-    )
+    (Path::new(STATE).join("kube/kubeconfig"), kubectl_path())
 }
 
 struct Kubectl {
@@ -255,11 +230,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         matches!(&outcome.envelope.event, Event::ActionOutcome(o) if o.result == lockstep_schemas::OutcomeResult::Succeeded)
     );
 
-    Command::new("kill")
-        .args(["-TERM", &child.0.as_ref().unwrap().id().to_string()])
-        .status()
-        .unwrap();
-    let status = child.0.take().unwrap().wait().unwrap();
+    let status = child.stop();
     assert!(status.success(), "{}", run_log());
     k.run(
         &[

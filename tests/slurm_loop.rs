@@ -5,31 +5,16 @@
 //! `kubectl uncordon` resumes it.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{kubectl_path, repo, Reap, STATE};
 use lockstep_store::testing::{temp_dir, NatsServer};
 
-const STATE: &str = "/tmp/lockstep-local";
 const NODE: &str = "ls-n4";
-
-/// Kills the child if the test ends early, so a failed test leaves no
-/// `lockstep run` behind.
-struct Reap(Option<std::process::Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Runs an up.sh and returns the variables its env.sh exports.
 fn up(script: &str, env_file: &str) -> BTreeMap<String, String> {
@@ -77,16 +62,10 @@ fn kubectl_cordon_drains_the_slurm_node_and_uncordon_resumes_it() {
     let kube = up("deploy/local/kube/up.sh", "kube/env.sh");
     let slurm_conf = slurm["SLURM_CONF"].clone();
     let kubeconfig = kube["KUBECONFIG"].clone();
-    let kubectl_dir = std::fs::read_to_string(Path::new(STATE).join("kube/env.sh"))
-        .unwrap()
-        .split("PATH='")
-        .nth(1)
-        .and_then(|s| s.split('\'').next())
-        .map(PathBuf::from)
-        .expect("env.sh names the kubectl directory");
+    let kubectl_bin = kubectl_path();
     let kubectl = |args: &[&str], stdin: Option<&str>| {
         use std::io::Write;
-        let mut child = Command::new(kubectl_dir.join("kubectl"))
+        let mut child = Command::new(&kubectl_bin)
             .args(args)
             .env("KUBECONFIG", &kubeconfig)
             .stdin(Stdio::piped())
@@ -171,11 +150,7 @@ fn kubectl_cordon_drains_the_slurm_node_and_uncordon_resumes_it() {
         || !scontrol_node(&slurm_conf).contains("DRAIN"),
     );
 
-    Command::new("kill")
-        .args(["-TERM", &child.0.as_ref().unwrap().id().to_string()])
-        .status()
-        .unwrap();
-    let status = child.0.take().unwrap().wait().unwrap();
+    let status = child.stop();
     assert!(status.success(), "{}", run_log());
     kubectl(&["delete", "node", NODE], None);
     let _ = std::fs::remove_dir_all(dir);
