@@ -34,6 +34,10 @@ pub struct Config {
     /// The Slurm connector. Unset: lockstep does not talk to Slurm.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmConfig>,
+    /// Leader election among replicas. Unset: this instance always leads
+    /// (run one replica only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_election: Option<LeaderElectionConfig>,
 }
 
 impl Default for Config {
@@ -46,6 +50,7 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             kubernetes: None,
             slurm: None,
+            leader_election: None,
         }
     }
 }
@@ -118,6 +123,79 @@ impl Default for KubernetesConfig {
             node_labels: Vec::new(),
             actions_in_flight_max: 16,
         }
+    }
+}
+
+/// Leader election on a `coordination.k8s.io/v1` Lease: only the leader
+/// observes, dispatches and carries out actions; the others fold the log
+/// and take over when the leader's Lease expires. The Kubernetes client is
+/// the `[kubernetes]` section's (or the in-cluster service account).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaderElectionConfig {
+    /// Namespace of the Lease. Unset: `$POD_NAMESPACE`, else `default`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// This replica's identity. Unset: `$POD_NAME` (else the host name),
+    /// the process id and the start time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// How long a Lease that is not renewed stays held: the longest a
+    /// follower waits after the leader dies.
+    pub lease_duration_ms: u64,
+    /// The leader steps down (and exits) when it could not renew for this
+    /// long; shorter than the lease duration.
+    pub renew_deadline_ms: u64,
+    /// Pause between attempts to take or renew the Lease.
+    pub retry_period_ms: u64,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            lease_name: "lockstep".to_owned(),
+            identity: None,
+            lease_duration_ms: 15_000,
+            renew_deadline_ms: 10_000,
+            retry_period_ms: 2_000,
+        }
+    }
+}
+
+impl LeaderElectionConfig {
+    /// The namespace, with its fallbacks.
+    pub fn namespace(&self) -> String {
+        self.namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "default".to_owned())
+    }
+
+    /// The identity, with its fallbacks.
+    pub fn identity(&self) -> String {
+        if let Some(id) = &self.identity {
+            return id.clone();
+        }
+        let host = std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+            })
+            .unwrap_or_else(|| "lockstep".to_owned());
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!("{host}_{}_{started:x}", std::process::id())
     }
 }
 
@@ -245,6 +323,25 @@ impl Config {
         if let Some(p) = cfg.kubernetes.as_mut().and_then(|k| k.kubeconfig.as_mut()) {
             if p.is_relative() {
                 *p = base.join(&*p);
+            }
+        }
+        if let Some(le) = &cfg.leader_election {
+            if le.lease_name.is_empty() {
+                anyhow::bail!(
+                    "in config {}: leader_election.lease_name must not be empty",
+                    path.display()
+                );
+            }
+            if !(le.retry_period_ms < le.renew_deadline_ms
+                && le.renew_deadline_ms < le.lease_duration_ms)
+            {
+                anyhow::bail!(
+                    "in config {}: leader_election needs retry_period_ms < renew_deadline_ms < lease_duration_ms (now {} / {} / {})",
+                    path.display(),
+                    le.retry_period_ms,
+                    le.renew_deadline_ms,
+                    le.lease_duration_ms
+                );
             }
         }
         if cfg.service.batch_max == 0 {

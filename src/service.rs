@@ -3,10 +3,19 @@
 //! Persist first, then act (restate's partition processor): each batch's
 //! checkpoint (when due), ledger entries and audit rows are committed in one
 //! store transaction and flushed before its actions are published. After a
-//! crash the service restarts from the last checkpoint, re-applies the log
-//! after it (the same records give the same action ids), and publishes only
-//! what the ledger has not dispatched; the action stream deduplicates by id
-//! besides.
+//! crash the service restarts from the last checkpoint and re-applies the
+//! log after it (the same records give the same action ids).
+//!
+//! Who acts: every instance folds the log; only the acting one (the holder
+//! of the leader Lease, once caught up with the log; every instance when
+//! leader election is off) observes, publishes and carries out actions.
+//! When it starts acting it dispatches the actions in flight that its
+//! ledger has not dispatched. An action is carried out only by the instance
+//! whose publication put it on the action stream first (JetStream
+//! deduplicates by action id), so no action id is executed twice, whoever
+//! crashed or took over; one that was published but lost with its
+//! publisher gets no outcome, and the reducer retries it after
+//! `actions.timeout_s` of log time under a new id.
 //!
 //! This loop owns the engine. It never decides anything itself.
 
@@ -84,6 +93,12 @@ fn read_policy(path: &Path) -> Result<Policy> {
 
 /// Runs until `shutdown` resolves; then finishes the batch, commits a final
 /// checkpoint and returns.
+///
+/// Every instance folds the log into its own store. Only the acting one,
+/// the leader once it has caught up with the log (every instance, without
+/// leader election), observes, dispatches and carries out actions. An
+/// instance that loses the leader Lease while acting returns an error, so
+/// that its supervisor restarts it as a follower.
 pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     let health = Arc::new(Health::default());
     if let Some(addr) = cfg.telemetry.listen {
@@ -101,37 +116,39 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
     health.checkpoint_seq.store(next - 1, Ordering::Relaxed);
     health.applied_seq.store(next - 1, Ordering::Relaxed);
 
-    // The policy the connectors start with (what they watch follows it).
-    let start_policy = match &cfg.policy_file {
-        Some(path) => read_policy(path)?,
-        None => engine.policy().clone(),
+    let mut leadership = match &cfg.leader_election {
+        Some(le) => Some(start_leadership(&cfg, le).await?),
+        None => None,
     };
-    let actuators = start_connectors(&cfg, &start_policy, &log).await?;
-
-    // Actions committed but not published before a crash.
-    dispatch(&store, &log, &actuators, store.undispatched()?).await?;
+    let mut leader = leadership.is_none();
+    let mut acting: Option<Acting> = None;
+    telemetry::record_leader(false);
 
     let last_activity = Arc::new(std::sync::atomic::AtomicU64::new(now_ms()));
-    let ticker = tokio::spawn(tick_when_quiet(
-        log.clone(),
-        cfg.service.tick_interval_ms,
-        last_activity.clone(),
-    ));
-    let policy_task = cfg
-        .policy_file
-        .clone()
-        .map(|path| tokio::spawn(watch_policy(log.clone(), path, cfg.service.policy_poll_ms)));
-
     let mut out = Output::default();
     let mut since_checkpoint = (0u64, Instant::now());
     let read_wait = Duration::from_millis(cfg.service.read_wait_ms);
     let mut backoff = Duration::from_millis(100);
     let max_backoff = Duration::from_millis(cfg.service.retry_backoff_max_ms.max(100));
+    let mut lost_lease = false;
     tokio::pin!(shutdown);
     loop {
         let batch = tokio::select! {
             biased;
             _ = &mut shutdown => break,
+            now_leader = leadership_changed(&mut leadership) => {
+                if now_leader {
+                    info!(applied_seq = next - 1, "leading; acting once caught up with the log");
+                    leader = true;
+                } else if acting.is_some() {
+                    error!("lost the leader lease while acting; stopping so that only the new leader acts");
+                    lost_lease = true;
+                    break;
+                } else {
+                    leader = false;
+                }
+                continue;
+            }
             batch = log.read(next, cfg.service.batch_max, read_wait) => batch,
         };
         let batch = match batch {
@@ -151,80 +168,54 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
                 continue;
             }
         };
-        if batch.is_empty() {
-            // Idle: a good moment to look at the head.
-            if let Ok(head) = log.head().await {
-                health.head_seq.store(head, Ordering::Relaxed);
-                telemetry::record_lag(head, next - 1);
-                if head < next && !health.ready.swap(true, Ordering::Relaxed) {
-                    info!(applied_seq = next - 1, "caught up with the log");
-                }
+        if !batch.is_empty() {
+            last_activity.store(now_ms(), Ordering::Relaxed);
+            apply_batch(
+                &cfg,
+                &store,
+                &mut engine,
+                &batch,
+                &mut next,
+                &mut out,
+                &mut since_checkpoint,
+                &health,
+            )
+            .await?;
+            if let Some(a) = &acting {
+                // Then act.
+                dispatch(&store, &log, &a.actuators, out.actions.clone()).await?;
             }
+        }
+        // Caught up? Checked when idle, or after a short batch until this
+        // instance acts (a busy log may never give an empty read).
+        let look =
+            batch.is_empty() || (batch.len() < cfg.service.batch_max && leader && acting.is_none());
+        if !look {
             continue;
         }
-        last_activity.store(now_ms(), Ordering::Relaxed);
-        let started = Instant::now();
-        out.clear();
-        let mut commit = Commit::default();
-        for rec in &batch {
-            if rec.seq < next {
-                continue;
-            }
-            engine.apply(rec, &mut out);
-            if let Event::ActionOutcome(o) = &rec.envelope.event {
-                let result = match &o.result {
-                    OutcomeResult::Succeeded => "succeeded",
-                    OutcomeResult::AlreadyDone => "already_done",
-                    OutcomeResult::Failed {
-                        retryable: true, ..
-                    } => "failed_retryable",
-                    OutcomeResult::Failed { .. } => "failed",
-                };
-                telemetry::OutcomeApplied {
-                    kind: o.kind.name(),
-                    result,
-                }
-                .emit();
-                commit
-                    .outcomes
-                    .push((o.action_id.clone(), o.result.clone()));
-            }
-            next = rec.seq + 1;
+        let Ok(head) = log.head().await else {
+            continue;
+        };
+        health.head_seq.store(head, Ordering::Relaxed);
+        telemetry::record_lag(head, next - 1);
+        if head >= next {
+            continue;
         }
-        let apply = started.elapsed();
-        since_checkpoint.0 += batch.len() as u64;
-        let due = since_checkpoint.0 >= cfg.service.checkpoint_every_records
-            || since_checkpoint.1.elapsed()
-                >= Duration::from_millis(cfg.service.checkpoint_every_ms);
-        if due {
-            commit.checkpoint = Some(take_checkpoint(&engine));
-            since_checkpoint = (0, Instant::now());
+        if !health.ready.swap(true, Ordering::Relaxed) {
+            info!(applied_seq = next - 1, "caught up with the log");
         }
-        commit.issued.clone_from(&out.actions);
-        commit.transitions.clone_from(&out.transitions);
-        let commit_started = Instant::now();
-        store.commit(&commit).context("committing a batch")?;
-        store.flush().await.context("flushing the store")?;
-        telemetry::BatchCommitted {
-            records: batch.len(),
-            last_seq: next - 1,
-            output: &out,
-            apply,
-            commit: commit_started.elapsed(),
+        if leader && acting.is_none() {
+            let a = start_acting(&cfg, &engine, &store, &log, last_activity.clone()).await?;
+            acting = Some(a);
+            health.leader.store(true, Ordering::Relaxed);
+            telemetry::record_leader(true);
         }
-        .emit();
-        if let Some(cp) = &commit.checkpoint {
-            health.checkpoint_seq.store(cp.seq, Ordering::Relaxed);
-        }
-        health.applied_seq.store(next - 1, Ordering::Relaxed);
-        // Then act.
-        dispatch(&store, &log, &actuators, out.actions.clone()).await?;
     }
 
-    // Graceful stop: everything applied is in a final checkpoint.
-    ticker.abort();
-    if let Some(t) = policy_task {
-        t.abort();
+    // Stop: everything applied is in a final checkpoint, then the Lease
+    // goes to the next leader.
+    if let Some(a) = acting.take() {
+        a.stop();
     }
     store
         .commit(&Commit {
@@ -234,7 +225,176 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
         .context("writing the final checkpoint")?;
     store.flush().await?;
     log.flush().await?;
+    if let Some(l) = leadership {
+        l.release(Duration::from_secs(5)).await;
+    }
+    health.leader.store(false, Ordering::Relaxed);
+    telemetry::record_leader(false);
     info!(applied_seq = next - 1, "stopped");
+    if lost_lease {
+        anyhow::bail!("lost the leader lease");
+    }
+    Ok(())
+}
+
+/// Starts competing for the configured Lease.
+async fn start_leadership(
+    cfg: &Config,
+    le: &crate::config::LeaderElectionConfig,
+) -> Result<lockstep_connectors::kube::Leadership> {
+    use lockstep_connectors::kube;
+    let kubeconfig = cfg
+        .kubernetes
+        .as_ref()
+        .and_then(|k| k.kubeconfig.as_deref());
+    let kube_config = kube::load_config(kubeconfig)
+        .await
+        .context("loading the Kubernetes client configuration for leader election")?;
+    let lease = kube::LeaseConfig {
+        lease_duration: Duration::from_millis(le.lease_duration_ms),
+        renew_deadline: Duration::from_millis(le.renew_deadline_ms),
+        retry_period: Duration::from_millis(le.retry_period_ms),
+        ..kube::LeaseConfig::new(le.namespace(), le.lease_name.clone(), le.identity())
+    };
+    info!(
+        lease = format!("{}/{}", lease.namespace, lease.name),
+        identity = %lease.identity,
+        "following; competing for the leader lease"
+    );
+    kube::Leadership::start(kube_config, lease).context("starting leader election")
+}
+
+/// The next change of leadership; never, without leader election.
+async fn leadership_changed(l: &mut Option<lockstep_connectors::kube::Leadership>) -> bool {
+    match l {
+        Some(l) => l.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What an acting instance runs besides the apply loop.
+struct Acting {
+    actuators: Actuators,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Acting {
+    fn stop(self) {
+        self.tasks.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}
+
+/// Starts observing and acting: connectors, ticks, the policy watcher; then
+/// dispatches the actions in flight that this instance has not dispatched
+/// (issued before a crash, or by a previous leader).
+async fn start_acting(
+    cfg: &Config,
+    engine: &Engine,
+    store: &Store,
+    log: &EventLog,
+    last_activity: Arc<std::sync::atomic::AtomicU64>,
+) -> Result<Acting> {
+    // The policy the connectors start with (what they watch follows it).
+    let policy = match &cfg.policy_file {
+        Some(path) => read_policy(path)?,
+        None => engine.policy().clone(),
+    };
+    let actuators = start_connectors(cfg, &policy, log).await?;
+    let mut tasks = vec![tokio::spawn(tick_when_quiet(
+        log.clone(),
+        cfg.service.tick_interval_ms,
+        last_activity,
+    ))];
+    if let Some(path) = cfg.policy_file.clone() {
+        tasks.push(tokio::spawn(watch_policy(
+            log.clone(),
+            path,
+            cfg.service.policy_poll_ms,
+        )));
+    }
+    let mut in_flight = Vec::new();
+    for (_, id) in engine.pending() {
+        match store.ledger_entry(&id)? {
+            Some(e) if e.dispatched == 0 => in_flight.push(e.issued),
+            Some(_) => {}
+            None => warn!(action = %id.0, "an action in flight has no ledger entry"),
+        }
+    }
+    in_flight.sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+    info!(
+        applied_seq = engine.last_seq(),
+        in_flight = in_flight.len(),
+        "acting"
+    );
+    dispatch(store, log, &actuators, in_flight).await?;
+    Ok(Acting { actuators, tasks })
+}
+
+/// Applies one batch and commits it (checkpoint when due, ledger, audit).
+#[allow(clippy::too_many_arguments)]
+async fn apply_batch(
+    cfg: &Config,
+    store: &Store,
+    engine: &mut Engine,
+    batch: &[lockstep_schemas::EventRecord],
+    next: &mut u64,
+    out: &mut Output,
+    since_checkpoint: &mut (u64, Instant),
+    health: &Health,
+) -> Result<()> {
+    let started = Instant::now();
+    out.clear();
+    let mut commit = Commit::default();
+    for rec in batch {
+        if rec.seq < *next {
+            continue;
+        }
+        engine.apply(rec, out);
+        if let Event::ActionOutcome(o) = &rec.envelope.event {
+            let result = match &o.result {
+                OutcomeResult::Succeeded => "succeeded",
+                OutcomeResult::AlreadyDone => "already_done",
+                OutcomeResult::Failed {
+                    retryable: true, ..
+                } => "failed_retryable",
+                OutcomeResult::Failed { .. } => "failed",
+            };
+            telemetry::OutcomeApplied {
+                kind: o.kind.name(),
+                result,
+            }
+            .emit();
+            commit
+                .outcomes
+                .push((o.action_id.clone(), o.result.clone()));
+        }
+        *next = rec.seq + 1;
+    }
+    let apply = started.elapsed();
+    since_checkpoint.0 += batch.len() as u64;
+    let due = since_checkpoint.0 >= cfg.service.checkpoint_every_records
+        || since_checkpoint.1.elapsed() >= Duration::from_millis(cfg.service.checkpoint_every_ms);
+    if due {
+        commit.checkpoint = Some(take_checkpoint(engine));
+        *since_checkpoint = (0, Instant::now());
+    }
+    commit.issued.clone_from(&out.actions);
+    commit.transitions.clone_from(&out.transitions);
+    let commit_started = Instant::now();
+    store.commit(&commit).context("committing a batch")?;
+    store.flush().await.context("flushing the store")?;
+    telemetry::BatchCommitted {
+        records: batch.len(),
+        last_seq: *next - 1,
+        output: out,
+        apply,
+        commit: commit_started.elapsed(),
+    }
+    .emit();
+    if let Some(cp) = &commit.checkpoint {
+        health.checkpoint_seq.store(cp.seq, Ordering::Relaxed);
+    }
+    health.applied_seq.store(*next - 1, Ordering::Relaxed);
     Ok(())
 }
 
@@ -425,7 +585,8 @@ async fn append_until_done(log: &EventLog, env: &Envelope) {
 }
 
 /// Publishes actions the ledger has not dispatched, records them, then
-/// hands them to the actuators of this process.
+/// hands those this call was first to publish to the actuators of this
+/// process.
 async fn dispatch(
     store: &Store,
     log: &EventLog,
@@ -443,9 +604,9 @@ async fn dispatch(
         return Ok(());
     }
     let mut backoff = Duration::from_millis(100);
-    loop {
+    let fresh = loop {
         match log.publish_actions(&todo).await {
-            Ok(()) => break,
+            Ok(fresh) => break fresh,
             Err(e) if e.is_retryable() => {
                 telemetry::LogUnavailable {
                     what: "publish actions",
@@ -458,12 +619,18 @@ async fn dispatch(
             }
             Err(e) => return Err(e).context("publishing actions"),
         }
-    }
+    };
     let ids: Vec<_> = todo.iter().map(|a| a.id.clone()).collect();
     store.mark_dispatched(&ids)?;
     store.flush().await?;
-    telemetry::ActionsDispatched { count: ids.len() }.emit();
-    actuators.hand_over(&todo).await;
+    // Only the instance whose publication was the first carries an action
+    // out: an action id is executed at most once, whoever leads.
+    let (ours, theirs): (Vec<_>, Vec<_>) = todo.into_iter().zip(fresh).partition(|(_, f)| *f);
+    let ours: Vec<_> = ours.into_iter().map(|(a, _)| a).collect();
+    let theirs: Vec<_> = theirs.into_iter().map(|(a, _)| a.id).collect();
+    telemetry::ActionsDispatched { count: ours.len() }.emit();
+    telemetry::ActionsAlreadyPublished { ids: &theirs }.emit();
+    actuators.hand_over(&ours).await;
     Ok(())
 }
 

@@ -50,6 +50,8 @@ pub struct Health {
     pub head_seq: AtomicU64,
     /// Sequence of the last checkpoint.
     pub checkpoint_seq: AtomicU64,
+    /// This instance leads: it observes, dispatches and carries out actions.
+    pub leader: AtomicBool,
 }
 
 /// A batch was applied and committed.
@@ -117,6 +119,33 @@ impl ActionsDispatched {
         }
         counter!("lockstep_actions_dispatched_total").increment(self.count as u64);
     }
+}
+
+/// Actions another instance (or an earlier life of this one) had already
+/// published: this instance does not carry them out.
+pub struct ActionsAlreadyPublished<'a> {
+    /// Their ids.
+    pub ids: &'a [lockstep_schemas::ActionId],
+}
+
+impl ActionsAlreadyPublished<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        info!(
+            count = self.ids.len(),
+            first = %self.ids[0].0,
+            "actions already on the action stream; not carried out again (a lost one is retried by the reducer after its timeout)"
+        );
+        counter!("lockstep_actions_already_published_total").increment(self.ids.len() as u64);
+    }
+}
+
+/// This instance started or stopped leading.
+pub fn record_leader(leader: bool) {
+    gauge!("lockstep_leader").set(if leader { 1.0 } else { 0.0 });
 }
 
 /// A checkpoint was written.
@@ -201,8 +230,9 @@ pub async fn serve(addr: SocketAddr, metrics: PrometheusHandle, health: Arc<Heal
                         "/status" => (
                             StatusCode::OK,
                             format!(
-                                "{{\"ready\":{},\"applied_seq\":{},\"head_seq\":{},\"checkpoint_seq\":{}}}\n",
+                                "{{\"ready\":{},\"leader\":{},\"applied_seq\":{},\"head_seq\":{},\"checkpoint_seq\":{}}}\n",
                                 health.ready.load(Ordering::Relaxed),
+                                health.leader.load(Ordering::Relaxed),
                                 health.applied_seq.load(Ordering::Relaxed),
                                 health.head_seq.load(Ordering::Relaxed),
                                 health.checkpoint_seq.load(Ordering::Relaxed)

@@ -163,7 +163,12 @@ impl EventLog {
     }
 
     /// Publishes issued actions, deduplicated by action id.
-    pub async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<()> {
+    ///
+    /// Returns, for each action, whether this call published it (`true`) or
+    /// the stream already held its id (`false`: another instance, or an
+    /// earlier life of this one, published it). Only the publisher carries
+    /// an action out, so an action id is executed at most once.
+    pub async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<Vec<bool>> {
         match self {
             Self::Embedded(e) => e.publish_actions(actions),
             Self::Nats(n) => n.publish_actions(actions).await,
@@ -303,19 +308,22 @@ impl Embedded {
         Ok(self.log.last()?.map_or(0, |(k, _)| be(&k)))
     }
 
-    fn publish_actions(&self, actions: &[IssuedAction]) -> Result<()> {
+    fn publish_actions(&self, actions: &[IssuedAction]) -> Result<Vec<bool>> {
         let _guard = self.append_lock.lock().expect("append lock poisoned");
+        let mut fresh = Vec::with_capacity(actions.len());
         for a in actions {
             if self.action_ids.contains_key(a.id.0.as_bytes())? {
+                fresh.push(false);
                 continue;
             }
+            fresh.push(true);
             let n = self.actions.last()?.map_or(1, |(k, _)| be(&k) + 1);
             let value = rmp_serde::to_vec_named(a).expect("actions encode");
             self.actions.insert(n.to_be_bytes(), value)?;
             self.action_ids
                 .insert(a.id.0.as_bytes(), &n.to_be_bytes())?;
         }
-        Ok(())
+        Ok(fresh)
     }
 
     fn actions(&self) -> Result<Vec<IssuedAction>> {
@@ -495,7 +503,7 @@ impl Nats {
         Ok(info.state.last_sequence)
     }
 
-    async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<()> {
+    async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<Vec<bool>> {
         let mut acks = Vec::with_capacity(actions.len());
         for a in actions {
             let payload = rmp_serde::to_vec_named(a).expect("actions encode");
@@ -510,11 +518,14 @@ impl Nats {
                     .map_err(|e| js_err("publish action")(e.to_string()))?,
             );
         }
+        let mut fresh = Vec::with_capacity(acks.len());
         for ack in acks {
-            ack.await
+            let ack = ack
+                .await
                 .map_err(|e| js_err("publish action ack")(e.to_string()))?;
+            fresh.push(!ack.duplicate);
         }
-        Ok(())
+        Ok(fresh)
     }
 
     async fn actions(&self) -> Result<Vec<IssuedAction>> {

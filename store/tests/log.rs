@@ -193,8 +193,15 @@ async fn actions_are_published_once_per_id() {
         };
         let mut b = a.clone();
         b.id = lockstep_schemas::ActionId("6.slurm_drain.slurm:n2/state".into());
-        log.publish_actions(&[a.clone(), b.clone()]).await.unwrap();
-        log.publish_actions(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(
+            log.publish_actions(&[a.clone(), b.clone()]).await.unwrap(),
+            [true, true]
+        );
+        // The second publisher learns that it is not the one to act.
+        assert_eq!(
+            log.publish_actions(std::slice::from_ref(&a)).await.unwrap(),
+            [false]
+        );
         assert_eq!(log.actions().await.unwrap(), [a, b]);
     }
     let _ = std::fs::remove_dir_all(dir);

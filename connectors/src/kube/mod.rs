@@ -18,11 +18,13 @@
 
 mod actuator;
 mod error;
+mod lease;
 mod observer;
 pub mod reduce;
 mod tracker;
 
 pub use actuator::{Actuator, ActuatorConfig, FIELD_MANAGER};
 pub use error::{Error, Result};
+pub use lease::{Leadership, LeaseConfig};
 pub use observer::{load_config, Observation, Observer, ObserverConfig};
 pub use reduce::{ObserveSpec, ScaleKind};
