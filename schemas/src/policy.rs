@@ -153,8 +153,10 @@ pub struct HealthPolicy {
     /// (DOWN, NOT_RESPONDING, FAIL). Empty: not shown.
     pub slurm_health_condition: String,
     /// Taint put on a Kubernetes node while one of its Slurm nodes is DOWN,
-    /// NOT_RESPONDING or FAIL and lockstep did not cause it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// NOT_RESPONDING or FAIL and lockstep did not cause it. `null`: none.
+    /// (Written out even when `null`: its default is a taint, so leaving it
+    /// out would turn "no taint" into the default taint when read back, and
+    /// a replay would not do what the live service did.)
     pub unhealthy_taint: Option<TaintSpec>,
 }
 
@@ -419,4 +421,25 @@ pub fn valid_topology_token(s: &str) -> bool {
         && s.len() <= 64
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_without_the_unhealthy_taint_reads_back_the_same() {
+        let mut p = Policy::default();
+        p.health.unhealthy_taint = None;
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), p);
+        let mp = rmp_serde::to_vec_named(&p).unwrap();
+        assert_eq!(rmp_serde::from_slice::<Policy>(&mp).unwrap(), p);
+        // Options whose default is `None` may be left out.
+        let d = Policy::default();
+        assert_eq!(
+            serde_json::from_str::<Policy>(&serde_json::to_string(&d).unwrap()).unwrap(),
+            d
+        );
+    }
 }
