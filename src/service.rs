@@ -9,8 +9,10 @@
 //! Who acts: every instance folds the log; only the acting one (the holder
 //! of the leader Lease, once caught up with the log; every instance when
 //! leader election is off) observes, publishes and carries out actions.
-//! When it starts acting it dispatches the actions in flight that its
-//! ledger has not dispatched. An action is carried out only by the instance
+//! When it starts acting it publishes what the reducer issued that was
+//! never published (a batch committed just before a crash, the last moments
+//! of a previous leader) and carries out those still in flight. An action
+//! is carried out only by the instance
 //! whose publication put it on the action stream first (JetStream
 //! deduplicates by action id), so no action id is executed twice, whoever
 //! crashed or took over; one that was published but lost with its
@@ -183,7 +185,7 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
             .await?;
             if let Some(a) = &acting {
                 // Then act.
-                dispatch(&store, &log, &a.actuators, out.actions.clone()).await?;
+                dispatch(&store, &log, &a.actuators, out.actions.clone(), |_| true).await?;
             }
         }
         // Caught up? Checked when idle, or after a short batch until this
@@ -312,21 +314,36 @@ async fn start_acting(
             cfg.service.policy_poll_ms,
         )));
     }
-    let mut in_flight = Vec::new();
-    for (_, id) in engine.pending() {
-        match store.ledger_entry(&id)? {
-            Some(e) if e.dispatched == 0 => in_flight.push(e.issued),
-            Some(_) => {}
-            None => warn!(action = %id.0, "an action in flight has no ledger entry"),
-        }
-    }
-    in_flight.sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+    // What the reducer issued that this instance never dispatched and that
+    // has no outcome: actions of batches committed but not published before
+    // a crash, and, on a follower that just took over, actions of its
+    // predecessor's last moments. All of them are published, so that the
+    // action stream records everything the reducer issued (replay --verify);
+    // a NATS stream deduplicates ids within its window only, so older ones
+    // are taken to have been published by the leader of their time. Of what
+    // this call is first to publish, only the actions still in flight are
+    // carried out.
+    let horizon = match cfg.log.nats_url {
+        Some(_) => now_ms().saturating_sub(cfg.log.duplicate_window_s * 1000 * 9 / 10),
+        None => 0,
+    };
+    let unpublished: Vec<_> = store
+        .undispatched()?
+        .into_iter()
+        .filter(|a| a.time_ms >= horizon)
+        .collect();
+    let in_flight: std::collections::HashSet<_> =
+        engine.pending().into_iter().map(|(_, id)| id).collect();
     info!(
         applied_seq = engine.last_seq(),
+        unpublished = unpublished.len(),
         in_flight = in_flight.len(),
         "acting"
     );
-    dispatch(store, log, &actuators, in_flight).await?;
+    dispatch(store, log, &actuators, unpublished, |a| {
+        in_flight.contains(&a.id)
+    })
+    .await?;
     Ok(Acting { actuators, tasks })
 }
 
@@ -585,13 +602,14 @@ async fn append_until_done(log: &EventLog, env: &Envelope) {
 }
 
 /// Publishes actions the ledger has not dispatched, records them, then
-/// hands those this call was first to publish to the actuators of this
-/// process.
+/// hands those this call was first to publish and that `carry_out` accepts
+/// to the actuators of this process.
 async fn dispatch(
     store: &Store,
     log: &EventLog,
     actuators: &Actuators,
     actions: Vec<lockstep_schemas::IssuedAction>,
+    carry_out: impl Fn(&lockstep_schemas::IssuedAction) -> bool,
 ) -> Result<()> {
     let mut todo = Vec::with_capacity(actions.len());
     for a in actions {
@@ -626,7 +644,11 @@ async fn dispatch(
     // Only the instance whose publication was the first carries an action
     // out: an action id is executed at most once, whoever leads.
     let (ours, theirs): (Vec<_>, Vec<_>) = todo.into_iter().zip(fresh).partition(|(_, f)| *f);
-    let ours: Vec<_> = ours.into_iter().map(|(a, _)| a).collect();
+    let ours: Vec<_> = ours
+        .into_iter()
+        .map(|(a, _)| a)
+        .filter(|a| carry_out(a))
+        .collect();
     let theirs: Vec<_> = theirs.into_iter().map(|(a, _)| a.id).collect();
     telemetry::ActionsDispatched { count: ours.len() }.emit();
     telemetry::ActionsAlreadyPublished { ids: &theirs }.emit();

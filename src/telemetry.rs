@@ -19,12 +19,18 @@ use tracing::{debug, info, warn};
 
 use crate::config::LogFormat;
 
-/// Sets up `tracing` (filter from `RUST_LOG`, default `info`) on stderr.
+/// Sets up `tracing` (filter from `RUST_LOG`, default `info`) on stderr,
+/// in colour only on a terminal (and never with `NO_COLOR` set): a log file
+/// or a container's log stays plain text.
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),

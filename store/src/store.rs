@@ -209,7 +209,9 @@ impl Store {
             .map_err(|e: sled::transaction::TransactionError| Error::Transaction(e.to_string()))
     }
 
-    /// Actions of the ledger not yet dispatched, in issue order.
+    /// Actions of the ledger this store never dispatched and that have no
+    /// outcome (an action with an outcome was dispatched, by another
+    /// instance if not by this one), in issue order.
     pub fn undispatched(&self) -> Result<Vec<IssuedAction>> {
         let mut out = Vec::new();
         for item in self.ledger.iter() {
@@ -218,7 +220,7 @@ impl Store {
                 what: "ledger entry",
                 source,
             })?;
-            if entry.dispatched == 0 {
+            if entry.dispatched == 0 && entry.outcome.is_none() {
                 out.push(entry.issued);
             }
         }

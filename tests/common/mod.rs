@@ -48,3 +48,253 @@ impl Drop for Reap {
         }
     }
 }
+
+/// Waits until `f` gives a value, polling every 100 ms; panics after `limit`.
+pub fn wait_for<T>(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The whole local stack: a real Slurm (slurmctld, slurmd, slurmrestd) and
+/// a real kube-apiserver, started (or found running) by `deploy/local`, and
+/// the kubeconfig of lockstep's ServiceAccount bound to
+/// `deploy/kubernetes/rbac.yaml`.
+pub struct Stack {
+    /// What `deploy/local/slurm/env.sh` exports.
+    pub slurm: std::collections::BTreeMap<String, String>,
+    /// The cluster-admin kubeconfig (for the test's own kubectl).
+    pub admin_kubeconfig: PathBuf,
+    /// lockstep's ServiceAccount kubeconfig (for `lockstep run`).
+    pub lockstep_kubeconfig: PathBuf,
+    /// kubectl.
+    pub kubectl_bin: PathBuf,
+}
+
+/// Runs an up.sh and returns the variables its env.sh exports.
+pub fn up(script: &str, env_file: &str) -> std::collections::BTreeMap<String, String> {
+    let out = Command::new(repo().join(script))
+        .env("LOCKSTEP_STATE_DIR", STATE)
+        .output()
+        .unwrap_or_else(|e| panic!("{script}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(Path::new(STATE).join(env_file))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            (
+                k.to_owned(),
+                v.trim_matches('\'').trim_matches('"').to_owned(),
+            )
+        })
+        .collect()
+}
+
+impl Stack {
+    /// Starts what is not running; fails loudly if anything cannot start.
+    pub fn up() -> Self {
+        let slurm = up("deploy/local/slurm/up.sh", "slurm/env.sh");
+        let kube = up("deploy/local/kube/up.sh", "kube/env.sh");
+        let out = Command::new(repo().join("deploy/local/kube/service-account.sh"))
+            .env("LOCKSTEP_STATE_DIR", STATE)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "service-account.sh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self {
+            slurm,
+            admin_kubeconfig: PathBuf::from(&kube["KUBECONFIG"]),
+            lockstep_kubeconfig: PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()),
+            kubectl_bin: kubectl_path(),
+        }
+    }
+
+    /// kubectl as cluster-admin; `Err(stderr)` when it fails.
+    pub fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write;
+        let mut child = Command::new(&self.kubectl_bin)
+            .args(args)
+            .env("KUBECONFIG", &self.admin_kubeconfig)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            let mut input = input;
+            input.write_all(s.as_bytes()).unwrap();
+        } else {
+            drop(input);
+        }
+        let out = child.wait_with_output().unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8(out.stdout).unwrap())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// kubectl as cluster-admin; panics when it fails.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+        self.try_kubectl(args, stdin)
+            .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"))
+    }
+
+    /// `kubectl apply` of one object.
+    pub fn apply(&self, object: &serde_json::Value) {
+        self.kubectl(&["apply", "-f", "-"], Some(&object.to_string()));
+    }
+
+    /// `kubectl get ... -o json`, or `None` when it does not exist.
+    pub fn get(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let mut a = vec!["get"];
+        a.extend(args);
+        a.extend(["-o", "json"]);
+        match self.try_kubectl(&a, None) {
+            Ok(s) => Some(serde_json::from_str(&s).unwrap()),
+            Err(e) if e.contains("NotFound") => None,
+            Err(e) => panic!("kubectl {a:?}: {e}"),
+        }
+    }
+
+    /// A Slurm command with this stack's `SLURM_CONF`; `Err(stderr)` when it fails.
+    pub fn try_slurm(&self, program: &str, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(program)
+            .args(args)
+            .env("SLURM_CONF", &self.slurm["SLURM_CONF"])
+            .env_remove("SLURM_JWT")
+            .current_dir("/tmp")
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// A Slurm command; panics when it fails.
+    pub fn slurm(&self, program: &str, args: &[&str]) -> String {
+        self.try_slurm(program, args)
+            .unwrap_or_else(|e| panic!("{program} {args:?}: {e}"))
+    }
+
+    /// `scontrol show node N -o`.
+    pub fn slurm_node(&self, node: &str) -> String {
+        self.slurm("scontrol", &["show", "node", node, "-o"])
+    }
+
+    /// Submits `sbatch --wrap CMD` with these options; returns the job id.
+    pub fn sbatch(&self, options: &[&str], cmd: &str) -> String {
+        let mut a = vec!["--parsable", "--output=/dev/null"];
+        a.extend(options);
+        a.extend(["--wrap", cmd]);
+        self.slurm("sbatch", &a).trim().to_owned()
+    }
+
+    /// `squeue` state of a job (`PENDING`, `RUNNING`, ...), `None` once gone.
+    pub fn job_state(&self, id: &str) -> Option<String> {
+        let s = self
+            .try_slurm("squeue", &["-h", "-j", id, "-o", "%T"])
+            .unwrap_or_default();
+        let s = s.trim();
+        (!s.is_empty()).then(|| s.to_owned())
+    }
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One `lockstep run`, in its own directory, killed when dropped.
+pub struct Lockstep {
+    /// The process.
+    pub child: Reap,
+    /// Its directory (config, policy, data, `run.log`).
+    pub dir: PathBuf,
+    /// Its telemetry address.
+    pub telemetry: String,
+}
+
+impl Lockstep {
+    /// Starts `lockstep run` with `config` (TOML, without `[telemetry]`,
+    /// which this adds) and `policy` (JSON) in `dir`.
+    pub fn start(dir: &Path, config: &str, policy: &serde_json::Value) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
+        let telemetry = format!("127.0.0.1:{}", free_port());
+        std::fs::write(
+            dir.join("lockstep.toml"),
+            format!(
+                "data_dir = \"data\"\npolicy_file = \"policy.json\"\n{config}\n[telemetry]\nlisten = \"{telemetry}\"\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(["run", "--config"])
+            .arg(dir.join("lockstep.toml"))
+            .env_remove("SLURM_JWT")
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child: Reap(Some(child)),
+            dir: dir.to_owned(),
+            telemetry,
+        }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("run.log")).unwrap_or_default()
+    }
+
+    /// Its `/status`, or `None` while it does not answer.
+    pub fn status(&self) -> Option<serde_json::Value> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.telemetry).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .ok()?;
+        s.write_all(b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).ok()?;
+        let body = buf.split("\r\n\r\n").nth(1)?;
+        serde_json::from_str(body).ok()
+    }
+
+    /// Whether it leads and acts.
+    pub fn leads(&self) -> bool {
+        self.status().is_some_and(|s| s["leader"] == true)
+    }
+
+    /// SIGKILL, no goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.0.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+}

@@ -1,0 +1,807 @@
+//! The whole loop, end to end, on real parts: a real Slurm 22.05
+//! (slurmctld, four slurmd, slurmrestd; `deploy/local/slurm`), a real
+//! kube-apiserver (`deploy/local/kube`), a real nats-server, and
+//! `lockstep run` under the ServiceAccount of `deploy/kubernetes/rbac.yaml`
+//! with leader election on. Each test is a scenario an operator would
+//! recognise; each ends by exporting the log and replaying it with
+//! `--verify`.
+//!
+//! The local control plane has no kubelet and no controllers: the tests
+//! create the Nodes and the slurmd Pods (bound, marked Running) themselves,
+//! and play the StatefulSet controller where a scenario needs one. Slurm is
+//! the real thing throughout.
+//!
+//! The scenarios share one Slurm and one API server, so they run one at a
+//! time (a lock), each from a clean slate.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use lockstep_schemas::{Event, EventRecord, OutcomeResult};
+use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_store::{EventLog, StreamLimits};
+use serde_json::{json, Value};
+
+mod common;
+
+use common::{wait_for, Lockstep, Stack};
+
+/// The slurmd pods live here.
+const NS: &str = "slurm";
+/// Label on every Kubernetes object these tests create.
+const MARK: &str = "lockstep-e2e";
+const BUSY_LABEL: &str = "lockstep.io/slurm-busy";
+const MINUTE: Duration = Duration::from_secs(60);
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A scenario's world: the stack, cleaned; a fresh log; a temp dir.
+struct Scenario {
+    stack: Stack,
+    nats: NatsServer,
+    dir: PathBuf,
+    lease: String,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Scenario {
+    fn new(name: &str) -> Self {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let stack = Stack::up();
+        clean(&stack);
+        let lease = format!("e2e-{name}");
+        stack.kubectl(
+            &[
+                "delete",
+                "lease",
+                "-n",
+                "lockstep-system",
+                &lease,
+                "--ignore-not-found",
+            ],
+            None,
+        );
+        Self {
+            stack,
+            nats: NatsServer::start(),
+            dir: temp_dir(&format!("e2e-{name}")),
+            lease,
+            _turn: turn,
+        }
+    }
+
+    /// The configuration of one replica (`identity`), without telemetry.
+    fn config(&self, identity: &str) -> String {
+        let s = &self.stack.slurm;
+        format!(
+            "[log]\nnats_url = \"{nats}\"\n\
+             [service]\ntick_interval_ms = 200\nread_wait_ms = 50\n\
+             [kubernetes]\nkubeconfig = \"{kubeconfig}\"\n\
+             [slurm]\nrest_url = \"{rest}\"\nrest_user = \"{user}\"\njwt_file = \"{jwt}\"\nslurm_conf = \"{conf}\"\npoll_interval_ms = 200\n\
+             [leader_election]\nnamespace = \"lockstep-system\"\nlease_name = \"{lease}\"\nidentity = \"{identity}\"\n\
+             lease_duration_ms = 3000\nrenew_deadline_ms = 2000\nretry_period_ms = 500\n",
+            nats = self.nats.url(),
+            kubeconfig = self.stack.lockstep_kubeconfig.display(),
+            rest = s["SLURMRESTD_URL"],
+            user = s.get("SLURM_JWT_USER").map_or("root", String::as_str),
+            jwt = s["SLURM_JWT_FILE"],
+            conf = s["SLURM_CONF"],
+            lease = self.lease,
+        )
+    }
+
+    /// Starts one replica and waits until it leads.
+    fn start_leader(&self, identity: &str, policy: &Value) -> Lockstep {
+        let l = Lockstep::start(&self.dir.join(identity), &self.config(identity), policy);
+        wait_for(&format!("{identity} leads"), MINUTE, || {
+            l.leads().then_some(())
+        });
+        l
+    }
+
+    /// A Kubernetes node (Ready) with these labels.
+    fn node(&self, name: &str, labels: Value) {
+        let mut l = json!({ MARK: "true" });
+        l.as_object_mut()
+            .unwrap()
+            .extend(labels.as_object().cloned().unwrap_or_default());
+        self.stack.apply(&json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": l},
+        }));
+        self.set_ready(name, true);
+    }
+
+    fn set_ready(&self, node: &str, ready: bool) {
+        let status = if ready { "True" } else { "False" };
+        let now = now_rfc3339();
+        self.stack.kubectl(
+            &[
+                "patch",
+                "node",
+                node,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &json!({"status": {"conditions": [{
+                    "type": "Ready", "status": status,
+                    "reason": if ready { "KubeletReady" } else { "KubeletNotReady" },
+                    "lastHeartbeatTime": now, "lastTransitionTime": now,
+                }]}})
+                .to_string(),
+            ],
+            None,
+        );
+    }
+
+    /// A slurmd pod for Slurm node `slurm_node`, bound to `node`, Running.
+    /// `owner`: the StatefulSet (name, uid) that controls it.
+    fn slurmd_pod(&self, slurm_node: &str, node: &str, owner: Option<(&str, &str)>) -> String {
+        let mut meta = json!({
+            "name": slurm_node, "namespace": NS,
+            "labels": {"app.kubernetes.io/component": "slurmd", MARK: "true"},
+        });
+        if let Some((name, uid)) = owner {
+            meta["ownerReferences"] = json!([{
+                "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "uid": uid,
+                "controller": true,
+            }]);
+        }
+        self.stack.apply(&json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "slurmd", "image": "slurmd:e2e"}],
+            },
+        }));
+        self.stack.kubectl(
+            &[
+                "patch", "pod", slurm_node, "-n", NS, "--subresource=status", "--type=merge", "-p",
+                r#"{"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}"#,
+            ],
+            None,
+        );
+        self.stack.get(&["pod", slurm_node, "-n", NS]).unwrap()["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Every record of the log.
+    fn records(&self) -> Vec<EventRecord> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let log = EventLog::connect_nats(&self.nats.url(), &StreamLimits::default())
+                .await
+                .unwrap();
+            let head = log.head().await.unwrap();
+            let mut out: Vec<EventRecord> = Vec::new();
+            let mut next = 1;
+            while next <= head {
+                let batch = log.read(next, 4096, Duration::from_secs(5)).await.unwrap();
+                assert!(!batch.is_empty(), "the log stopped at {next} before {head}");
+                next = batch.last().unwrap().seq + 1;
+                out.extend(batch);
+            }
+            out
+        })
+    }
+
+    /// No action id has more than one outcome: nothing was carried out twice.
+    fn assert_each_action_carried_out_at_most_once(&self) {
+        let mut seen = std::collections::BTreeMap::<String, u32>::new();
+        for r in self.records() {
+            if let Event::ActionOutcome(o) = &r.envelope.event {
+                *seen.entry(o.action_id.0.clone()).or_default() += 1;
+            }
+        }
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "actions carried out more than once: {twice:?}"
+        );
+    }
+
+    /// Stops `leader` and exports the log up to the last record it applied,
+    /// then replays that with `--verify`: the reducer, fed the recorded
+    /// events, issues exactly the recorded actions.
+    fn stop_and_verify(&self, leader: &mut Lockstep) {
+        let status = leader.child.stop();
+        assert!(status.success(), "{}", leader.log());
+        let log = leader.log();
+        let applied = log
+            .lines()
+            .filter(|l| l.contains("stopped"))
+            .find_map(|l| l.split("applied_seq=").nth(1))
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no final applied_seq in\n{log}"))
+            .to_owned();
+        let file = self.dir.join("incident.jsonl");
+        let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(["export", "--nats", &self.nats.url(), "--to", &applied])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "export: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(["replay", "--verify"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "replay --verify: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            clean(&self.stack);
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            let _ = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+                .args(["export", "--nats", &self.nats.url()])
+                .arg(self.dir.join("log-at-failure.jsonl"))
+                .status();
+            eprintln!(
+                "scenario files (config, run.log, log-at-failure.jsonl) kept in {}",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+fn now_rfc3339() -> String {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// No jobs, every Slurm node resumed and without features, none of the
+/// tests' Kubernetes objects.
+fn clean(stack: &Stack) {
+    let _ = stack.try_slurm("scancel", &["-u", "root"]);
+    wait_for("the queue to empty", MINUTE, || {
+        stack
+            .slurm("squeue", &["-h", "-o", "%i"])
+            .trim()
+            .is_empty()
+            .then_some(())
+    });
+    for n in ["ls-n1", "ls-n2", "ls-n3", "ls-n4"] {
+        let _ = stack.try_slurm(
+            "scontrol",
+            &["update", &format!("nodename={n}"), "state=resume"],
+        );
+        let _ = stack.try_slurm(
+            "scontrol",
+            &[
+                "update",
+                &format!("nodename={n}"),
+                "availablefeatures=",
+                "activefeatures=",
+            ],
+        );
+    }
+    wait_for("the Slurm nodes idle", MINUTE, || {
+        let s = stack.slurm("sinfo", &["-h", "-N", "-o", "%N %T"]);
+        s.lines().all(|l| l.ends_with(" idle")).then_some(())
+    });
+    stack.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+    for kind in ["statefulsets", "poddisruptionbudgets"] {
+        stack.kubectl(
+            &["delete", kind, "-n", NS, "--all", "--ignore-not-found"],
+            None,
+        );
+    }
+    stack.kubectl(
+        &[
+            "delete",
+            "pods",
+            "-n",
+            NS,
+            "--all",
+            "--force",
+            "--grace-period=0",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    stack.kubectl(
+        &[
+            "delete",
+            "nodes",
+            "-l",
+            &format!("{MARK}=true"),
+            "--ignore-not-found",
+        ],
+        None,
+    );
+}
+
+fn drained_by_lockstep(slurm_node: &str) -> impl Fn(&str) -> bool + '_ {
+    move |show: &str| {
+        show.contains("DRAIN") && show.contains("Reason=lockstep:") && show.contains(slurm_node)
+    }
+}
+
+fn base_policy() -> Value {
+    json!({"mapping": {"mode": "pod"}, "health": {"unhealthy_taint": null}})
+}
+
+#[test]
+fn kubectl_cordon_drains_the_slurm_nodes_on_the_node_and_uncordon_resumes_them() {
+    let s = Scenario::new("cordon");
+    s.node("e2e-k1", json!({}));
+    s.slurmd_pod("ls-n1", "e2e-k1", None);
+    s.slurmd_pod("ls-n2", "e2e-k1", None);
+    let mut l = s.start_leader("a", &base_policy());
+
+    s.stack.kubectl(&["cordon", "e2e-k1"], None);
+    for n in ["ls-n1", "ls-n2"] {
+        wait_for(&format!("{n} drained by lockstep"), MINUTE, || {
+            let show = s.stack.slurm_node(n);
+            (drained_by_lockstep(n)(&show) && show.contains("e2e-k1 cordoned")).then_some(())
+        });
+    }
+    assert!(
+        !s.stack.slurm_node("ls-n3").contains("DRAIN"),
+        "{}",
+        l.log()
+    );
+
+    s.stack.kubectl(&["uncordon", "e2e-k1"], None);
+    for n in ["ls-n1", "ls-n2"] {
+        wait_for(&format!("{n} resumed"), MINUTE, || {
+            (!s.stack.slurm_node(n).contains("DRAIN")).then_some(())
+        });
+    }
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
+#[test]
+fn an_admin_drain_shows_on_the_pod_and_an_uncordon_never_resumes_it() {
+    let s = Scenario::new("admin-drain");
+    s.node("e2e-k2", json!({}));
+    s.slurmd_pod("ls-n3", "e2e-k2", None);
+    let mut l = s.start_leader("a", &base_policy());
+
+    s.stack.slurm(
+        "scontrol",
+        &[
+            "update",
+            "nodename=ls-n3",
+            "state=drain",
+            "reason=admin: reseat GPU",
+        ],
+    );
+    let condition = wait_for("pod condition SlurmNodeDrained=True", MINUTE, || {
+        let pod = s.stack.get(&["pod", "ls-n3", "-n", NS])?;
+        pod["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "SlurmNodeDrained" && c["status"] == "True")
+            .cloned()
+    });
+    assert_eq!(condition["message"], "admin: reseat GPU", "{}", l.log());
+
+    // A cordon and uncordon of its node leave the admin's drain alone.
+    s.stack.kubectl(&["cordon", "e2e-k2"], None);
+    s.stack.kubectl(&["uncordon", "e2e-k2"], None);
+    // The uncordon is in the log and applied once a later tick is.
+    let seen_uncordon = wait_for("the uncordon in the log", MINUTE, || {
+        s.records()
+            .into_iter()
+            .rev()
+            .find_map(|r| match &r.envelope.event {
+                Event::KubeNode(n) if n.name == "e2e-k2" && !n.unschedulable => Some(r.seq),
+                _ => None,
+            })
+    });
+    wait_for("lockstep applied the uncordon", MINUTE, || {
+        let st = l.status()?;
+        (st["applied_seq"].as_u64()? > seen_uncordon + 5).then_some(())
+    });
+    let show = s.stack.slurm_node("ls-n3");
+    assert!(
+        show.contains("DRAIN") && show.contains("Reason=admin: reseat GPU"),
+        "the admin's drain was changed: {show}\n{}",
+        l.log()
+    );
+    let resumes: Vec<_> = s
+        .records()
+        .into_iter()
+        .filter_map(|r| match r.envelope.event {
+            Event::ActionOutcome(o) if o.kind.name() == "slurm_resume" => Some(o),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        resumes.is_empty(),
+        "lockstep resumed something: {resumes:?}"
+    );
+    s.stop_and_verify(&mut l);
+}
+
+#[test]
+fn a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes() {
+    let s = Scenario::new("not-ready");
+    s.node("e2e-k3", json!({}));
+    s.slurmd_pod("ls-n2", "e2e-k3", None);
+    let mut policy = base_policy();
+    policy["health"]["not_ready_grace_s"] = json!(2);
+    policy["health"]["resume_after_s"] = json!(1);
+    let mut l = s.start_leader("a", &policy);
+
+    let t = Instant::now();
+    s.set_ready("e2e-k3", false);
+    wait_for("ls-n2 drained for NotReady", MINUTE, || {
+        drained_by_lockstep("ls-n2")(&s.stack.slurm_node("ls-n2")).then_some(())
+    });
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "drained before the grace period: {:?}\n{}",
+        t.elapsed(),
+        l.log()
+    );
+    s.set_ready("e2e-k3", true);
+    wait_for("ls-n2 resumed once Ready again", MINUTE, || {
+        (!s.stack.slurm_node("ls-n2").contains("DRAIN")).then_some(())
+    });
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
+#[test]
+fn kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget() {
+    let s = Scenario::new("kubectl-drain");
+    s.node("e2e-k4", json!({}));
+    s.slurmd_pod("ls-n4", "e2e-k4", None);
+    s.stack.apply(&json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "slurmd-busy", "namespace": NS},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {BUSY_LABEL: "true"}}},
+    }));
+    let mut policy = base_policy();
+    policy["scaling"]["busy_label"] = json!(BUSY_LABEL);
+    let mut l = s.start_leader("a", &policy);
+
+    let job = s.stack.sbatch(&["-w", "ls-n4"], "sleep 15");
+    wait_for("the job runs", MINUTE, || {
+        (s.stack.job_state(&job).as_deref() == Some("RUNNING")).then_some(())
+    });
+    wait_for("the busy label on the pod", MINUTE, || {
+        let pod = s.stack.get(&["pod", "ls-n4", "-n", NS])?;
+        (pod["metadata"]["labels"][BUSY_LABEL] == "true").then_some(())
+    });
+
+    let mut drain = Command::new(&s.stack.kubectl_bin)
+        .args([
+            "drain",
+            "e2e-k4",
+            "--force",
+            "--ignore-daemonsets",
+            "--timeout=120s",
+        ])
+        .env("KUBECONFIG", &s.stack.admin_kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(|c| common::Reap(Some(c)))
+        .unwrap();
+    // The cordon drains the Slurm node; the job keeps running (DRAINING).
+    wait_for("ls-n4 draining", MINUTE, || {
+        drained_by_lockstep("ls-n4")(&s.stack.slurm_node("ls-n4")).then_some(())
+    });
+    while s.stack.job_state(&job).is_some() {
+        assert!(
+            drain.0.as_mut().unwrap().try_wait().unwrap().is_none(),
+            "kubectl drain finished while the job still ran\n{}",
+            l.log()
+        );
+        assert!(
+            s.stack.get(&["pod", "ls-n4", "-n", NS]).is_some(),
+            "the pod was evicted under a running job"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let job_ended = Instant::now();
+    let status = wait_for("kubectl drain to finish once the job ended", MINUTE, || {
+        drain.0.as_mut().unwrap().try_wait().unwrap()
+    });
+    assert!(status.success(), "kubectl drain failed\n{}", l.log());
+    eprintln!(
+        "kubectl drain finished {:?} after the job ended",
+        job_ended.elapsed()
+    );
+    assert!(s.stack.get(&["pod", "ls-n4", "-n", NS]).is_none());
+    drain.0 = None;
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
+/// A StatefulSet `slurm` with `replicas`, its pods made by the test (no
+/// controller runs), scaled by lockstep following partition `batch`.
+fn stateful_set(s: &Scenario, replicas: u32) -> String {
+    s.stack.apply(&json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "slurm", "namespace": NS, "labels": {MARK: "true"}},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "slurm",
+            "selector": {"matchLabels": {"app.kubernetes.io/component": "slurmd"}},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/component": "slurmd"}},
+                "spec": {"containers": [{"name": "slurmd", "image": "slurmd:e2e"}]},
+            },
+        },
+    }));
+    s.stack.get(&["statefulset", "slurm", "-n", NS]).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn replicas(s: &Scenario) -> u64 {
+    s.stack.get(&["statefulset", "slurm", "-n", NS]).unwrap()["spec"]["replicas"]
+        .as_u64()
+        .unwrap()
+}
+
+fn scaling_policy() -> Value {
+    let mut policy = base_policy();
+    policy["scaling"]["targets"] = json!([{
+        "target": {"group": "apps", "kind": "StatefulSet", "namespace": NS, "name": "slurm"},
+        "partition": "batch",
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "scale_up_cooldown_s": 0,
+        "scale_down_cooldown_s": 0,
+        "idle_before_scale_down_s": 2,
+    }]);
+    policy["actions"]["timeout_s"] = json!(5);
+    policy["actions"]["retry_backoff_initial_s"] = json!(1);
+    policy
+}
+
+/// Scale up: ls-n1 (the StatefulSet's one pod) is busy and a job waits for
+/// resources, so lockstep raises the replica count; the test plays the
+/// StatefulSet controller and slurmd registering (pod ls-n2, node resumed).
+fn scale_up(s: &Scenario, l: &Lockstep) {
+    let uid = stateful_set(s, 1);
+    s.node("e2e-k5", json!({}));
+    s.slurmd_pod("ls-n1", "e2e-k5", Some(("slurm", &uid)));
+    // Nodes the StatefulSet has not made yet are not up in Slurm.
+    for n in ["ls-n2", "ls-n3", "ls-n4"] {
+        s.stack.slurm(
+            "scontrol",
+            &[
+                "update",
+                &format!("nodename={n}"),
+                "state=drain",
+                "reason=e2e: not provisioned",
+            ],
+        );
+    }
+    let busy = s.stack.sbatch(&["-w", "ls-n1", "--exclusive"], "sleep 300");
+    let waiting = s.stack.sbatch(&["-N", "1"], "sleep 300");
+    wait_for("a job pending for resources", MINUTE, || {
+        (s.stack.job_state(&waiting).as_deref() == Some("PENDING")).then_some(())
+    });
+    wait_for("the StatefulSet scaled up to 2", MINUTE, || {
+        (replicas(s) == 2).then_some(())
+    });
+    // The controller's part: the new pod, its slurmd registering.
+    s.slurmd_pod("ls-n2", "e2e-k5", Some(("slurm", &uid)));
+    s.stack
+        .slurm("scontrol", &["update", "nodename=ls-n2", "state=resume"]);
+    wait_for("the waiting job runs on ls-n2", MINUTE, || {
+        (s.stack.job_state(&waiting).as_deref() == Some("RUNNING")).then_some(())
+    });
+    assert_eq!(replicas(s), 2, "{}", l.log());
+    // The queue empties: both nodes go idle.
+    s.stack.slurm("scancel", &[&busy, &waiting]);
+}
+
+#[test]
+fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down() {
+    let s = Scenario::new("scale");
+    let mut l = s.start_leader("a", &scaling_policy());
+    scale_up(&s, &l);
+
+    // Scale-in: ls-n2 (the highest ordinal) is drained, seen drained, its
+    // pod deleted, then the replica count lowered.
+    wait_for("ls-n2 drained by lockstep", MINUTE, || {
+        drained_by_lockstep("ls-n2")(&s.stack.slurm_node("ls-n2")).then_some(())
+    });
+    wait_for("the pod of ls-n2 deleted", MINUTE, || {
+        s.stack
+            .get(&["pod", "ls-n2", "-n", NS])
+            .is_none()
+            .then_some(())
+    });
+    wait_for("the StatefulSet scaled down to 1", MINUTE, || {
+        (replicas(&s) == 1).then_some(())
+    });
+    assert!(s.stack.get(&["pod", "ls-n1", "-n", NS]).is_some());
+    assert!(!s.stack.slurm_node("ls-n1").contains("DRAIN"));
+
+    // In that order: drain, delete, scale (by the outcomes in the log).
+    let order: Vec<String> = s
+        .records()
+        .into_iter()
+        .filter_map(|r| match r.envelope.event {
+            Event::ActionOutcome(o) if o.result == OutcomeResult::Succeeded => {
+                Some(o.kind.name().to_owned())
+            }
+            _ => None,
+        })
+        .filter(|k| ["slurm_drain", "kube_delete_pod", "kube_scale"].contains(&k.as_str()))
+        .collect();
+    assert_eq!(
+        order,
+        ["kube_scale", "slurm_drain", "kube_delete_pod", "kube_scale"],
+        "{}",
+        l.log()
+    );
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
+#[test]
+fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once() {
+    let s = Scenario::new("takeover");
+    let mut a = s.start_leader("a", &scaling_policy());
+    let mut b = Lockstep::start(&s.dir.join("b"), &s.config("b"), &scaling_policy());
+    wait_for("b follows, caught up", MINUTE, || {
+        let st = b.status()?;
+        (st["ready"] == true && st["leader"] == false).then_some(())
+    });
+    scale_up(&s, &a);
+
+    // Kill the leader as soon as the scale-in has begun.
+    wait_for("ls-n2 drained by lockstep", MINUTE, || {
+        drained_by_lockstep("ls-n2")(&s.stack.slurm_node("ls-n2")).then_some(())
+    });
+    a.kill();
+    let killed = Instant::now();
+    wait_for("b takes over", MINUTE, || b.leads().then_some(()));
+    let takeover = killed.elapsed();
+    eprintln!("takeover after the leader was killed: {takeover:?} (lease duration 3 s)");
+    let holder = s
+        .stack
+        .get(&["lease", &s.lease, "-n", "lockstep-system"])
+        .unwrap();
+    assert_eq!(holder["spec"]["holderIdentity"], "b");
+
+    wait_for("the StatefulSet scaled down to 1", MINUTE, || {
+        (replicas(&s) == 1).then_some(())
+    });
+    wait_for("the pod of ls-n2 gone", MINUTE, || {
+        s.stack
+            .get(&["pod", "ls-n2", "-n", NS])
+            .is_none()
+            .then_some(())
+    });
+    // Once: the count settles at 1 (not 0), ls-n1 keeps its pod and stays
+    // in service.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(replicas(&s), 1, "{}", b.log());
+    assert!(s.stack.get(&["pod", "ls-n1", "-n", NS]).is_some());
+    assert!(!s.stack.slurm_node("ls-n1").contains("DRAIN"));
+    let succeeded = |kind: &str| {
+        s.records()
+            .into_iter()
+            .filter(|r| {
+                matches!(&r.envelope.event, Event::ActionOutcome(o)
+                    if o.kind.name() == kind && o.result == OutcomeResult::Succeeded)
+            })
+            .count()
+    };
+    assert!(
+        succeeded("kube_scale") <= 2,
+        "more than one scale-up and one scale-down carried out\n{}",
+        b.log()
+    );
+    assert!(succeeded("kube_delete_pod") <= 1, "{}", b.log());
+    s.assert_each_action_carried_out_at_most_once();
+    // Both replicas published into the same action stream: every action
+    // there was issued by the reducer from the log.
+    s.stop_and_verify(&mut b);
+}
+
+#[test]
+fn a_node_label_change_updates_the_slurm_features() {
+    let s = Scenario::new("features");
+    s.node("e2e-k6", json!({"lockstep.io/gpu": "h100"}));
+    s.slurmd_pod("ls-n3", "e2e-k6", None);
+    let mut policy = base_policy();
+    policy["topology"]["features"] = json!([{"label": "lockstep.io/gpu", "prefix": "gpu-"}]);
+    let mut l = s.start_leader("a", &policy);
+
+    let features = |show: &str| {
+        show.split_whitespace()
+            .find_map(|f| f.strip_prefix("AvailableFeatures="))
+            .unwrap_or("")
+            .to_owned()
+    };
+    wait_for("feature gpu-h100 on ls-n3", MINUTE, || {
+        (features(&s.stack.slurm_node("ls-n3")) == "gpu-h100").then_some(())
+    });
+    s.stack.kubectl(
+        &[
+            "label",
+            "node",
+            "e2e-k6",
+            "lockstep.io/gpu=a100",
+            "--overwrite",
+        ],
+        None,
+    );
+    wait_for("feature gpu-a100 instead", MINUTE, || {
+        (features(&s.stack.slurm_node("ls-n3")) == "gpu-a100").then_some(())
+    });
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
+#[test]
+fn the_service_account_has_the_rights_lockstep_needs_and_no_more() {
+    let s = Scenario::new("rbac");
+    let can = |verb: &str, what: &str, ns: Option<&str>| {
+        let (resource, sub) = what.split_once('/').unwrap_or((what, ""));
+        let subresource = format!("--subresource={sub}");
+        let mut args = vec![
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            "--as=system:serviceaccount:lockstep-system:lockstep",
+        ];
+        if !sub.is_empty() {
+            args.push(&subresource);
+        }
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        s.stack.try_kubectl(&args, None).is_ok()
+    };
+    for (verb, what, ns) in [
+        ("watch", "nodes", None),
+        ("patch", "nodes", None),
+        ("watch", "pods", Some(NS)),
+        ("delete", "pods", Some(NS)),
+        ("patch", "pods/status", Some(NS)),
+        ("patch", "statefulsets/scale", Some(NS)),
+        ("update", "leases", Some("lockstep-system")),
+    ] {
+        assert!(can(verb, what, ns), "lockstep needs to {verb} {what}");
+    }
+    for (verb, what, ns) in [
+        ("delete", "nodes", None),
+        ("create", "pods", Some(NS)),
+        ("get", "secrets", Some(NS)),
+        ("patch", "statefulsets", Some(NS)),
+        ("update", "leases", Some("kube-system")),
+        ("create", "pods/eviction", Some(NS)),
+    ] {
+        assert!(!can(verb, what, ns), "lockstep must not {verb} {what}");
+    }
+}
