@@ -466,7 +466,8 @@ impl Engine {
             Event::KubeNode(node) => {
                 let gen = self.gen(Domain::KubeNodes);
                 let now = ctx.now_ms;
-                if !self.model.kube_nodes.contains_key(&node.name) {
+                let new = !self.model.kube_nodes.contains_key(&node.name);
+                if new {
                     let taint_slots = adopt(&mut self.orphans, |t| match t {
                         Target::NodeTaint { node: n, key } if *n == node.name => Some(key.clone()),
                         _ => None,
@@ -490,7 +491,10 @@ impl Engine {
                 entry.gen = gen;
                 let ready = node.ready == ConditionStatus::True;
                 let spell_changed = ready == entry.not_ready_since.is_some();
-                if entry.obs == *node && !spell_changed {
+                // A node seen for the first time is news even though its
+                // entry was just made from it: the Slurm nodes on it must
+                // be looked at with its labels and cordon.
+                if !new && entry.obs == *node && !spell_changed {
                     return;
                 }
                 entry.obs.clone_from(node);
