@@ -375,6 +375,25 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_deployment_configuration_is_valid() {
+        let manifest = include_str!("../deploy/kubernetes/lockstep.yaml");
+        let block = |key: &str| -> String {
+            let start = manifest.find(&format!("  {key}: |\n")).expect(key);
+            manifest[start..]
+                .lines()
+                .skip(1)
+                .take_while(|l| l.starts_with("    ") || l.is_empty())
+                .map(|l| l.get(4..).unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let cfg: Config = toml::from_str(&block("lockstep.toml")).unwrap();
+        assert!(cfg.leader_election.is_some() && cfg.slurm.is_some() && cfg.kubernetes.is_some());
+        let policy: lockstep_schemas::Policy = serde_json::from_str(&block("policy.json")).unwrap();
+        policy.validate().unwrap();
+    }
+
+    #[test]
     fn a_misspelt_field_is_an_error() {
         let err = toml::from_str::<Config>("[log]\nnats = \"nats://x\"\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `nats`"), "{err}");

@@ -763,7 +763,7 @@ fn a_node_label_change_updates_the_slurm_features() {
 }
 
 #[test]
-fn the_service_account_has_the_rights_lockstep_needs_and_no_more() {
+fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid() {
     let s = Scenario::new("rbac");
     let can = |verb: &str, what: &str, ns: Option<&str>| {
         let (resource, sub) = what.split_once('/').unwrap_or((what, ""));
@@ -804,4 +804,15 @@ fn the_service_account_has_the_rights_lockstep_needs_and_no_more() {
     ] {
         assert!(!can(verb, what, ns), "lockstep must not {verb} {what}");
     }
+    // The Deployment manifest is valid for this API server.
+    let manifest = common::repo().join("deploy/kubernetes/lockstep.yaml");
+    s.stack.kubectl(
+        &[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            manifest.to_str().unwrap(),
+        ],
+        None,
+    );
 }

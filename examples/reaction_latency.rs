@@ -1,0 +1,415 @@
+//! Reaction latency of the whole loop on the real local stack, for the
+//! README: `lockstep run` (release build, leader election on, under its
+//! ServiceAccount) between a real Slurm and a real kube-apiserver.
+//!
+//! - cordon -> DRAIN: the clock starts when the node PATCH is sent to the
+//!   API server and stops when slurmrestd shows the Slurm node DRAIN
+//!   (polled every 5 ms).
+//! - Slurm drain -> pod condition: the clock starts before `scontrol update
+//!   state=drain` is spawned and stops when the API server shows the pod's
+//!   `SlurmNodeDrained=True` condition (polled every 5 ms).
+//!
+//! Each trial is undone (uncordon / resume, and both sides seen back)
+//! before the next; a drain trial starts after a random pause shorter than
+//! the poll interval, so that the trials do not fall into step with the
+//! Slurm poller. Run it through `scripts/bench-reaction.sh`, which
+//! starts the stack (also a 1,000-node Slurm) and passes the environment:
+//!
+//! ```sh
+//! scripts/bench-reaction.sh            # 200 trials each, 4 and 1,000 nodes
+//! ```
+//!
+//! Arguments: `--trials N` (200), `--nodes N` (Kubernetes nodes and slurmd
+//! pods to create, one per Slurm node; the Slurm side must have as many),
+//! `--slurmd N` (how many of the Slurm nodes have a slurmd; trials rotate
+//! over those), `--poll-ms N` (the Slurm observer's poll interval, 1000).
+//! Environment: `SLURM_CONF`, `SLURMRESTD_URL`, `SLURM_JWT_FILE`,
+//! `KUBECONFIG` (admin, for the bench), `LOCKSTEP_KUBECONFIG` (lockstep's
+//! ServiceAccount).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use lockstep_connectors::slurm::{RestClient, RestConfig, TokenSource};
+use lockstep_schemas::SlurmNodeFlag;
+use lockstep_store::testing::{temp_dir, NatsServer};
+
+const NS: &str = "slurm-bench";
+const MARK: &str = "lockstep-bench";
+
+struct Args {
+    trials: usize,
+    nodes: usize,
+    slurmd: usize,
+    poll_ms: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        trials: 200,
+        nodes: 4,
+        slurmd: 4,
+        poll_ms: 1000,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || -> u64 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{flag} needs a number"))
+        };
+        match flag.as_str() {
+            "--trials" => a.trials = value() as usize,
+            "--nodes" => a.nodes = value() as usize,
+            "--slurmd" => a.slurmd = value() as usize,
+            "--poll-ms" => a.poll_ms = value(),
+            "-h" | "--help" => {
+                println!("reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N]");
+                std::process::exit(0);
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a.slurmd = a.slurmd.min(a.nodes);
+    a
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set (use scripts/bench-reaction.sh)"))
+}
+
+fn lockstep_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("own path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("lockstep")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn leads(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.write_all(b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"leader\":true")
+}
+
+fn scontrol(args: &[&str]) {
+    let out = Command::new("scontrol")
+        .args(args)
+        .env_remove("SLURM_JWT")
+        .output()
+        .expect("scontrol runs");
+    assert!(
+        out.status.success(),
+        "scontrol {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+fn figures(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let pct = |p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
+    println!(
+        "{name}: n={} min {:.0} ms, p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        v.len(),
+        ms(v[0]),
+        ms(pct(0.50)),
+        ms(pct(0.90)),
+        ms(pct(0.99)),
+        ms(v[v.len() - 1]),
+    );
+}
+
+/// Where to leave the log when a wait times out.
+static FAILURE_EXPORT: std::sync::OnceLock<(String, PathBuf)> = std::sync::OnceLock::new();
+
+async fn wait<F, Fut>(what: &str, limit: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t = Instant::now();
+    while !f().await {
+        if t.elapsed() >= limit {
+            if let Some((nats, dir)) = FAILURE_EXPORT.get() {
+                let file = dir.join("log-at-failure.jsonl");
+                let _ = Command::new(lockstep_bin())
+                    .args(["export", "--nats", nats])
+                    .arg(&file)
+                    .status();
+                eprintln!("the log is in {}", file.display());
+            }
+            panic!("{what}: not within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn condition_true(pod: &Pod, kind: &str) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == "True"))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let a = args();
+    let kube_config = lockstep_connectors::kube::load_config(Some(Path::new(&env("KUBECONFIG"))))
+        .await
+        .expect("admin kubeconfig");
+    let client = kube::Client::try_from(kube_config).expect("kube client");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let rest = RestClient::new(RestConfig::new(
+        env("SLURMRESTD_URL"),
+        "root",
+        TokenSource::File(env("SLURM_JWT_FILE").into()),
+    ))
+    .expect("slurmrestd client");
+
+    // The Kubernetes side: one node and one slurmd pod per Slurm node.
+    eprintln!("creating {} nodes and pods", a.nodes);
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": NS}})).unwrap();
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await;
+    let lp = ListParams::default().labels(&format!("{MARK}=true"));
+    let _ = pods
+        .delete_collection(
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+            &lp,
+        )
+        .await;
+    let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
+    futures::stream::iter(1..=a.nodes)
+        .map(|i| {
+            let (nodes, pods) = (nodes.clone(), pods.clone());
+            async move {
+                let node: Node = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("bench-k{i}"), "labels": {MARK: "true"}},
+                }))
+                .unwrap();
+                nodes.create(&PostParams::default(), &node).await?;
+                // Ready, as a kubelet would report it (no kubelet runs here;
+                // a node without Ready is drained after the grace period).
+                nodes
+                    .patch_status(
+                        &format!("bench-k{i}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(serde_json::json!({"status": {"conditions": [{
+                            "type": "Ready", "status": "True", "reason": "KubeletReady",
+                        }]}})),
+                    )
+                    .await?;
+                let pod: Pod = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("ls-n{i}"), "namespace": NS,
+                        "labels": {"app.kubernetes.io/component": "slurmd", MARK: "true"}},
+                    "spec": {"nodeName": format!("bench-k{i}"), "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "slurmd", "image": "slurmd:bench"}]},
+                }))
+                .unwrap();
+                pods.create(&PostParams::default(), &pod).await?;
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creating nodes and pods");
+    for i in 1..=a.slurmd {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename=ls-n{i}"), "state=resume"])
+            .env_remove("SLURM_JWT")
+            .output();
+    }
+
+    // lockstep, as deployed: NATS log, leader election, its ServiceAccount.
+    let nats = NatsServer::start();
+    let dir = temp_dir("reaction-latency");
+    let port = free_port();
+    let policy = serde_json::json!({"health": {"unhealthy_taint": null}});
+    std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
+    std::fs::write(
+        dir.join("lockstep.toml"),
+        format!(
+            "data_dir = \"data\"\npolicy_file = \"policy.json\"\n\
+             [log]\nnats_url = \"{nats}\"\n\
+             [telemetry]\nlisten = \"127.0.0.1:{port}\"\n\
+             [kubernetes]\nkubeconfig = \"{kc}\"\n\
+             [slurm]\nrest_url = \"{rest}\"\njwt_file = \"{jwt}\"\nslurm_conf = \"{conf}\"\npoll_interval_ms = {poll}\n\
+             [leader_election]\nnamespace = \"lockstep-system\"\nlease_name = \"bench\"\n",
+            nats = nats.url(),
+            kc = env("LOCKSTEP_KUBECONFIG"),
+            rest = env("SLURMRESTD_URL"),
+            jwt = env("SLURM_JWT_FILE"),
+            conf = env("SLURM_CONF"),
+            poll = a.poll_ms,
+        ),
+    )
+    .unwrap();
+    let child = Command::new(lockstep_bin())
+        .args(["run", "--config"])
+        .arg(dir.join("lockstep.toml"))
+        .env_remove("SLURM_JWT")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
+        .spawn()
+        .expect("lockstep runs (cargo build --release --bin lockstep)");
+    let _lockstep = Kill(child);
+    let _ = FAILURE_EXPORT.set((nats.url(), dir.clone()));
+    eprintln!("lockstep log: {}", dir.join("run.log").display());
+    wait("lockstep leads", Duration::from_secs(60), || async {
+        leads(port)
+    })
+    .await;
+    // Let the first sync and its actions settle.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let pp = PatchParams::default();
+    let mut cordon = Vec::with_capacity(a.trials);
+    eprintln!("{} trials: kubectl cordon -> DRAIN in slurmctld", a.trials);
+    for t in 0..a.trials {
+        let i = t % a.slurmd + 1;
+        let (k, s) = (format!("bench-k{i}"), format!("ls-n{i}"));
+        let drained = |want: bool| {
+            let (rest, s) = (rest.clone(), s.clone());
+            async move {
+                rest.node(&s)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|n| n.flags.contains(&SlurmNodeFlag::Drain) == want)
+            }
+        };
+        let started = Instant::now();
+        nodes
+            .patch(
+                &k,
+                &pp,
+                &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+            )
+            .await
+            .expect("cordon");
+        wait("DRAIN in slurmctld", Duration::from_secs(30), || {
+            drained(true)
+        })
+        .await;
+        cordon.push(started.elapsed());
+        nodes
+            .patch(
+                &k,
+                &pp,
+                &Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
+            )
+            .await
+            .expect("uncordon");
+        wait("resumed in slurmctld", Duration::from_secs(30), || {
+            drained(false)
+        })
+        .await;
+    }
+    figures(
+        &format!("cordon -> DRAIN visible in slurmctld ({} nodes)", a.nodes),
+        cordon,
+    );
+
+    // A random pause before each drain: without it every trial would start
+    // right after the poll that saw the previous resume, in lockstep with
+    // the poller, and measure a full poll interval each time.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut jitter = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        Duration::from_millis(seed % a.poll_ms.max(1))
+    };
+    let mut drain = Vec::with_capacity(a.trials);
+    eprintln!(
+        "{} trials: scontrol drain -> pod condition in the API server",
+        a.trials
+    );
+    for t in 0..a.trials {
+        let i = t % a.slurmd + 1;
+        let s = format!("ls-n{i}");
+        let shown = |want: bool| {
+            let (pods, s) = (pods.clone(), s.clone());
+            async move {
+                pods.get(&s)
+                    .await
+                    .is_ok_and(|p| condition_true(&p, "SlurmNodeDrained") == want)
+            }
+        };
+        tokio::time::sleep(jitter()).await;
+        let started = Instant::now();
+        scontrol(&[
+            "update",
+            &format!("nodename={s}"),
+            "state=drain",
+            "reason=bench: drain",
+        ]);
+        wait(
+            "pod condition SlurmNodeDrained=True",
+            Duration::from_secs(30),
+            || shown(true),
+        )
+        .await;
+        drain.push(started.elapsed());
+        scontrol(&["update", &format!("nodename={s}"), "state=resume"]);
+        wait("pod condition cleared", Duration::from_secs(30), || {
+            shown(false)
+        })
+        .await;
+    }
+    figures(
+        &format!(
+            "Slurm drain -> pod condition visible in the API ({} nodes, poll {} ms)",
+            a.nodes, a.poll_ms
+        ),
+        drain,
+    );
+
+    let _ = pods
+        .delete_collection(
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+            &lp,
+        )
+        .await;
+    let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
