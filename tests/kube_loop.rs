@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use lockstep_schemas::{Action, Envelope, Event, SlurmBaseState, SlurmNode, SlurmNodeFlag, Source};
 mod common;
 
-use common::{kubectl_path, repo, Reap, STATE};
+use common::{kubectl_path, lockstep_kubeconfig, repo, Reap, STATE};
 use lockstep_store::testing::{temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
 
@@ -142,7 +142,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         format!(
             "data_dir = \"data\"\n[log]\nnats_url = \"{}\"\n[service]\ntick_interval_ms = 500\n[telemetry]\n[kubernetes]\nkubeconfig = \"{}\"\n",
             nats.url(),
-            kubeconfig.display()
+            lockstep_kubeconfig().display()
         )
         .replace("[telemetry]\n", "[telemetry]\nlisten = \"127.0.0.1:0\"\n"),
     )

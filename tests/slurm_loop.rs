@@ -4,39 +4,15 @@
 //! nats-server. `kubectl cordon` drains the Slurm node in slurmctld;
 //! `kubectl uncordon` resumes it.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{kubectl_path, repo, Reap, STATE};
+use common::{kubectl_path, lockstep_kubeconfig, up, Reap};
 use lockstep_store::testing::{temp_dir, NatsServer};
 
 const NODE: &str = "ls-n4";
-
-/// Runs an up.sh and returns the variables its env.sh exports.
-fn up(script: &str, env_file: &str) -> BTreeMap<String, String> {
-    let status = Command::new(repo().join(script))
-        .env("LOCKSTEP_STATE_DIR", STATE)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap_or_else(|e| panic!("{script}: {e}"));
-    assert!(status.success(), "{script} failed");
-    std::fs::read_to_string(Path::new(STATE).join(env_file))
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.strip_prefix("export "))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| {
-            (
-                k.to_owned(),
-                v.trim_matches('\'').trim_matches('"').to_owned(),
-            )
-        })
-        .collect()
-}
 
 fn scontrol_node(slurm_conf: &str) -> String {
     let out = Command::new("scontrol")
@@ -107,9 +83,10 @@ fn kubectl_cordon_drains_the_slurm_node_and_uncordon_resumes_it() {
         &config,
         format!(
             "data_dir = \"data\"\npolicy_file = \"policy.json\"\n[log]\nnats_url = \"{nats}\"\n[telemetry]\nlisten = \"127.0.0.1:0\"\n\
-             [kubernetes]\nkubeconfig = \"{kubeconfig}\"\n\
+             [kubernetes]\nkubeconfig = \"{lockstep}\"\n\
              [slurm]\nrest_url = \"{rest}\"\nrest_user = \"{user}\"\njwt_file = \"{jwt}\"\nslurm_conf = \"{slurm_conf}\"\npoll_interval_ms = 200\n",
             nats = nats.url(),
+            lockstep = lockstep_kubeconfig().display(),
             rest = slurm["SLURMRESTD_URL"],
             user = slurm.get("SLURM_JWT_USER").map_or("root", String::as_str),
             jwt = slurm["SLURM_JWT_FILE"],

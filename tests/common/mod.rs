@@ -101,24 +101,31 @@ pub fn up(script: &str, env_file: &str) -> std::collections::BTreeMap<String, St
         .collect()
 }
 
+/// Applies `deploy/kubernetes/rbac.yaml` to the running local API server and
+/// returns the kubeconfig of lockstep's ServiceAccount: what lockstep runs
+/// with in these tests, never cluster-admin.
+pub fn lockstep_kubeconfig() -> PathBuf {
+    let out = Command::new(repo().join("deploy/local/kube/service-account.sh"))
+        .env("LOCKSTEP_STATE_DIR", STATE)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "service-account.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
 impl Stack {
     /// Starts what is not running; fails loudly if anything cannot start.
     pub fn up() -> Self {
         let slurm = up("deploy/local/slurm/up.sh", "slurm/env.sh");
         let kube = up("deploy/local/kube/up.sh", "kube/env.sh");
-        let out = Command::new(repo().join("deploy/local/kube/service-account.sh"))
-            .env("LOCKSTEP_STATE_DIR", STATE)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "service-account.sh: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         Self {
             slurm,
             admin_kubeconfig: PathBuf::from(&kube["KUBECONFIG"]),
-            lockstep_kubeconfig: PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()),
+            lockstep_kubeconfig: lockstep_kubeconfig(),
             kubectl_bin: kubectl_path(),
         }
     }
