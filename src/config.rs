@@ -326,6 +326,12 @@ impl Config {
             }
         }
         if let Some(le) = &cfg.leader_election {
+            if cfg.log.nats_url.is_none() {
+                anyhow::bail!(
+                    "in config {}: leader_election needs a shared log ([log] nats_url): with the embedded log each replica would fold only its own",
+                    path.display()
+                );
+            }
             if le.lease_name.is_empty() {
                 anyhow::bail!(
                     "in config {}: leader_election.lease_name must not be empty",

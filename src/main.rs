@@ -81,7 +81,12 @@ enum Command {
     ///
     /// With no NATS URL in the config, the event log is embedded in the data
     /// directory: a single machine needs nothing else. SIGTERM or Ctrl-C
-    /// finishes the batch, writes a checkpoint and exits 0.
+    /// finishes the batch, writes a checkpoint, releases the leader Lease if
+    /// held, and exits 0.
+    ///
+    /// With `[leader_election]`, several replicas share one NATS log: each
+    /// folds it, and only the holder of the Lease observes and acts. A leader
+    /// that loses its Lease exits 1, to be restarted as a follower.
     Run {
         /// Configuration file (TOML); every field has a default.
         #[arg(long, value_name = "FILE")]

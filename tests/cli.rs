@@ -221,3 +221,31 @@ fn policy_default_is_a_valid_policy() {
     assert!(check.status.success());
     assert_eq!(check.stdout, out.stdout);
 }
+
+#[test]
+fn bad_run_configurations_are_refused_at_start_with_the_reason() {
+    let dir = tmp("bad-run-config");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (text, says) in [
+        (
+            "[leader_election]\n",
+            "leader_election needs a shared log ([log] nats_url)",
+        ),
+        (
+            "[log]\nnats_url = \"nats://127.0.0.1:1\"\n[leader_election]\nrenew_deadline_ms = 20000\n",
+            "retry_period_ms < renew_deadline_ms < lease_duration_ms",
+        ),
+        ("[leader_election]\nlease = \"x\"\n", "unknown field `lease`"),
+    ] {
+        let config = dir.join("lockstep.toml");
+        std::fs::write(&config, text).unwrap();
+        let out = lockstep(&["run", "--config", config.to_str().unwrap()]);
+        assert!(!out.status.success(), "{text} was accepted");
+        assert!(text_of(&out).contains(says), "{text}: {}", text_of(&out));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn text_of(out: &Output) -> String {
+    format!("{}{}", text(&out.stdout), text(&out.stderr))
+}
