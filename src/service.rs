@@ -99,8 +99,8 @@ fn read_policy(path: &Path) -> Result<Policy> {
 /// Every instance folds the log into its own store. Only the acting one,
 /// the leader once it has caught up with the log (every instance, without
 /// leader election), observes, dispatches and carries out actions. An
-/// instance that loses the leader Lease while acting returns an error, so
-/// that its supervisor restarts it as a follower.
+/// instance that loses the leader Lease returns an error, so that its
+/// supervisor restarts it as a candidate.
 pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     let health = Arc::new(Health::default());
     if let Some(addr) = cfg.telemetry.listen {
@@ -142,14 +142,13 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
                 if now_leader {
                     info!(applied_seq = next - 1, "leading; acting once caught up with the log");
                     leader = true;
-                } else if acting.is_some() {
-                    error!("lost the leader lease while acting; stopping so that only the new leader acts");
-                    lost_lease = true;
-                    break;
-                } else {
-                    leader = false;
+                    continue;
                 }
-                continue;
+                // Leadership ends for good (the elector stops): stop, to be
+                // restarted as a candidate.
+                error!(acting = acting.is_some(), "lost the leader lease; stopping so that only the new leader acts");
+                lost_lease = true;
+                break;
             }
             batch = log.read(next, cfg.service.batch_max, read_wait) => batch,
         };

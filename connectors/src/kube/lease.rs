@@ -184,15 +184,26 @@ impl Record {
 impl Elector {
     async fn run(mut self, tx: watch::Sender<bool>, mut stopped: oneshot::Receiver<()>) {
         let name = format!("{}/{}", self.config.namespace, self.config.name);
-        // Candidate: try until the Lease is ours.
+        // Candidate: try until the Lease is ours. An error is reported when
+        // it first appears or changes (missing RBAC, API server down), not
+        // on every retry.
+        let mut last_error = None;
         loop {
             let attempt = self.try_acquire_or_renew(self.config.retry_period * 2);
             tokio::select! {
                 _ = &mut stopped => return,
                 r = attempt => match r {
                     Ok(true) => break,
-                    Ok(false) => {}
-                    Err(e) => debug!(lease = %name, error = %e, "could not take the lease"),
+                    Ok(false) => last_error = None,
+                    Err(e) => {
+                        let text = e.to_string();
+                        if last_error.as_ref() != Some(&text) {
+                            warn!(lease = %name, error = %text, "cannot take part in leader election; retrying");
+                        } else {
+                            debug!(lease = %name, error = %text, "could not take the lease");
+                        }
+                        last_error = Some(text);
+                    }
                 },
             }
             tokio::select! {
