@@ -288,7 +288,7 @@ async fn main() {
         .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
         .spawn()
         .expect("lockstep runs (cargo build --release --bin lockstep)");
-    let _lockstep = Kill(child);
+    let lockstep = Kill(child);
     let _ = FAILURE_EXPORT.set((nats.url(), dir.clone()));
     eprintln!("lockstep log: {}", dir.join("run.log").display());
     wait("lockstep leads", Duration::from_secs(60), || async {
@@ -401,6 +401,9 @@ async fn main() {
         drain,
     );
 
+    // Stop lockstep before the cleanup (deleted pods would drain their
+    // Slurm nodes) and before its directory goes.
+    drop(lockstep);
     let _ = pods
         .delete_collection(
             &DeleteParams {

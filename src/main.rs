@@ -263,7 +263,11 @@ fn load_config(path: Option<&Path>) -> Result<lockstep::config::Config> {
     }
 }
 
-async fn shutdown_signal() {
+/// How long a graceful stop may take before the process exits anyway.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// SIGTERM or Ctrl-C.
+async fn signalled() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("installing the SIGTERM handler");
@@ -271,7 +275,25 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term.recv() => {},
     }
-    tracing::info!("shutdown requested; finishing the batch");
+}
+
+/// Resolves on the first signal, which starts a graceful stop. A second
+/// signal, or a stop that takes longer than [`SHUTDOWN_GRACE`] (a hung
+/// disk, a lost data directory), ends the process at once: nothing is
+/// lost, the next start resumes from the last checkpoint and the log.
+async fn shutdown_signal() {
+    signalled().await;
+    tracing::info!("shutdown requested; finishing the batch (a second signal stops at once)");
+    tokio::spawn(async {
+        tokio::select! {
+            () = signalled() => tracing::error!("second shutdown signal; exiting now"),
+            () = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::error!(
+                grace_s = SHUTDOWN_GRACE.as_secs(),
+                "the graceful stop did not finish in time; exiting now"
+            ),
+        }
+        std::process::exit(1);
+    });
 }
 
 async fn export(
