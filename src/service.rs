@@ -273,7 +273,9 @@ async fn leadership_changed(l: &mut Option<lockstep_connectors::kube::Leadership
     }
 }
 
-/// What an acting instance runs besides the apply loop.
+/// What an acting instance runs besides the apply loop: observers,
+/// actuators, ticks, the policy watcher. Stopped as a whole when it stops
+/// acting, so that nothing observes or acts past the leadership.
 struct Acting {
     actuators: Actuators,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -300,12 +302,13 @@ async fn start_acting(
         Some(path) => read_policy(path)?,
         None => engine.policy().clone(),
     };
-    let actuators = start_connectors(cfg, &policy, log).await?;
-    let mut tasks = vec![tokio::spawn(tick_when_quiet(
+    let mut tasks = Vec::new();
+    let actuators = start_connectors(cfg, &policy, log, &mut tasks).await?;
+    tasks.push(tokio::spawn(tick_when_quiet(
         log.clone(),
         cfg.service.tick_interval_ms,
         last_activity,
-    ))];
+    )));
     if let Some(path) = cfg.policy_file.clone() {
         tasks.push(tokio::spawn(watch_policy(
             log.clone(),
@@ -455,10 +458,15 @@ impl Actuators {
 
 /// Starts the configured connectors: observers append to the log,
 /// actuators take dispatched actions and append their outcomes.
-async fn start_connectors(cfg: &Config, policy: &Policy, log: &EventLog) -> Result<Actuators> {
+async fn start_connectors(
+    cfg: &Config,
+    policy: &Policy,
+    log: &EventLog,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<Actuators> {
     let mut actuators = Actuators::default();
     if let Some(s) = &cfg.slurm {
-        start_slurm(s, log, &mut actuators)?;
+        start_slurm(s, log, &mut actuators, tasks)?;
     }
     let Some(k) = &cfg.kubernetes else {
         return Ok(actuators);
@@ -474,7 +482,7 @@ async fn start_connectors(cfg: &Config, policy: &Policy, log: &EventLog) -> Resu
             kube::Observer::new(kube_config.clone(), spec, kube::ObserverConfig::default())
                 .context("starting the Kubernetes observer")?;
         let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-        tokio::spawn(observer.run(tx));
+        tasks.push(tokio::spawn(observer.run(tx)));
         let log = log.clone();
         tokio::spawn(async move {
             while let Some((source, observed_ms, event)) = rx.recv().await {
@@ -493,7 +501,7 @@ async fn start_connectors(cfg: &Config, policy: &Policy, log: &EventLog) -> Resu
         let (tx, mut rx) = tokio::sync::mpsc::channel::<lockstep_schemas::IssuedAction>(1024);
         let limit = Arc::new(tokio::sync::Semaphore::new(k.actions_in_flight_max.max(1)));
         let log = log.clone();
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             while let Some(action) = rx.recv().await {
                 let Ok(permit) = limit.clone().acquire_owned().await else {
                     break;
@@ -507,7 +515,7 @@ async fn start_connectors(cfg: &Config, policy: &Policy, log: &EventLog) -> Resu
                     drop(permit);
                 });
             }
-        });
+        }));
         actuators.kube = Some(tx);
         info!("carrying out Kubernetes actions");
     }
@@ -519,6 +527,7 @@ fn start_slurm(
     s: &crate::config::SlurmConfig,
     log: &EventLog,
     actuators: &mut Actuators,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<()> {
     use lockstep_connectors::slurm;
     let rest = match &s.rest_url {
@@ -550,7 +559,7 @@ fn start_slurm(
             },
         );
         let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-        tokio::spawn(observer.run(tx));
+        tasks.push(tokio::spawn(observer.run(tx)));
         let log = log.clone();
         tokio::spawn(async move {
             while let Some((observed_ms, event)) = rx.recv().await {
@@ -566,14 +575,14 @@ fn start_slurm(
         );
         let (tx, mut rx) = tokio::sync::mpsc::channel::<lockstep_schemas::IssuedAction>(1024);
         let log = log.clone();
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             // One at a time: slurmctld serialises node updates anyway.
             while let Some(action) = rx.recv().await {
                 let outcome = actuator.execute(&action).await;
                 let env = Envelope::new(Source::Actuator, now_ms(), Event::ActionOutcome(outcome));
                 append_until_done(&log, &env).await;
             }
-        });
+        }));
         actuators.slurm = Some(tx);
         info!("carrying out Slurm actions");
     }
