@@ -188,12 +188,13 @@ impl Elector {
         // it first appears or changes (missing RBAC, API server down), not
         // on every retry.
         let mut last_error = None;
-        loop {
+        let taken = loop {
+            let sent = Instant::now();
             let attempt = self.try_acquire_or_renew(self.config.retry_period * 2);
             tokio::select! {
                 _ = &mut stopped => return,
                 r = attempt => match r {
-                    Ok(true) => break,
+                    Ok(true) => break sent,
                     Ok(false) => last_error = None,
                     Err(e) => {
                         let text = e.to_string();
@@ -210,12 +211,12 @@ impl Elector {
                 _ = &mut stopped => return,
                 () = tokio::time::sleep(self.config.retry_period) => {}
             }
-        }
+        };
         info!(lease = %name, identity = %self.config.identity, "became the leader");
         let _ = tx.send(true);
 
         // Leader: renew until the deadline passes without a renewal.
-        let mut renewed = Instant::now();
+        let mut renewed = taken;
         loop {
             tokio::select! {
                 _ = &mut stopped => {
@@ -229,8 +230,11 @@ impl Elector {
             if left.is_zero() {
                 break;
             }
+            // The renewal counts from when it was sent: the Lease's new
+            // term may start any time after that.
+            let sent = Instant::now();
             match self.try_acquire_or_renew(left).await {
-                Ok(true) => renewed = Instant::now(),
+                Ok(true) => renewed = sent,
                 Ok(false) => {
                     warn!(lease = %name, "another candidate holds the lease");
                     break;
