@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use lockstep_connectors::slurm::{RestClient, RestConfig, TokenSource};
 use lockstep_schemas::SlurmNodeFlag;
-use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_store::testing::{free_port, temp_dir, NatsServer};
 
 const NS: &str = "slurm-bench";
 const MARK: &str = "lockstep-bench";
@@ -84,19 +84,7 @@ fn env(name: &str) -> String {
 }
 
 fn lockstep_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("lockstep")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lockstep_benches::sibling_binary("lockstep")
 }
 
 fn leads(port: u16) -> bool {
@@ -171,6 +159,18 @@ where
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// `kubectl cordon` / `uncordon`.
+async fn set_unschedulable(nodes: &Api<Node>, node: &str, on: bool) {
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
+        )
+        .await
+        .expect("cordon / uncordon");
 }
 
 fn condition_true(pod: &Pod, kind: &str) -> bool {
@@ -298,7 +298,6 @@ async fn main() {
     // Let the first sync and its actions settle.
     tokio::time::sleep(Duration::from_secs(5)).await;
 
-    let pp = PatchParams::default();
     let mut cordon = Vec::with_capacity(a.trials);
     eprintln!("{} trials: kubectl cordon -> DRAIN in slurmctld", a.trials);
     for t in 0..a.trials {
@@ -315,27 +314,13 @@ async fn main() {
             }
         };
         let started = Instant::now();
-        nodes
-            .patch(
-                &k,
-                &pp,
-                &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
-            )
-            .await
-            .expect("cordon");
+        set_unschedulable(&nodes, &k, true).await;
         wait("DRAIN in slurmctld", Duration::from_secs(30), || {
             drained(true)
         })
         .await;
         cordon.push(started.elapsed());
-        nodes
-            .patch(
-                &k,
-                &pp,
-                &Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
-            )
-            .await
-            .expect("uncordon");
+        set_unschedulable(&nodes, &k, false).await;
         wait("resumed in slurmctld", Duration::from_secs(30), || {
             drained(false)
         })
@@ -349,13 +334,8 @@ async fn main() {
     // A random pause before each drain: without it every trial would start
     // right after the poll that saw the previous resume, in lockstep with
     // the poller, and measure a full poll interval each time.
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut jitter = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        Duration::from_millis(seed % a.poll_ms.max(1))
-    };
+    let mut rng = lockstep_benches::Rng::new(42);
+    let mut jitter = move || Duration::from_millis(rng.below(a.poll_ms.max(1)));
     let mut drain = Vec::with_capacity(a.trials);
     eprintln!(
         "{} trials: scontrol drain -> pod condition in the API server",

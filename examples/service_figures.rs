@@ -15,24 +15,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockstep_benches::{Generator, Shape};
-use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_store::testing::{free_port, temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
 
 fn lockstep_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    // target/release/examples/service_figures -> target/release/lockstep
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("lockstep")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lockstep_benches::sibling_binary("lockstep")
 }
 
 fn status(port: u16) -> Option<(bool, u64)> {

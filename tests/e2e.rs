@@ -180,16 +180,7 @@ impl Scenario {
             let log = EventLog::connect_nats(&self.nats.url(), &StreamLimits::default())
                 .await
                 .unwrap();
-            let head = log.head().await.unwrap();
-            let mut out: Vec<EventRecord> = Vec::new();
-            let mut next = 1;
-            while next <= head {
-                let batch = log.read(next, 4096, Duration::from_secs(5)).await.unwrap();
-                assert!(!batch.is_empty(), "the log stopped at {next} before {head}");
-                next = batch.last().unwrap().seq + 1;
-                out.extend(batch);
-            }
-            out
+            common::read_all(&log).await
         })
     }
 

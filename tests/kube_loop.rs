@@ -6,125 +6,27 @@
 //! The Slurm side is played by the test: it appends Slurm observations to
 //! the log as the Slurm connector would.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lockstep_schemas::{Action, Envelope, Event, SlurmBaseState, SlurmNode, SlurmNodeFlag, Source};
 mod common;
 
-use common::{kubectl_path, lockstep_kubeconfig, repo, Reap, STATE};
+use common::{read_all, wait_for, Lockstep, Stack};
 use lockstep_store::testing::{temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
 
-/// Starts (or finds running) the local control plane; fails loudly if it
-/// cannot be built or started.
-fn control_plane() -> (PathBuf, PathBuf) {
-    let status = Command::new(repo().join("deploy/local/kube/up.sh"))
-        .env("LOCKSTEP_STATE_DIR", STATE)
-        .stdout(Stdio::null())
-        .status()
-        .expect("deploy/local/kube/up.sh runs");
-    assert!(status.success(), "deploy/local/kube/up.sh failed");
-    (Path::new(STATE).join("kube/kubeconfig"), kubectl_path())
-}
-
-struct Kubectl {
-    bin: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> String {
-        use std::io::Write;
-        let mut child = Command::new(&self.bin)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(input.as_bytes())
-                .unwrap();
-        }
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        serde_json::from_str(&self.run(&a, None)).unwrap()
-    }
-}
-
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Every record up to the head (a read returns what is at hand, in batches).
-async fn read_all(log: &EventLog) -> Vec<lockstep_schemas::EventRecord> {
-    let head = log.head().await.unwrap();
-    let mut out: Vec<lockstep_schemas::EventRecord> = Vec::new();
-    let mut next = 1;
-    while next <= head {
-        let batch = log.read(next, 1024, Duration::from_secs(5)).await.unwrap();
-        assert!(
-            !batch.is_empty(),
-            "the log stopped at {next} before its head {head}"
-        );
-        next = batch.last().unwrap().seq + 1;
-        out.extend(batch);
-    }
-    out
-}
-
 #[test]
 fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
-    let (kubeconfig, kubectl) = control_plane();
-    let k = Kubectl {
-        bin: kubectl,
-        kubeconfig: kubeconfig.clone(),
-    };
+    let k = Stack::up();
     let run = format!("{}", std::process::id());
     let node = format!("loop-node-{run}");
     let pod = format!("loop-slurmd-{run}");
-    k.run(
-        &["apply", "-f", "-"],
-        Some(
-            &serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-                .to_string(),
-        ),
-    );
-    k.run(
-        &["apply", "-f", "-"],
-        Some(
-            &serde_json::json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": "default", "labels": {"app.kubernetes.io/component": "slurmd"}},
-                "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurmd:test"}]}
-            })
-            .to_string(),
-        ),
-    );
+    k.apply(&serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+    k.apply(&serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": "default", "labels": {"app.kubernetes.io/component": "slurmd"}},
+        "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurmd:test"}]}
+    }));
 
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -136,26 +38,16 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         ))
         .unwrap();
     let dir = temp_dir("kube-loop");
-    let config = dir.join("lockstep.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"data\"\n[log]\nnats_url = \"{}\"\n[service]\ntick_interval_ms = 500\n[telemetry]\n[kubernetes]\nkubeconfig = \"{}\"\n",
+    let mut lockstep = Lockstep::start(
+        &dir,
+        &format!(
+            "[log]\nnats_url = \"{}\"\n[service]\ntick_interval_ms = 500\n[kubernetes]\nkubeconfig = \"{}\"\n",
             nats.url(),
-            lockstep_kubeconfig().display()
-        )
-        .replace("[telemetry]\n", "[telemetry]\nlisten = \"127.0.0.1:0\"\n"),
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
-        .spawn()
-        .map(|c| Reap(Some(c)))
-        .unwrap();
-    let run_log = || std::fs::read_to_string(dir.join("run.log")).unwrap_or_default();
+            k.lockstep_kubeconfig.display()
+        ),
+        &serde_json::json!({}),
+    );
+    let run_log = || lockstep.log();
 
     // The Slurm side: the node exists, idle.
     let mut slurm = SlurmNode {
@@ -177,7 +69,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
 
     // kubectl cordon reaches the log and the reducer drains the Slurm node:
     // the action appears on the action stream (no Slurm actuator here).
-    k.run(&["cordon", &node], None);
+    k.kubectl(&["cordon", &node], None);
     let drain = wait_for(
         "a drain for the cordon on the action stream",
         Duration::from_secs(60),
@@ -188,7 +80,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         },
     );
     assert_eq!(drain.rule, "drain.cordon", "{}", run_log());
-    k.run(&["uncordon", &node], None);
+    k.kubectl(&["uncordon", &node], None);
 
     // An admin drains the node in Slurm: lockstep shows the foreign drain on
     // the pod, through the real API server.
@@ -201,7 +93,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         "pod condition SlurmNodeDrained=True",
         Duration::from_secs(60),
         || {
-            let p = k.json(&["get", "pod", &pod, "-n", "default"]);
+            let p = k.get(&["pod", &pod, "-n", "default"])?;
             p["status"]["conditions"]
                 .as_array()?
                 .iter()
@@ -230,9 +122,9 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         matches!(&outcome.envelope.event, Event::ActionOutcome(o) if o.result == lockstep_schemas::OutcomeResult::Succeeded)
     );
 
-    let status = child.stop();
-    assert!(status.success(), "{}", run_log());
-    k.run(
+    let status = lockstep.child.stop();
+    assert!(status.success(), "{}", lockstep.log());
+    k.kubectl(
         &[
             "delete",
             "pod",
@@ -244,6 +136,6 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         ],
         None,
     );
-    k.run(&["delete", "node", &node], None);
+    k.kubectl(&["delete", "node", &node], None);
     let _ = std::fs::remove_dir_all(dir);
 }

