@@ -59,6 +59,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         features: vec![],
         topology: None,
         partitions: vec![],
+        version: 0,
     };
     rt.block_on(log.append(&Envelope::new(
         Source::Test,

@@ -155,6 +155,7 @@ impl Generator {
                     replicas: shape.slurm_nodes as u32,
                     ready_replicas: shape.slurm_nodes as u32,
                     update_revision: Some("rev-1".to_owned()),
+                    version: 0,
                 }),
             );
         }
@@ -173,6 +174,7 @@ impl Generator {
                 ]
                 .into(),
                 taints: vec![],
+                version: 0,
             };
             g.kube.push(node.clone());
             g.push(Source::Kubernetes, Event::KubeNode(node));
@@ -188,6 +190,7 @@ impl Generator {
                 features: vec!["gpu".to_owned(), "h100".to_owned()],
                 topology: None,
                 partitions: vec!["gpu".to_owned()],
+                version: 0,
             };
             g.slurm.push(node.clone());
             g.push(Source::Slurm, Event::SlurmNode(node));
@@ -208,6 +211,8 @@ impl Generator {
                         name: "gpu".to_owned(),
                     }),
                 revision: shape.scaling_and_topology.then(|| "rev-1".to_owned()),
+                ready: true,
+                version: 0,
             };
             g.push(Source::Kubernetes, Event::KubePod(pod));
         }
@@ -243,6 +248,7 @@ impl Generator {
             node_count: width,
             nodes: vec![],
             pending_reason: Some("Resources".to_owned()),
+            version: 0,
         };
         self.next_job += 1;
         self.queue.push_back(job.clone());
@@ -324,6 +330,7 @@ impl Generator {
                 node_count: width as u32,
                 nodes,
                 pending_reason: None,
+                version: 0,
             };
             self.jobs
                 .insert(job.job_id, (job.clone(), (first..first + width).collect()));
@@ -341,7 +348,13 @@ impl Generator {
             let (mut job, nodes) = self.jobs.remove(&id).expect("picked from the map");
             job.state = SlurmJobState::Completed;
             self.push(Source::Slurm, Event::SlurmJob(job));
-            self.push(Source::Slurm, Event::SlurmJobGone { job_id: id });
+            self.push(
+                Source::Slurm,
+                Event::SlurmJobGone {
+                    job_id: id,
+                    version: 0,
+                },
+            );
             if self.shape.pending_jobs > 0 {
                 self.submit();
             }

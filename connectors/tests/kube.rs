@@ -505,7 +505,7 @@ fn mirror_nodes(events: &[Event]) -> BTreeMap<String, KubeNode> {
             Event::KubeNode(n) => {
                 nodes.insert(n.name.clone(), (n.clone(), gen));
             }
-            Event::KubeNodeGone { name } => {
+            Event::KubeNodeGone { name, .. } => {
                 nodes.remove(name);
             }
             Event::SyncStarted {
@@ -692,7 +692,7 @@ async fn node_lifecycle_appears_as_observations() {
     cp.kubectl(&["delete", "node", &name]);
     w.next(
         "node gone",
-        |e| matches!(e, Event::KubeNodeGone { name: n } if *n == name),
+        |e| matches!(e, Event::KubeNodeGone { name: n, version } if *n == name && *version != 0),
     )
     .await;
 }
@@ -717,6 +717,7 @@ async fn pod_lifecycle_appears_as_observations() {
         .as_str()
         .unwrap()
         .to_owned();
+    assert_ne!(p.version, 0, "the pod's resourceVersion is its version");
     assert_eq!(
         p,
         KubePod {
@@ -725,6 +726,7 @@ async fn pod_lifecycle_appears_as_observations() {
             uid,
             node_name: Some(node.clone()),
             phase: PodPhase::Pending,
+            ready: false,
             deleting: false,
             disruption_target: false,
             labels: BTreeMap::from([("slurm.node".to_owned(), format!("slurm-{p1}"))]),
@@ -734,6 +736,7 @@ async fn pod_lifecycle_appears_as_observations() {
                 name: "compute".to_owned()
             }),
             revision: Some("compute-rev1".to_owned()),
+            version: p.version,
         }
     );
 
@@ -759,6 +762,7 @@ async fn pod_lifecycle_appears_as_observations() {
         }],
         "only the conditions lockstep manages"
     );
+    assert!(p.ready, "the Ready condition is read");
 
     // Status churn lockstep does not read: nothing.
     cp.patch_status(
@@ -806,7 +810,7 @@ async fn pod_lifecycle_appears_as_observations() {
         ]);
         w.next(
             "pod gone",
-            |e| matches!(e, Event::KubePodGone { name, namespace } if name == p && namespace == NS),
+            |e| matches!(e, Event::KubePodGone { name, namespace, .. } if name == p && namespace == NS),
         )
         .await;
     }
@@ -846,10 +850,11 @@ async fn stateful_set_appears_as_scale_target() {
         replicas: 2,
         ready_replicas: 0,
         update_revision: None,
+        version: 0,
     };
     w.next(
         "created",
-        |e| matches!(e, Event::KubeScaleTarget(t) if *t == want),
+        |e| matches!(e, Event::KubeScaleTarget(t) if t.same_but_version(&want) && t.version != 0),
     )
     .await;
 
@@ -862,17 +867,18 @@ async fn stateful_set_appears_as_scale_target() {
         replicas: 2,
         ready_replicas: 1,
         update_revision: Some(format!("{name}-abc")),
+        version: 0,
     };
     w.next(
         "status",
-        |e| matches!(e, Event::KubeScaleTarget(t) if *t == want),
+        |e| matches!(e, Event::KubeScaleTarget(t) if t.same_but_version(&want) && t.version != 0),
     )
     .await;
 
     cp.kubectl(&["delete", "statefulset", &name, "-n", NS]);
     w.next(
         "gone",
-        |e| matches!(e, Event::KubeScaleTargetGone { target: t } if *t == target),
+        |e| matches!(e, Event::KubeScaleTargetGone { target: t, .. } if *t == target),
     )
     .await;
 }
@@ -1014,7 +1020,7 @@ async fn dropped_watch_is_reported_and_resumes_without_loss() {
     assert!(
         w.seen
             .iter()
-            .any(|e| matches!(e, Event::KubeNodeGone { name } if *name == b)),
+            .any(|e| matches!(e, Event::KubeNodeGone { name, .. } if *name == b)),
         "the delete is in the log as a delete:\n{}",
         w.history()
     );
@@ -1066,7 +1072,7 @@ async fn apiserver_restart_loses_nothing(apiserver_args: &str) {
         assert!(
             w.seen
                 .iter()
-                .any(|ev| matches!(ev, Event::KubeNodeGone { name } if name == gone)),
+                .any(|ev| matches!(ev, Event::KubeNodeGone { name, .. } if name == gone)),
             "delete of {gone} is in the log:\n{}",
             w.history()
         );
@@ -1147,7 +1153,7 @@ async fn relist_after_410_gone_reports_deletes() {
         )
     })
     .unwrap_or_else(|| panic!("no relist:\n{}", w.history()));
-    let gone = pos(&|e| matches!(e, Event::KubeNodeGone { name } if *name == y))
+    let gone = pos(&|e| matches!(e, Event::KubeNodeGone { name, .. } if *name == y))
         .unwrap_or_else(|| panic!("no Gone for {y}:\n{}", w.history()));
     let done = pos(&|e| {
         matches!(
@@ -1679,7 +1685,7 @@ async fn watch_stuck_on_server_errors_lists_again() {
         proxy.restore();
         w.next(
             "gone after listing again",
-            |e| matches!(e, Event::KubeNodeGone { name } if *name == y),
+            |e| matches!(e, Event::KubeNodeGone { name, .. } if *name == y),
         )
         .await;
         assert!(

@@ -31,6 +31,7 @@ fn node(name: &str, state: B, flags: &[F], reason: Option<(&str, &str)>) -> Slur
         features: vec![],
         topology: None,
         partitions: vec!["batch".to_owned()],
+        version: 0,
     }
 }
 
@@ -67,6 +68,7 @@ fn job(id: u64, state: J, nodes: &[&str], count: u32, reason: Option<&str>) -> S
         nodes: nodes.iter().map(|s| (*s).to_owned()).collect(),
         node_count: count,
         pending_reason: reason.map(str::to_owned),
+        version: 0,
     }
 }
 
@@ -85,6 +87,7 @@ fn batch() -> Vec<SlurmPartition> {
         nodes: ["ls-n1", "ls-n2", "ls-n3", "ls-n4"]
             .map(str::to_owned)
             .to_vec(),
+        version: 0,
     }]
 }
 

@@ -186,6 +186,7 @@ mod tests {
             features: vec![],
             topology: None,
             partitions: vec![],
+            version: 0,
         }
     }
 

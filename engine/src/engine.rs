@@ -439,7 +439,7 @@ impl Engine {
                     }
                 }
             }
-            Event::SlurmNodeGone { name } => self.remove_slurm_node(name),
+            Event::SlurmNodeGone { name, .. } => self.remove_slurm_node(name),
             Event::SlurmJob(job) => {
                 let gen = self.gen(Domain::SlurmJobs);
                 let mut flipped = std::mem::take(&mut self.scratch_names);
@@ -449,7 +449,7 @@ impl Engine {
                 self.scratch_names = flipped;
                 self.schedule_scaling(ctx.now_ms);
             }
-            Event::SlurmJobGone { job_id } => self.remove_job(*job_id),
+            Event::SlurmJobGone { job_id, .. } => self.remove_job(*job_id),
             Event::SlurmPartition(p) => {
                 let gen = self.gen(Domain::SlurmPartitions);
                 self.model.partitions.insert(
@@ -460,7 +460,7 @@ impl Engine {
                     },
                 );
             }
-            Event::SlurmPartitionGone { name } => {
+            Event::SlurmPartitionGone { name, .. } => {
                 self.model.partitions.remove(name);
             }
             Event::KubeNode(node) => {
@@ -509,7 +509,7 @@ impl Engine {
                 }
                 self.touch_kube(&node.name);
             }
-            Event::KubeNodeGone { name } => self.remove_kube_node(name),
+            Event::KubeNodeGone { name, .. } => self.remove_kube_node(name),
             Event::KubePod(pod) => {
                 let gen = self.gen(Domain::KubePods);
                 let key = pod_key(&pod.namespace, &pod.name);
@@ -560,7 +560,9 @@ impl Engine {
                 self.index_pod(&key, &pod);
                 self.scaling_needs_scan(ctx.now_ms);
             }
-            Event::KubePodGone { namespace, name } => {
+            Event::KubePodGone {
+                namespace, name, ..
+            } => {
                 self.remove_pod(&pod_key(namespace, name));
                 self.scaling_needs_scan(ctx.now_ms);
             }
@@ -575,7 +577,7 @@ impl Engine {
                 );
                 self.scaling_needs_scan(ctx.now_ms);
             }
-            Event::KubeScaleTargetGone { target } => {
+            Event::KubeScaleTargetGone { target, .. } => {
                 self.model.scale_targets.remove(target);
                 self.scaling_needs_scan(ctx.now_ms);
             }

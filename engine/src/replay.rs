@@ -244,16 +244,16 @@ impl Audit {
         let pod = engine.pod_key_of(&self.node);
         match event {
             Event::SlurmNode(n) => n.name == self.node,
-            Event::SlurmNodeGone { name } => *name == self.node,
+            Event::SlurmNodeGone { name, .. } => *name == self.node,
             Event::SlurmJob(j) => j.nodes.contains(&self.node),
             Event::KubeNode(n) => kube.as_deref() == Some(n.name.as_str()),
-            Event::KubeNodeGone { name } => kube.as_deref() == Some(name.as_str()),
+            Event::KubeNodeGone { name, .. } => kube.as_deref() == Some(name.as_str()),
             Event::KubePod(p) => {
                 pod.as_deref() == Some(format!("{}/{}", p.namespace, p.name).as_str())
             }
-            Event::KubePodGone { namespace, name } => {
-                pod.as_deref() == Some(format!("{namespace}/{name}").as_str())
-            }
+            Event::KubePodGone {
+                namespace, name, ..
+            } => pod.as_deref() == Some(format!("{namespace}/{name}").as_str()),
             Event::ActionOutcome(o) => self.action_ids.contains(&o.action_id.0),
             Event::PolicyChanged(_) | Event::ConnectorStatus { .. } => true,
             _ => false,

@@ -154,6 +154,7 @@ mod tests {
             nodes: vec![],
             node_count: 1,
             pending_reason: reason.map(str::to_owned),
+            version: 0,
         };
         assert!(scalable(
             &job(SlurmJobState::Pending, Some("Resources")),

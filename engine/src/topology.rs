@@ -104,6 +104,7 @@ mod tests {
             features: features.iter().map(|f| (*f).to_owned()).collect(),
             topology: topology.map(str::to_owned),
             partitions: vec![],
+            version: 0,
         }
     }
 
@@ -118,6 +119,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect::<BTreeMap<_, _>>(),
             taints: vec![],
+            version: 0,
         }
     }
 

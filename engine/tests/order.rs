@@ -39,6 +39,7 @@ fn events() -> Vec<Event> {
             features: vec![],
             topology: None,
             partitions: vec!["batch".into()],
+            version: 0,
         }),
         Event::KubeNode(KubeNode {
             name: "k6".into(),
@@ -47,6 +48,7 @@ fn events() -> Vec<Event> {
             conditions: vec![],
             labels: BTreeMap::from([("lockstep.io/gpu".into(), "h100".into())]),
             taints: vec![],
+            version: 0,
         }),
         Event::KubePod(KubePod {
             namespace: "slurm".into(),
@@ -60,6 +62,8 @@ fn events() -> Vec<Event> {
             conditions: vec![],
             owner: None,
             revision: None,
+            ready: true,
+            version: 0,
         }),
     ]
 }

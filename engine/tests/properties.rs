@@ -193,6 +193,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                     features: vec![],
                     topology: None,
                     partitions: vec![],
+                    version: 0,
                 };
                 match drain {
                     Some(owned) => {
@@ -219,6 +220,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 world.slurm.remove(node);
                 Event::SlurmNodeGone {
                     name: SLURM[*node].into(),
+                    version: 0,
                 }
             }
             Op::Kube {
@@ -255,6 +257,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 } else {
                     vec![]
                 },
+                version: 0,
             }),
             Op::Pod {
                 node,
@@ -296,6 +299,8 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                     } else {
                         "rev-1".into()
                     }),
+                    ready: true,
+                    version: 0,
                 };
                 world.pods.insert(*node, pod.clone());
                 Event::KubePod(pod)
@@ -305,6 +310,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 Event::KubePodGone {
                     namespace: "slurm".into(),
                     name: SLURM[*node].into(),
+                    version: 0,
                 }
             }
             Op::Advance { s } => {
@@ -383,7 +389,10 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 count,
             } => {
                 if *state == 3 {
-                    Event::SlurmJobGone { job_id: *id }
+                    Event::SlurmJobGone {
+                        job_id: *id,
+                        version: 0,
+                    }
                 } else {
                     let running = *state == 2;
                     Event::SlurmJob(lockstep_schemas::SlurmJob {
@@ -408,6 +417,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                             1 => Some("JobHeldUser".into()),
                             _ => None,
                         },
+                        version: 0,
                     })
                 }
             }
@@ -421,6 +431,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                     } else {
                         "rev-1".into()
                     }),
+                    version: 0,
                 })
             }
         };
@@ -565,9 +576,9 @@ proptest! {
         for rec in &recs {
             match &rec.envelope.event {
                 Event::SlurmNode(n) => { latest.insert(n.name.clone(), n.clone()); }
-                Event::SlurmNodeGone { name } => { latest.remove(name); }
+                Event::SlurmNodeGone { name, .. } => { latest.remove(name); }
                 Event::SlurmJob(j) => { jobs.insert(j.job_id, j.clone()); }
-                Event::SlurmJobGone { job_id } => { jobs.remove(job_id); }
+                Event::SlurmJobGone { job_id, .. } => { jobs.remove(job_id); }
                 Event::ActionOutcome(o)
                     if in_flight.get(&o.target).is_some_and(|(id, _)| *id == o.action_id.0) =>
                 {

@@ -184,6 +184,7 @@ impl Sim {
             features: vec![],
             topology: None,
             partitions: vec!["batch".to_owned()],
+            version: 0,
         };
         self.slurm.insert(name.to_owned(), node);
         self.observe_slurm(name)
@@ -244,6 +245,7 @@ impl Sim {
             nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
             node_count: nodes.len() as u32,
             pending_reason: None,
+            version: 0,
         };
         self.jobs.insert(job_id, job.clone());
         self.append(Source::Slurm, Event::SlurmJob(job));
@@ -259,7 +261,7 @@ impl Sim {
         job.state = SlurmJobState::Completed;
         let nodes = job.nodes.clone();
         self.append(Source::Slurm, Event::SlurmJob(job));
-        self.append(Source::Slurm, Event::SlurmJobGone { job_id });
+        self.append(Source::Slurm, Event::SlurmJobGone { job_id, version: 0 });
         for n in &nodes {
             self.slurm_change(n, |s| s.state = SlurmBaseState::Idle);
         }
@@ -277,6 +279,7 @@ impl Sim {
             conditions: vec![],
             labels: BTreeMap::new(),
             taints: vec![],
+            version: 0,
         };
         self.kube.insert(name.to_owned(), node);
         self.observe_kube(name)
@@ -341,6 +344,8 @@ impl Sim {
             conditions: vec![],
             owner: None,
             revision: None,
+            ready: true,
+            version: 0,
         };
         self.pods.insert(format!("slurm/{name}"), pod);
         self.observe_pod(name)
@@ -365,6 +370,7 @@ impl Sim {
             Event::KubePodGone {
                 namespace: "slurm".to_owned(),
                 name: name.to_owned(),
+                version: 0,
             },
         );
         self
@@ -509,7 +515,13 @@ impl Sim {
                     self.pod_change(pod, |p| p.deleting = true);
                     self.remove_pod(pod);
                     self.slurm.remove(pod.as_str());
-                    self.append(Source::Slurm, Event::SlurmNodeGone { name: pod.clone() });
+                    self.append(
+                        Source::Slurm,
+                        Event::SlurmNodeGone {
+                            name: pod.clone(),
+                            version: 0,
+                        },
+                    );
                     let set = pod.rsplit_once('-').map(|(s, _)| s.to_owned());
                     if let Some(set) = set.filter(|s| self.sets.contains_key(s)) {
                         self.sync_set(&set);
@@ -575,6 +587,7 @@ impl Sim {
             replicas: set.replicas,
             ready_replicas: ready,
             update_revision: Some(set.revision.clone()),
+            version: 0,
         });
         self.append(Source::Kubernetes, event);
         self
@@ -595,7 +608,13 @@ impl Sim {
             self.pod_change(&pod, |p| p.deleting = true);
             self.remove_pod(&pod);
             self.slurm.remove(pod.as_str());
-            self.append(Source::Slurm, Event::SlurmNodeGone { name: pod });
+            self.append(
+                Source::Slurm,
+                Event::SlurmNodeGone {
+                    name: pod,
+                    version: 0,
+                },
+            );
         }
         for o in (0..set.replicas).filter(|o| !ordinals.contains(o)) {
             let pod = format!("{name}-{o}");
@@ -629,6 +648,7 @@ impl Sim {
             nodes: vec![],
             node_count: nodes,
             pending_reason: Some(reason.to_owned()),
+            version: 0,
         };
         self.jobs.insert(job_id, job.clone());
         self.append(Source::Slurm, Event::SlurmJob(job));

@@ -456,7 +456,7 @@ fn an_idle_queue_scales_in_through_drain_then_delete_then_fewer_replicas() {
 fn a_victim_that_gets_a_job_is_deleted_only_after_the_job_ends() {
     let sim = build("victim-gets-a-job");
     let job_end = event_seq(&sim, |e| {
-        matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 31 })
+        matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 31, .. })
     });
     let deletes = kinds_on(&sim, ActionKind::KubeDeletePod);
     assert!(!deletes.is_empty());
@@ -559,7 +559,7 @@ fn a_new_revision_replaces_pods_one_at_a_time_busy_ones_last() {
     let deleted = deleted_pods(&sim);
     assert_eq!(deleted, ["gpu-2", "gpu-1", "gpu-0"]);
     let job_end = event_seq(&sim, |e| {
-        matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 51 })
+        matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 51, .. })
     });
     assert!(
         kinds_on(&sim, ActionKind::KubeDeletePod)[2].seq > job_end,

@@ -1,10 +1,13 @@
 //! The observation vocabulary: what connectors, actuators and lockstep itself
 //! put into the log.
 //!
-//! An observation carries only what the reducer reads. Connectors strip
-//! everything else (heartbeat timestamps, resource versions) so that an
-//! unchanged object produces an identical event, and the reducer, which is
-//! level-triggered, does nothing with it.
+//! An observation carries only what the reducer reads, plus the object's own
+//! version. Connectors strip everything else (heartbeat timestamps, managed
+//! fields) and emit an object again only when what the reducer reads changed
+//! (versions aside), and the reducer, which is level-triggered, does nothing
+//! with an observation that says what it already holds. The version lets it
+//! drop an observation older than the one it holds (a re-delivery after the
+//! log's deduplication window).
 
 use std::collections::BTreeMap;
 
@@ -26,6 +29,10 @@ pub enum Event {
     SlurmNodeGone {
         /// Slurm node name.
         name: String,
+        /// The object's version at deletion (see [`SlurmNode::version`]); 0
+        /// when the deletion was inferred from a full listing.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        version: u64,
     },
     /// A Slurm job as slurmctld reports it now.
     SlurmJob(SlurmJob),
@@ -33,6 +40,10 @@ pub enum Event {
     SlurmJobGone {
         /// Slurm job id.
         job_id: u64,
+        /// The object's version at deletion (see [`SlurmNode::version`]); 0
+        /// when the deletion was inferred from a full listing.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        version: u64,
     },
     /// A Slurm partition as slurmctld reports it now.
     SlurmPartition(SlurmPartition),
@@ -40,6 +51,10 @@ pub enum Event {
     SlurmPartitionGone {
         /// Partition name.
         name: String,
+        /// The object's version at deletion (see [`SlurmNode::version`]); 0
+        /// when the deletion was inferred from a full listing.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        version: u64,
     },
     /// A Kubernetes node, reduced to what lockstep reads.
     KubeNode(KubeNode),
@@ -47,6 +62,10 @@ pub enum Event {
     KubeNodeGone {
         /// Kubernetes node name.
         name: String,
+        /// The object's version at deletion (see [`SlurmNode::version`]); 0
+        /// when the deletion was inferred from a full listing.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        version: u64,
     },
     /// A Kubernetes pod (one that runs slurmd), reduced to what lockstep reads.
     KubePod(KubePod),
@@ -56,6 +75,10 @@ pub enum Event {
         namespace: String,
         /// Pod name.
         name: String,
+        /// The object's version at deletion (see [`SlurmNode::version`]); 0
+        /// when the deletion was inferred from a full listing.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        version: u64,
     },
     /// A Kubernetes object with a scale subresource (StatefulSet, Slinky NodeSet, ...).
     KubeScaleTarget(KubeScaleTarget),
@@ -63,6 +86,10 @@ pub enum Event {
     KubeScaleTargetGone {
         /// Which object.
         target: ScaleTargetRef,
+        /// The object's version at deletion (see [`SlurmNode::version`]); 0
+        /// when the deletion was inferred from a full listing.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        version: u64,
     },
     /// A connector starts a full listing of one kind of object. Every object of
     /// that kind not observed between this marker and the matching
@@ -122,8 +149,18 @@ impl Event {
 }
 
 impl Event {
-    /// A one-line human-readable summary, for timelines.
+    /// A one-line human-readable summary, for timelines; ends with the
+    /// object's version when it has one.
     pub fn summary(&self) -> String {
+        let mut s = self.summary_unversioned();
+        let v = self.version();
+        if v != 0 {
+            s.push_str(&format!(" (v{v})"));
+        }
+        s
+    }
+
+    fn summary_unversioned(&self) -> String {
         fn flags(n: &SlurmNode) -> String {
             let mut s = n.state.to_string();
             for f in &n.flags {
@@ -143,18 +180,18 @@ impl Event {
                 }
                 s
             }
-            Self::SlurmNodeGone { name } => format!("slurm node {name} gone"),
+            Self::SlurmNodeGone { name, .. } => format!("slurm node {name} gone"),
             Self::SlurmJob(j) => format!(
                 "slurm job {} {} on [{}]",
                 j.job_id,
                 j.state,
                 j.nodes.join(",")
             ),
-            Self::SlurmJobGone { job_id } => format!("slurm job {job_id} gone"),
+            Self::SlurmJobGone { job_id, .. } => format!("slurm job {job_id} gone"),
             Self::SlurmPartition(p) => {
                 format!("slurm partition {} ({} nodes)", p.name, p.nodes.len())
             }
-            Self::SlurmPartitionGone { name } => format!("slurm partition {name} gone"),
+            Self::SlurmPartitionGone { name, .. } => format!("slurm partition {name} gone"),
             Self::KubeNode(n) => {
                 let mut s = format!("kubernetes node {} Ready={:?}", n.name, n.ready);
                 if n.unschedulable {
@@ -168,7 +205,7 @@ impl Event {
                 }
                 s
             }
-            Self::KubeNodeGone { name } => format!("kubernetes node {name} gone"),
+            Self::KubeNodeGone { name, .. } => format!("kubernetes node {name} gone"),
             Self::KubePod(p) => {
                 let mut s = format!(
                     "pod {}/{} {:?} on {}",
@@ -177,6 +214,9 @@ impl Event {
                     p.phase,
                     p.node_name.as_deref().unwrap_or("(unscheduled)")
                 );
+                if p.phase == PodPhase::Running && !p.ready {
+                    s.push_str(" not-ready");
+                }
                 if p.deleting {
                     s.push_str(" deleting");
                 }
@@ -188,11 +228,13 @@ impl Event {
                 }
                 s
             }
-            Self::KubePodGone { namespace, name } => format!("pod {namespace}/{name} gone"),
+            Self::KubePodGone {
+                namespace, name, ..
+            } => format!("pod {namespace}/{name} gone"),
             Self::KubeScaleTarget(t) => {
                 format!("scale target {} replicas={}", t.target, t.replicas)
             }
-            Self::KubeScaleTargetGone { target } => format!("scale target {target} gone"),
+            Self::KubeScaleTargetGone { target, .. } => format!("scale target {target} gone"),
             Self::SyncStarted { domain } => format!("full listing of {} started", domain.name()),
             Self::SyncDone { domain } => format!("full listing of {} done", domain.name()),
             Self::ConnectorStatus {
@@ -225,6 +267,110 @@ impl Event {
                 format!("outcome of {}: {r}", o.action_id)
             }
             Self::PolicyChanged(_) => "policy changed".to_owned(),
+        }
+    }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_true(v: &bool) -> bool {
+    *v
+}
+
+const fn yes() -> bool {
+    true
+}
+
+/// Equality of what an observation says, its version aside: a relist that
+/// only bumps versions is the same observation. Destructures every field, so
+/// a field added later cannot be forgotten here.
+macro_rules! same_but_version {
+    ($ty:ident { $($field:ident),* $(,)? }) => {
+        impl $ty {
+            /// Equal in everything but `version`.
+            pub fn same_but_version(&self, other: &Self) -> bool {
+                let $ty { version: _, $($field),* } = self;
+                $(*$field == other.$field)&&*
+            }
+        }
+    };
+}
+
+same_but_version!(SlurmNode {
+    name,
+    state,
+    flags,
+    reason,
+    reason_user,
+    features,
+    topology,
+    partitions
+});
+same_but_version!(SlurmJob {
+    job_id,
+    state,
+    partition,
+    nodes,
+    node_count,
+    pending_reason
+});
+same_but_version!(SlurmPartition { name, nodes });
+same_but_version!(KubeNode {
+    name,
+    unschedulable,
+    ready,
+    conditions,
+    labels,
+    taints
+});
+same_but_version!(KubePod {
+    namespace,
+    name,
+    uid,
+    node_name,
+    phase,
+    ready,
+    deleting,
+    disruption_target,
+    labels,
+    conditions,
+    owner,
+    revision
+});
+same_but_version!(KubeScaleTarget {
+    target,
+    replicas,
+    ready_replicas,
+    update_revision
+});
+
+impl Event {
+    /// The version of the object an observation or deletion is about; 0 for
+    /// events that are not about one object, or when it is unknown.
+    pub const fn version(&self) -> u64 {
+        match self {
+            Self::SlurmNode(o) => o.version,
+            Self::SlurmJob(o) => o.version,
+            Self::SlurmPartition(o) => o.version,
+            Self::KubeNode(o) => o.version,
+            Self::KubePod(o) => o.version,
+            Self::KubeScaleTarget(o) => o.version,
+            Self::SlurmNodeGone { version, .. }
+            | Self::SlurmJobGone { version, .. }
+            | Self::SlurmPartitionGone { version, .. }
+            | Self::KubeNodeGone { version, .. }
+            | Self::KubePodGone { version, .. }
+            | Self::KubeScaleTargetGone { version, .. } => *version,
+            Self::SyncStarted { .. }
+            | Self::SyncDone { .. }
+            | Self::ConnectorStatus { .. }
+            | Self::Tick
+            | Self::ActionOutcome(_)
+            | Self::PolicyChanged(_) => 0,
         }
     }
 }
@@ -362,6 +508,13 @@ pub struct SlurmNode {
     /// Partitions the node is in, sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<String>,
+    /// The object's own version: Kubernetes `metadata.resourceVersion` (an
+    /// etcd revision), the Slurm observer's poll generation (poll time in ms,
+    /// monotonic). 0: unknown, always applied. An observation older than the
+    /// one the model holds changes nothing (a re-delivery after the log's
+    /// deduplication window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
 }
 
 impl SlurmNode {
@@ -429,6 +582,13 @@ pub struct SlurmJob {
     /// Why the job is pending (Slurm's reason code, e.g. `Resources`, `Dependency`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_reason: Option<String>,
+    /// The object's own version: Kubernetes `metadata.resourceVersion` (an
+    /// etcd revision), the Slurm observer's poll generation (poll time in ms,
+    /// monotonic). 0: unknown, always applied. An observation older than the
+    /// one the model holds changes nothing (a re-delivery after the log's
+    /// deduplication window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
 }
 
 /// A Slurm partition as the reducer sees it.
@@ -439,6 +599,13 @@ pub struct SlurmPartition {
     /// Member nodes (expanded), sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
+    /// The object's own version: Kubernetes `metadata.resourceVersion` (an
+    /// etcd revision), the Slurm observer's poll generation (poll time in ms,
+    /// monotonic). 0: unknown, always applied. An observation older than the
+    /// one the model holds changes nothing (a re-delivery after the log's
+    /// deduplication window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
 }
 
 /// Status of a Kubernetes condition.
@@ -507,6 +674,13 @@ pub struct KubeNode {
     /// Taints whose key lockstep manages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
+    /// The object's own version: Kubernetes `metadata.resourceVersion` (an
+    /// etcd revision), the Slurm observer's poll generation (poll time in ms,
+    /// monotonic). 0: unknown, always applied. An observation older than the
+    /// one the model holds changes nothing (a re-delivery after the log's
+    /// deduplication window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
 }
 
 /// Pod phase.
@@ -563,6 +737,12 @@ pub struct KubePod {
     pub node_name: Option<String>,
     /// Phase.
     pub phase: PodPhase,
+    /// The pod's `Ready` condition is True. Missing in logs written before
+    /// the field existed: read as true there, so that "Running and Ready"
+    /// ([`KubePod::running_and_ready`]) means "Running", as those versions
+    /// decided, and the state they replay to is the same.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub ready: bool,
     /// `metadata.deletionTimestamp` is set.
     #[serde(default)]
     pub deleting: bool,
@@ -581,6 +761,13 @@ pub struct KubePod {
     /// Controller revision (`controller-revision-hash`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// The object's own version: Kubernetes `metadata.resourceVersion` (an
+    /// etcd revision), the Slurm observer's poll generation (poll time in ms,
+    /// monotonic). 0: unknown, always applied. An observation older than the
+    /// one the model holds changes nothing (a re-delivery after the log's
+    /// deduplication window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
 }
 
 /// Names a scale target.
@@ -618,6 +805,20 @@ pub struct KubeScaleTarget {
     /// The revision new pods get (`status.updateRevision`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_revision: Option<String>,
+    /// The object's own version: Kubernetes `metadata.resourceVersion` (an
+    /// etcd revision), the Slurm observer's poll generation (poll time in ms,
+    /// monotonic). 0: unknown, always applied. An observation older than the
+    /// one the model holds changes nothing (a re-delivery after the log's
+    /// deduplication window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
+}
+
+impl KubePod {
+    /// Phase Running and the Ready condition True: the pod serves.
+    pub fn running_and_ready(&self) -> bool {
+        self.phase == PodPhase::Running && self.ready
+    }
 }
 
 /// How an action ended.

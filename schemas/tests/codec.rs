@@ -17,6 +17,7 @@ fn slurm_node(name: &str, state: &str) -> Event {
         features: vec!["gpu".into()],
         topology: None,
         partitions: vec!["batch".into()],
+        version: 0,
     })
 }
 
@@ -30,6 +31,7 @@ fn records() -> Vec<Record> {
             conditions: vec![],
             labels: [("topology.kubernetes.io/zone".to_owned(), "a".to_owned())].into(),
             taints: vec![],
+            version: 0,
         }),
         Event::Tick,
         slurm_node("n2", "SOME_FUTURE_STATE"),

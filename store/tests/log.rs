@@ -17,6 +17,7 @@ fn node(i: u64) -> Envelope {
             conditions: vec![],
             labels: Default::default(),
             taints: vec![],
+            version: 0,
         }),
     )
 }

@@ -335,7 +335,7 @@ enum Item {
 }
 
 /// Reduces one watcher event; `None` for an object that cannot be keyed.
-fn step<K, Key, O>(
+fn step<K, Key, O: Versioned>(
     e: watcher::Event<K>,
     reduce: impl Fn(&K) -> Option<(Key, O)>,
 ) -> Option<Step<Key, O>> {
@@ -350,8 +350,34 @@ fn step<K, Key, O>(
             let (k, o) = reduce(&o)?;
             Step::Applied(k, o)
         }
-        watcher::Event::Delete(o) => Step::Deleted(reduce(&o)?.0),
+        watcher::Event::Delete(o) => {
+            let (k, o) = reduce(&o)?;
+            Step::Deleted(k, Versioned::version(&o))
+        }
     })
+}
+
+/// An observation's own version (the object's resourceVersion).
+trait Versioned {
+    fn version(&self) -> u64;
+}
+
+impl Versioned for KubeNode {
+    fn version(&self) -> u64 {
+        self.version
+    }
+}
+
+impl Versioned for KubePod {
+    fn version(&self) -> u64 {
+        self.version
+    }
+}
+
+impl Versioned for KubeScaleTarget {
+    fn version(&self) -> u64 {
+        self.version
+    }
 }
 
 struct Nodes;
@@ -362,8 +388,14 @@ impl Kind for Nodes {
     fn event(obs: &KubeNode) -> Event {
         Event::KubeNode(obs.clone())
     }
-    fn gone(name: &String) -> Event {
-        Event::KubeNodeGone { name: name.clone() }
+    fn gone(name: &String, version: u64) -> Event {
+        Event::KubeNodeGone {
+            name: name.clone(),
+            version,
+        }
+    }
+    fn same(a: &KubeNode, b: &KubeNode) -> bool {
+        a.same_but_version(b)
     }
 }
 
@@ -375,11 +407,15 @@ impl Kind for Pods {
     fn event(obs: &KubePod) -> Event {
         Event::KubePod(obs.clone())
     }
-    fn gone((namespace, name): &(String, String)) -> Event {
+    fn gone((namespace, name): &(String, String), version: u64) -> Event {
         Event::KubePodGone {
             namespace: namespace.clone(),
             name: name.clone(),
+            version,
         }
+    }
+    fn same(a: &KubePod, b: &KubePod) -> bool {
+        a.same_but_version(b)
     }
 }
 
@@ -391,10 +427,14 @@ impl Kind for Scales {
     fn event(obs: &KubeScaleTarget) -> Event {
         Event::KubeScaleTarget(obs.clone())
     }
-    fn gone(target: &ScaleTargetRef) -> Event {
+    fn gone(target: &ScaleTargetRef, version: u64) -> Event {
         Event::KubeScaleTargetGone {
             target: target.clone(),
+            version,
         }
+    }
+    fn same(a: &KubeScaleTarget, b: &KubeScaleTarget) -> bool {
+        a.same_but_version(b)
     }
 }
 

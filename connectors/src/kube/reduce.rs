@@ -1,7 +1,9 @@
 //! Reduces Kubernetes objects to the observations the reducer reads.
 //!
-//! Everything not named here is dropped: heartbeat times, resource versions,
-//! managed fields, labels and conditions lockstep was not asked about. So an
+//! Everything not named here is dropped: heartbeat times, managed fields,
+//! labels and conditions lockstep was not asked about. The resource version
+//! is kept as the observation's `version` (so the reducer can drop one older
+//! than what it holds), but the tracker compares observations without it: an
 //! object whose only change is a kubelet heartbeat reduces to the same
 //! observation, and the tracker does not emit it again.
 
@@ -239,6 +241,13 @@ pub const fn taint_effect_str(e: TaintEffect) -> &'static str {
     }
 }
 
+/// `metadata.resourceVersion` as a number: the etcd revision of the object's
+/// last write. Kubernetes calls it opaque; an API server that does not give
+/// a decimal number gets 0 (unknown: every observation is applied).
+pub fn resource_version(rv: Option<&str>) -> u64 {
+    rv.and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
 fn pod_phase(s: Option<&str>) -> PodPhase {
     match s {
         // The API server defaults a new pod's phase to Pending.
@@ -318,6 +327,7 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         conditions: watched,
         labels,
         taints,
+        version: resource_version(node.metadata.resource_version.as_deref()),
     })
 }
 
@@ -332,6 +342,9 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
     let disruption_target = conditions
         .iter()
         .any(|c| c.type_ == DISRUPTION_TARGET && c.status == "True");
+    let ready = conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
     let mut managed: Vec<PodCondition> = conditions
         .iter()
         .filter(|c| spec.pod_conditions.binary_search(&c.type_).is_ok())
@@ -372,12 +385,14 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
             .and_then(|s| s.node_name.clone())
             .filter(|n| !n.is_empty()),
         phase: pod_phase(status.and_then(|s| s.phase.as_deref())),
+        ready,
         deleting: meta.deletion_timestamp.is_some(),
         disruption_target,
         labels,
         conditions: managed,
         owner,
         revision: all_labels.and_then(|l| l.get(REVISION_LABEL)).cloned(),
+        version: resource_version(meta.resource_version.as_deref()),
     })
 }
 
@@ -416,6 +431,7 @@ pub fn scale_target(obj: &DynamicObject, kind: &ScaleKind) -> Option<KubeScaleTa
             .and_then(serde_json::Value::as_str)
             .filter(|s| !s.is_empty())
             .map(str::to_owned),
+        version: resource_version(obj.metadata.resource_version.as_deref()),
     })
 }
 
@@ -463,11 +479,11 @@ mod tests {
         assert_eq!(spec.scale_kinds, [ScaleKind::stateful_set()]);
     }
 
-    fn node_json(heartbeat: &str) -> Node {
+    fn node_json(heartbeat: &str, resource_version: &str) -> Node {
         serde_json::from_value(json!({
             "metadata": {
                 "name": "n1",
-                "resourceVersion": "17",
+                "resourceVersion": resource_version,
                 "labels": {"topology.kubernetes.io/zone": "z1", "other": "x"},
                 "annotations": {"rack": "r7", "noise": "y"},
             },
@@ -490,7 +506,7 @@ mod tests {
 
     #[test]
     fn node_keeps_only_what_the_policy_names() {
-        let got = node(&node_json("2025-01-01T00:00:00Z"), &spec()).unwrap();
+        let got = node(&node_json("2025-01-01T00:00:00Z", "17"), &spec()).unwrap();
         let want = KubeNode {
             name: "n1".to_owned(),
             unschedulable: true,
@@ -519,13 +535,29 @@ mod tests {
                     effect: TaintEffect::NoSchedule,
                 },
             ],
+            version: 17,
         };
         assert_eq!(got, want);
-        // A heartbeat changes nothing lockstep reads.
-        assert_eq!(
-            node(&node_json("2025-01-01T00:00:10Z"), &spec()).unwrap(),
-            want
-        );
+        // A heartbeat changes nothing lockstep reads but the version.
+        let beat = node(&node_json("2025-01-01T00:00:10Z", "18"), &spec()).unwrap();
+        assert_eq!(beat.version, 18);
+        assert!(beat.same_but_version(&want));
+    }
+
+    #[test]
+    fn resource_version_table() {
+        let cases = [
+            (Some("17"), 17),
+            (Some("18446744073709551615"), u64::MAX),
+            (Some(""), 0),
+            (Some("abc"), 0),
+            (Some("-3"), 0),
+            (Some("18446744073709551616"), 0),
+            (None, 0),
+        ];
+        for (rv, want) in cases {
+            assert_eq!(resource_version(rv), want, "{rv:?}");
+        }
     }
 
     #[test]
@@ -542,7 +574,7 @@ mod tests {
     fn pod_reduction() {
         let p: Pod = serde_json::from_value(json!({
             "metadata": {
-                "namespace": "slurm", "name": "c1", "uid": "u1",
+                "namespace": "slurm", "name": "c1", "uid": "u1", "resourceVersion": "42",
                 "deletionTimestamp": "2025-01-01T00:00:00Z",
                 "labels": {"slurm.node": "c1", "controller-revision-hash": "r-1", "x": "y"},
                 "ownerReferences": [
@@ -568,6 +600,7 @@ mod tests {
                 uid: "u1".to_owned(),
                 node_name: Some("n1".to_owned()),
                 phase: PodPhase::Running,
+                ready: true,
                 deleting: true,
                 disruption_target: true,
                 labels: [("slurm.node".to_owned(), "c1".to_owned())].into(),
@@ -582,8 +615,34 @@ mod tests {
                     name: "ss".to_owned()
                 }),
                 revision: Some("r-1".to_owned()),
+                version: 42,
             }
         );
+    }
+
+    #[test]
+    fn pod_ready_is_the_ready_condition() {
+        let with = |conditions: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "slurm", "name": "c1"},
+                "status": {"phase": "Running", "conditions": conditions},
+            }))
+            .unwrap()
+        };
+        let cases = [
+            (json!([{"type": "Ready", "status": "True"}]), true),
+            (json!([{"type": "Ready", "status": "False"}]), false),
+            (json!([{"type": "Ready", "status": "Unknown"}]), false),
+            (
+                json!([{"type": "ContainersReady", "status": "True"}]),
+                false,
+            ),
+            (json!([]), false),
+        ];
+        for (conditions, want) in cases {
+            let got = pod(&with(conditions.clone()), &spec()).unwrap();
+            assert_eq!(got.ready, want, "{conditions}");
+        }
     }
 
     #[test]
@@ -607,7 +666,7 @@ mod tests {
         let kind = ScaleKind::stateful_set();
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": {"namespace": "slurm", "name": "compute"},
+            "metadata": {"namespace": "slurm", "name": "compute", "resourceVersion": "9"},
             "spec": {"replicas": 4},
             "status": {"readyReplicas": 3, "updateRevision": "compute-abc"},
         }))
@@ -624,6 +683,7 @@ mod tests {
                 replicas: 4,
                 ready_replicas: 3,
                 update_revision: Some("compute-abc".to_owned()),
+                version: 9,
             }
         );
         let fresh: DynamicObject = serde_json::from_value(json!({

@@ -6,8 +6,8 @@
 //! Two rules:
 //!
 //! - Outside a listing, an object is emitted only when its observation
-//!   differs from the last one emitted, so a status heartbeat that changes
-//!   nothing lockstep reads appends nothing.
+//!   differs from the last one emitted (its version aside), so a status
+//!   heartbeat that changes nothing lockstep reads appends nothing.
 //! - A listing (`Init` .. `InitDone`, at start and after every `410 Gone`
 //!   or other desync) is emitted whole between `SyncStarted` and `SyncDone`,
 //!   unchanged objects included: the reducer treats every object of the
@@ -32,8 +32,8 @@ pub(crate) enum Step<K, O> {
     InitDone,
     /// An object was added or changed (`Apply`).
     Applied(K, O),
-    /// An object was deleted (`Delete`).
-    Deleted(K),
+    /// An object was deleted (`Delete`), with its version at deletion.
+    Deleted(K, u64),
 }
 
 /// How a tracker turns its keys and observations into events.
@@ -46,8 +46,13 @@ pub(crate) trait Kind {
     const DOMAIN: Domain;
     /// The event for an observation.
     fn event(obs: &Self::Obs) -> Event;
-    /// The event for a deleted object.
-    fn gone(key: &Self::Key) -> Event;
+    /// The event for a deleted object and its version at deletion (0: the
+    /// deletion is inferred from a listing).
+    fn gone(key: &Self::Key, version: u64) -> Event;
+    /// Whether two observations say the same (versions aside).
+    fn same(a: &Self::Obs, b: &Self::Obs) -> bool {
+        a == b
+    }
 }
 
 #[derive(Debug)]
@@ -116,21 +121,21 @@ impl<T: Kind> Tracker<T> {
                 gone.sort();
                 for key in gone {
                     self.known.remove(&key);
-                    out.push(T::gone(&key));
+                    out.push(T::gone(&key, 0));
                 }
                 if self.sync_markers {
                     out.push(Event::SyncDone { domain: T::DOMAIN });
                 }
             }
             Step::Applied(key, obs) => {
-                if self.known.get(&key) != Some(&obs) {
+                if !self.known.get(&key).is_some_and(|k| T::same(k, &obs)) {
                     out.push(T::event(&obs));
                     self.known.insert(key, obs);
                 }
             }
-            Step::Deleted(key) => {
+            Step::Deleted(key, version) => {
                 if self.known.remove(&key).is_some() {
-                    out.push(T::gone(&key));
+                    out.push(T::gone(&key, version));
                 }
             }
         }
@@ -162,11 +167,13 @@ mod tests {
         fn event(obs: &u32) -> Event {
             Event::KubeNodeGone {
                 name: format!("obs {obs}"),
+                version: 0,
             }
         }
-        fn gone(key: &char) -> Event {
+        fn gone(key: &char, version: u64) -> Event {
             Event::KubeNodeGone {
                 name: format!("gone {key}"),
+                version,
             }
         }
     }
@@ -175,7 +182,8 @@ mod tests {
         match e {
             Event::SyncStarted { .. } => "[".to_owned(),
             Event::SyncDone { .. } => "]".to_owned(),
-            Event::KubeNodeGone { name } => name.clone(),
+            Event::KubeNodeGone { name, version: 0 } => name.clone(),
+            Event::KubeNodeGone { name, version } => format!("{name}@{version}"),
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -224,11 +232,11 @@ mod tests {
                     Init,
                     Listed('a', 1),
                     InitDone,
-                    Deleted('a'),
-                    Deleted('a'),
-                    Deleted('z'),
+                    Deleted('a', 7),
+                    Deleted('a', 8),
+                    Deleted('z', 9),
                 ],
-                vec!["[", "obs 1", "]", "gone a"],
+                vec!["[", "obs 1", "]", "gone a@7"],
             ),
             // Relist: unchanged objects are re-emitted, the missing get Gone
             // (sorted) before SyncDone.
@@ -258,7 +266,7 @@ mod tests {
                     Init,
                     Listed('a', 1),
                     InitDone,
-                    Deleted('a'),
+                    Deleted('a', 0),
                     Applied('a', 1),
                 ],
                 vec!["[", "obs 1", "]", "gone a", "obs 1"],

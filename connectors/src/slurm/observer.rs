@@ -19,6 +19,7 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockstep_schemas::{Connector, Domain, Event, SlurmJob, SlurmNode, SlurmPartition};
@@ -172,11 +173,20 @@ trait Keyed: Clone + PartialEq {
     type Ref: ?Sized + Eq + Hash;
     fn key_ref(&self) -> &Self::Ref;
     fn key(&self) -> Self::Key;
+    /// Equal in what the reducer reads (the version aside).
+    fn same(&self, other: &Self) -> bool;
+    fn set_version(&mut self, version: u64);
     fn changed(self) -> Event;
-    fn gone(key: Self::Key) -> Event;
+    fn gone(key: Self::Key, version: u64) -> Event;
 }
 
 impl Keyed for SlurmNode {
+    fn same(&self, other: &Self) -> bool {
+        self.same_but_version(other)
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
     type Key = String;
     type Ref = str;
     fn key_ref(&self) -> &str {
@@ -188,12 +198,18 @@ impl Keyed for SlurmNode {
     fn changed(self) -> Event {
         Event::SlurmNode(self)
     }
-    fn gone(name: String) -> Event {
-        Event::SlurmNodeGone { name }
+    fn gone(name: String, version: u64) -> Event {
+        Event::SlurmNodeGone { name, version }
     }
 }
 
 impl Keyed for SlurmJob {
+    fn same(&self, other: &Self) -> bool {
+        self.same_but_version(other)
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
     type Key = u64;
     type Ref = u64;
     fn key_ref(&self) -> &u64 {
@@ -205,12 +221,18 @@ impl Keyed for SlurmJob {
     fn changed(self) -> Event {
         Event::SlurmJob(self)
     }
-    fn gone(job_id: u64) -> Event {
-        Event::SlurmJobGone { job_id }
+    fn gone(job_id: u64, version: u64) -> Event {
+        Event::SlurmJobGone { job_id, version }
     }
 }
 
 impl Keyed for SlurmPartition {
+    fn same(&self, other: &Self) -> bool {
+        self.same_but_version(other)
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
     type Key = String;
     type Ref = str;
     fn key_ref(&self) -> &str {
@@ -222,8 +244,8 @@ impl Keyed for SlurmPartition {
     fn changed(self) -> Event {
         Event::SlurmPartition(self)
     }
-    fn gone(name: String) -> Event {
-        Event::SlurmPartitionGone { name }
+    fn gone(name: String, version: u64) -> Event {
+        Event::SlurmPartitionGone { name, version }
     }
 }
 
@@ -260,15 +282,23 @@ impl<V: Keyed> Default for Snapshot<V> {
 impl<V: Keyed> Snapshot<V> {
     /// Replaces the snapshot by `items`, pushing an event per changed (or,
     /// with `all`, per listed) object and a gone event per object that left.
-    /// Unchanged objects cost a lookup and a comparison, nothing else.
-    fn apply(&mut self, items: Vec<V>, all: bool, observed_ms: u64, out: &mut Vec<Observation>) {
+    /// Unchanged objects cost a lookup and a comparison, nothing else. Every
+    /// object and every gone event carries `generation`, the poll's version.
+    fn apply(
+        &mut self,
+        items: Vec<V>,
+        all: bool,
+        (observed_ms, generation): (u64, u64),
+        out: &mut Vec<Observation>,
+    ) {
         self.listings += 1;
         let listing = self.listings;
-        for v in items {
+        for mut v in items {
+            v.set_version(generation);
             match self.objects.get_mut(v.key_ref()) {
                 Some(e) => {
                     e.listing = listing;
-                    if all || e.value != v {
+                    if all || !e.value.same(&v) {
                         out.push((observed_ms, v.clone().changed()));
                         e.value = v;
                     }
@@ -288,7 +318,9 @@ impl<V: Keyed> Snapshot<V> {
         gone.sort();
         for k in gone {
             self.objects.remove(k.borrow());
-            out.push((observed_ms, V::gone(k)));
+            // Slurm has no delete event: the poll that first misses the
+            // object dates its deletion.
+            out.push((observed_ms, V::gone(k, generation)));
         }
         self.listed = true;
     }
@@ -316,6 +348,24 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Last poll generation handed out in this process, shared by every observer
+/// so that one started after another (a new leadership term) keeps counting up.
+static LAST_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The version of the objects of a poll observed at `observed_ms`: its wall
+/// time in ms, but always above the last one (a clock step back, two polls in
+/// one ms), so a later poll's observations are never older than an earlier's.
+fn next_generation(observed_ms: u64) -> u64 {
+    let mut next = 0;
+    LAST_GENERATION
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            next = observed_ms.max(last.saturating_add(1));
+            Some(next)
+        })
+        .expect("the update always returns Some");
+    next
 }
 
 impl Observer {
@@ -540,21 +590,22 @@ impl Observer {
             };
             self.last_poll.fetched += 1;
             let all = mode == Mode::Sync;
+            let stamp = (observed_ms, next_generation(observed_ms));
             if all {
                 out.push((observed_ms, Event::SyncStarted { domain }));
             }
             let since_next = Some(started_s.saturating_sub(self.config.update_time_margin_s));
             match items {
                 Items::Nodes(v) => {
-                    self.nodes.apply(v, all, observed_ms, out);
+                    self.nodes.apply(v, all, stamp, out);
                     self.nodes.since_s = since_next;
                 }
                 Items::Jobs(v) => {
-                    self.jobs.apply(v, all, observed_ms, out);
+                    self.jobs.apply(v, all, stamp, out);
                     self.jobs.since_s = since_next;
                 }
                 Items::Partitions(v) => {
-                    self.partitions.apply(v, all, observed_ms, out);
+                    self.partitions.apply(v, all, stamp, out);
                     self.partitions.since_s = since_next;
                 }
             }
@@ -589,6 +640,7 @@ mod tests {
             features: vec![],
             topology: None,
             partitions: vec!["batch".to_owned()],
+            version: 0,
         }
     }
 
@@ -602,7 +654,7 @@ mod tests {
                 node("b", SlurmBaseState::Idle),
             ],
             true,
-            1,
+            (1, 1),
             &mut out,
         );
         assert_eq!(out.len(), 2);
@@ -614,7 +666,7 @@ mod tests {
                 node("b", SlurmBaseState::Idle),
             ],
             false,
-            2,
+            (2, 2),
             &mut out,
         );
         assert!(out.is_empty());
@@ -625,18 +677,29 @@ mod tests {
                 node("c", SlurmBaseState::Idle),
             ],
             false,
-            3,
+            (3, 3),
             &mut out,
         );
         let kinds: Vec<String> = out.iter().map(|(_, e)| e.summary()).collect();
         assert_eq!(
             kinds,
             [
-                "slurm node b MIXED",
-                "slurm node c IDLE",
-                "slurm node a gone"
+                "slurm node b MIXED (v3)",
+                "slurm node c IDLE (v3)",
+                "slurm node a gone (v3)"
             ]
         );
+        assert!(out.iter().all(|(_, e)| e.version() == 3));
+    }
+
+    #[test]
+    fn generations_only_go_up() {
+        let a = next_generation(5_000);
+        // The clock stepped back: still above the last one.
+        let b = next_generation(1_000);
+        assert!(b > a, "{b} after {a}");
+        let c = next_generation(b + 10_000);
+        assert_eq!(c, b + 10_000);
     }
 
     #[test]

@@ -686,6 +686,7 @@ impl<'de> Deserialize<'de> for NodeItem {
                     features: active_features.or(features).unwrap_or_default(),
                     topology: non_empty(topology),
                     partitions,
+                    version: 0,
                 }))
             }
         }
@@ -745,6 +746,7 @@ impl<'de> Deserialize<'de> for JobItem {
                     node_count: node_count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
                     pending_reason: pending_reason(&state, reason),
                     state,
+                    version: 0,
                 }))
             }
         }
@@ -788,7 +790,11 @@ impl<'de> Deserialize<'de> for PartitionItem {
                     .map_err(|e| de::Error::custom(format_args!("partition {name}: {e}")))?;
                 nodes.sort();
                 nodes.dedup();
-                Ok(PartitionItem(SlurmPartition { name, nodes }))
+                Ok(PartitionItem(SlurmPartition {
+                    name,
+                    nodes,
+                    version: 0,
+                }))
             }
         }
         d.deserialize_map(V)

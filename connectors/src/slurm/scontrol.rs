@@ -343,6 +343,7 @@ pub fn parse_nodes(out: &str) -> Result<Vec<SlurmNode>> {
             features: features.or(available).unwrap_or_default(),
             topology: topology.map(str::to_owned),
             partitions,
+            version: 0,
         });
     }
     Ok(nodes)
@@ -394,6 +395,7 @@ pub fn parse_jobs(out: &str) -> Result<Vec<SlurmJob>> {
             node_count,
             pending_reason: parse::pending_reason(&state, reason),
             state,
+            version: 0,
         });
     }
     Ok(jobs)
@@ -424,6 +426,7 @@ pub fn parse_partitions(out: &str) -> Result<Vec<SlurmPartition>> {
         parts.push(SlurmPartition {
             name: name.to_owned(),
             nodes,
+            version: 0,
         });
     }
     Ok(parts)
