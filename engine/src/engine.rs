@@ -23,6 +23,7 @@ use crate::slot::{Flight, Issue, Slot, Step};
 use crate::sorted;
 use crate::topology::{self, TopologyWant};
 use crate::transition::{Phase, Rule, Transition};
+use crate::units::{after_ms, after_s, ms};
 
 /// What applying records produced. Reuse one across calls; [`Output::clear`]
 /// between batches.
@@ -651,12 +652,14 @@ impl Engine {
 
     /// Keeps a vanished object's slot while its action is in flight.
     fn park(&mut self, slot: Slot) {
-        let timeout_ms = self.policy.actions.timeout_s.saturating_mul(1000);
+        let timeout_ms = ms(self.policy.actions.timeout_s);
         let now = self.now_ms;
-        self.orphans
-            .retain(|_, s| s.pending().is_some_and(|f| now < f.issued_ms + timeout_ms));
+        self.orphans.retain(|_, s| {
+            s.pending()
+                .is_some_and(|f| now < after_ms(f.issued_ms, timeout_ms))
+        });
         if let Some(f) = slot.pending() {
-            if now < f.issued_ms + timeout_ms {
+            if now < after_ms(f.issued_ms, timeout_ms) {
                 self.orphans.insert(f.action.target(), slot);
             }
         }
@@ -763,7 +766,7 @@ impl Engine {
         if self.policy.scaling.targets.is_empty() {
             return;
         }
-        let at = now_ms + self.policy.scaling.evaluate_every_s.saturating_mul(1000);
+        let at = after_s(now_ms, self.policy.scaling.evaluate_every_s);
         if self.scale_wake.is_some_and(|t| t <= at) {
             return;
         }
@@ -1108,11 +1111,10 @@ impl Engine {
         } else {
             if side.owned_out() {
                 let hold = if ctl.last_cause_health {
-                    let resume_at = ctl
-                        .cleared
-                        .as_ref()
-                        .map_or(0, |o| o.ms)
-                        .saturating_add(policy.health.resume_after_s.saturating_mul(1000));
+                    let resume_at = after_s(
+                        ctl.cleared.as_ref().map_or(0, |o| o.ms),
+                        policy.health.resume_after_s,
+                    );
                     match health::flap_hold(&ctl.health_drains, now, &policy.health) {
                         Some(until) => Some((Rule::FlapHold, until.max(resume_at))),
                         None if now < resume_at => Some((Rule::ResumeDelayed, resume_at)),
@@ -1172,7 +1174,7 @@ impl Engine {
                     )
             }) && causes.first().is_some_and(Cause::is_health);
             if new_health_out {
-                let window_ms = policy.health.flap_window_s.saturating_mul(1000);
+                let window_ms = ms(policy.health.flap_window_s);
                 let bound = policy.health.flaps_max as usize + 1;
                 health::record(&mut ctl.health_drains, now, window_ms, bound);
                 health::record(
@@ -1591,21 +1593,21 @@ impl Engine {
                 .count() as u32;
             let down_ready_at = ctl
                 .last_down_ms
-                .map_or(0, |t| t + rule.scale_down_cooldown_s * 1000);
+                .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
             if desired < current.saturating_sub(scale_in) && visible {
                 if now < down_ready_at {
                     min_wake(&mut wake, down_ready_at);
                 } else {
-                    let idle_ms = rule.idle_before_scale_down_s * 1000;
+                    let idle_ms = ms(rule.idle_before_scale_down_s);
                     let mut candidates: Vec<&PodInfo> = pods
                         .iter()
                         .filter(|p| {
                             !self.victims.contains_key(p.slurm) && p.known && !p.busy && !p.deleting
                         })
                         .filter(|p| match self.idle_since.get(p.slurm).copied() {
-                            Some(t) if t + idle_ms <= now => true,
+                            Some(t) if after_ms(t, idle_ms) <= now => true,
                             Some(t) => {
-                                min_wake(&mut wake, t + idle_ms);
+                                min_wake(&mut wake, after_ms(t, idle_ms));
                                 false
                             }
                             None => false,
@@ -1815,7 +1817,7 @@ fn reconcile_replicas(
     let now = ctx.now_ms;
     let up_ready_at = ctl
         .last_up_ms
-        .map_or(0, |t| t + rule.scale_up_cooldown_s * 1000);
+        .map_or(0, |t| after_s(t, rule.scale_up_cooldown_s));
     let want = if desired > current {
         if now >= up_ready_at {
             Some(desired)

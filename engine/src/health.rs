@@ -24,6 +24,7 @@ use lockstep_schemas::{ConditionStatus, HealthPolicy};
 
 use crate::drain::Cause;
 use crate::model::NodeView;
+use crate::units::{after_ms, after_s, ms};
 
 /// Rows 4-5. Sets `wake` to when a NotReady spell reaches its grace period.
 pub(crate) fn causes(
@@ -35,9 +36,7 @@ pub(crate) fn causes(
 ) {
     let Some(kube) = view.kube else { return };
     if let Some(since) = &kube.not_ready_since {
-        let deadline = since
-            .ms
-            .saturating_add(policy.not_ready_grace_s.saturating_mul(1000));
+        let deadline = after_s(since.ms, policy.not_ready_grace_s);
         if now_ms >= deadline {
             out.push(Cause::NotReady);
         } else {
@@ -83,7 +82,7 @@ pub(crate) fn rate_limited(
 ) -> Option<u64> {
     trim(times, now_ms, 60_000);
     if times.len() >= per_minute_max as usize {
-        times.front().map(|t| t + 60_000)
+        times.front().map(|t| after_ms(*t, 60_000))
     } else {
         None
     }
@@ -91,13 +90,13 @@ pub(crate) fn rate_limited(
 
 /// Per-node flap damping: `Some(until)` if the node must stay drained.
 pub(crate) fn flap_hold(times: &VecDeque<u64>, now_ms: u64, policy: &HealthPolicy) -> Option<u64> {
-    let window_ms = policy.flap_window_s.saturating_mul(1000);
+    let window_ms = ms(policy.flap_window_s);
     let last = *times.back()?;
     let recent = times
         .iter()
         .filter(|&&t| t.saturating_add(window_ms) > last)
         .count();
-    let until = last.saturating_add(policy.flap_hold_s.saturating_mul(1000));
+    let until = after_s(last, policy.flap_hold_s);
     (recent > policy.flaps_max as usize && now_ms < until).then_some(until)
 }
 

@@ -25,6 +25,7 @@ mod slot;
 mod sorted;
 mod topology;
 mod transition;
+mod units;
 
 pub use engine::{Engine, Output, SnapshotError};
 pub use transition::{Phase, Rule, Transition};

@@ -10,6 +10,8 @@
 use lockstep_schemas::{Action, ActionId, ActionPolicy, EventId, IssuedAction, OutcomeResult};
 use serde::{Deserialize, Serialize};
 
+use crate::units::{after_ms, ms};
+
 /// What the slot knows about its action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Flight {
@@ -71,13 +73,13 @@ impl Slot {
         policy: &ActionPolicy,
         out: &mut Vec<IssuedAction>,
     ) -> (Step, Option<u64>) {
-        let timeout_ms = policy.timeout_s.saturating_mul(1000);
+        let timeout_ms = ms(policy.timeout_s);
         let Some(want) = want else {
             // Observed state is what we want. An action still on its way may
             // yet land (and be undone by the next evaluation); until its
             // outcome or timeout, it keeps the slot so nothing races it.
             if let Some(cur) = &self.current {
-                let deadline = cur.issued_ms + timeout_ms;
+                let deadline = after_ms(cur.issued_ms, timeout_ms);
                 if cur.flight == Flight::Sent && issue.now_ms < deadline {
                     return (Step::Quiet, Some(deadline));
                 }
@@ -87,22 +89,27 @@ impl Slot {
         };
         let Some(cur) = &mut self.current else {
             self.send(want, 1, issue, out);
-            return (Step::Quiet, Some(issue.now_ms + timeout_ms));
+            return (Step::Quiet, Some(after_ms(issue.now_ms, timeout_ms)));
         };
         if cur.action != want {
             // What we want changed. Never two in flight: wait for the current
             // one to end (outcome or timeout) before sending the new one.
-            if cur.flight == Flight::Sent && issue.now_ms < cur.issued_ms + timeout_ms {
-                return (Step::Quiet, Some(cur.issued_ms + timeout_ms));
+            let deadline = after_ms(cur.issued_ms, timeout_ms);
+            if cur.flight == Flight::Sent && issue.now_ms < deadline {
+                return (Step::Quiet, Some(deadline));
             }
             self.send(want, 1, issue, out);
-            return (Step::Quiet, Some(issue.now_ms + timeout_ms));
+            return (Step::Quiet, Some(after_ms(issue.now_ms, timeout_ms)));
         }
         let (retry_at, error) = match &cur.flight {
-            Flight::Sent => (cur.issued_ms + timeout_ms, "no outcome before the timeout"),
-            Flight::Done { at_ms } => {
-                (at_ms + timeout_ms, "effect not observed before the timeout")
-            }
+            Flight::Sent => (
+                after_ms(cur.issued_ms, timeout_ms),
+                "no outcome before the timeout",
+            ),
+            Flight::Done { at_ms } => (
+                after_ms(*at_ms, timeout_ms),
+                "effect not observed before the timeout",
+            ),
             Flight::Failed { retry_at_ms, error } => (*retry_at_ms, error.as_str()),
             Flight::GaveUp { .. } => return (Step::Quiet, None),
         };
@@ -119,7 +126,7 @@ impl Slot {
         }
         let attempt = cur.attempt + 1;
         self.send(want, attempt, issue, out);
-        (Step::Quiet, Some(issue.now_ms + timeout_ms))
+        (Step::Quiet, Some(after_ms(issue.now_ms, timeout_ms)))
     }
 
     fn send(
@@ -169,7 +176,7 @@ impl Slot {
                 retryable: true,
                 error,
             } => Flight::Failed {
-                retry_at_ms: now_ms + backoff_ms(policy, cur.attempt),
+                retry_at_ms: after_ms(now_ms, backoff_ms(policy, cur.attempt)),
                 error: error.clone(),
             },
             OutcomeResult::Failed {

@@ -708,3 +708,35 @@ fn the_operations_reach_scale_in_deletes() {
         "{kinds:?}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Policy durations are seconds multiplied into ms on log time: absurd
+    /// values must mean "never", not overflow (debug builds panic on it).
+    #[test]
+    fn absurd_policy_durations_saturate(
+        ops in prop::collection::vec(op(), 1..100),
+    ) {
+        let mut recs = build_log(&ops);
+        for rec in &mut recs {
+            if let Event::PolicyChanged(p) = &mut rec.envelope.event {
+                p.health.not_ready_grace_s = u64::MAX;
+                p.health.resume_after_s = u64::MAX;
+                p.health.flap_window_s = u64::MAX;
+                p.health.flap_hold_s = u64::MAX;
+                p.actions.timeout_s = u64::MAX;
+                p.actions.retry_backoff_initial_s = u64::MAX;
+                p.actions.retry_backoff_max_s = u64::MAX;
+                p.scaling.evaluate_every_s = u64::MAX;
+                for t in &mut p.scaling.targets {
+                    t.scale_up_cooldown_s = u64::MAX;
+                    t.scale_down_cooldown_s = u64::MAX;
+                    t.idle_before_scale_down_s = u64::MAX;
+                }
+            }
+        }
+        let run = run_once(&recs);
+        prop_assert_eq!(run, run_once(&recs));
+    }
+}
