@@ -97,7 +97,18 @@ fn content_id(v: u32, source: Source, observed_ms: u64, event: &Event) -> EventI
     // are BTreeMaps and lists are kept sorted by the connectors.
     let bytes = rmp_serde::to_vec_named(&(v, source, observed_ms, event))
         .expect("events always encode to MessagePack");
-    let digest = Sha256::digest(&bytes);
+    id_of_parts(&[&bytes])
+}
+
+/// The id of an encoded `(v, source, observed_ms, event)` tuple given in
+/// pieces, so that a reader can hash the bytes it read without copying them
+/// (see `log::LogReader`).
+pub(crate) fn id_of_parts(parts: &[&[u8]]) -> EventId {
+    let mut hasher = Sha256::new();
+    for p in parts {
+        hasher.update(p);
+    }
+    let digest = hasher.finalize();
     let mut hex = String::with_capacity(32);
     for b in &digest[..16] {
         use std::fmt::Write;
