@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use lockstep_schemas::{
-    Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, PodCondition,
-    Policy, ScaleTargetRef, Taint, TaintSpec, Target,
+    Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
+    KubeScaleTarget, PodCondition, Policy, ScaleTargetRef, SlurmJob, SlurmNode, SlurmPartition,
+    Taint, TaintSpec, Target,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,7 @@ use crate::model::{
 use crate::scaling::{self, ScaleCtl, Victim, VictimKind};
 use crate::slot::{Flight, Issue, Slot, Step};
 use crate::sorted;
+use crate::stale::{self, ObjectKey, Tombstones};
 use crate::topology::{self, TopologyWant};
 use crate::transition::{Phase, Rule, Transition};
 use crate::units::{after_ms, after_s, ms};
@@ -126,6 +128,10 @@ pub struct Engine {
     #[serde(with = "sorted")]
     idle_since: FxHashMap<String, u64>,
     scale_wake: Option<u64>,
+    /// Deleted objects and the version they were deleted at, so that an
+    /// older observation re-delivered later does not bring them back.
+    #[serde(default, skip_serializing_if = "Tombstones::is_empty")]
+    tombstones: Tombstones,
     // Derived, for scaling's fast path: rebuilt after a restore (the first
     // evaluation then scans), so neither serialized nor hashed.
     /// Slurm nodes that run or finish a job.
@@ -181,6 +187,7 @@ impl Engine {
             victims: BTreeMap::new(),
             idle_since: FxHashMap::default(),
             scale_wake: None,
+            tombstones: Tombstones::default(),
             busy_nodes: rustc_hash::FxHashSet::default(),
             scale_busy: Vec::new(),
             scale_rollout: Vec::new(),
@@ -294,6 +301,7 @@ impl Engine {
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
         e.model.rebuild_indexes(&e.policy);
+        e.tombstones.rebuild();
         e.rebuild_busy();
         Ok(e)
     }
@@ -389,12 +397,93 @@ impl Engine {
         self.dirty.extend(kube.into_iter().map(Wake::Kube));
     }
 
+    /// The object an event observes or deletes, and the version the model
+    /// holds of it (`None`: not held).
+    fn held(&self, event: &Event) -> Option<(ObjectKey, Option<u64>)> {
+        let m = &self.model;
+        Some(match event {
+            Event::SlurmNode(SlurmNode { name, .. }) | Event::SlurmNodeGone { name, .. } => (
+                ObjectKey::SlurmNode(name.clone()),
+                m.slurm_nodes.get(name).map(|s| s.obs.version),
+            ),
+            Event::SlurmJob(SlurmJob { job_id, .. }) | Event::SlurmJobGone { job_id, .. } => (
+                ObjectKey::SlurmJob(*job_id),
+                m.jobs.get(job_id).map(|s| s.obs.version),
+            ),
+            Event::SlurmPartition(SlurmPartition { name, .. })
+            | Event::SlurmPartitionGone { name, .. } => (
+                ObjectKey::SlurmPartition(name.clone()),
+                m.partitions.get(name).map(|s| s.obs.version),
+            ),
+            Event::KubeNode(KubeNode { name, .. }) | Event::KubeNodeGone { name, .. } => (
+                ObjectKey::KubeNode(name.clone()),
+                m.kube_nodes.get(name).map(|k| k.obs.version),
+            ),
+            Event::KubePod(KubePod {
+                namespace, name, ..
+            })
+            | Event::KubePodGone {
+                namespace, name, ..
+            } => {
+                let key = pod_key(namespace, name);
+                let held = m.pods.get(&key).map(|p| p.obs.version);
+                (ObjectKey::Pod(key), held)
+            }
+            Event::KubeScaleTarget(KubeScaleTarget { target, .. })
+            | Event::KubeScaleTargetGone { target, .. } => (
+                ObjectKey::ScaleTarget(target.clone()),
+                m.scale_targets.get(target).map(|t| t.obs.version),
+            ),
+            _ => return None,
+        })
+    }
+
+    /// Whether an observation or deletion is older than what the model holds
+    /// (or than the deletion of the object it observes): then it changes
+    /// nothing. An observation that is applied to an object not held lifts
+    /// its tombstone; a deletion that is applied leaves one.
+    fn stale(&mut self, event: &Event, now_ms: u64) -> bool {
+        let Some((key, held)) = self.held(event) else {
+            return false;
+        };
+        let version = event.version();
+        if stale::older_than_held(version, held) {
+            return true;
+        }
+        let gone = matches!(
+            event,
+            Event::SlurmNodeGone { .. }
+                | Event::SlurmJobGone { .. }
+                | Event::SlurmPartitionGone { .. }
+                | Event::KubeNodeGone { .. }
+                | Event::KubePodGone { .. }
+                | Event::KubeScaleTargetGone { .. }
+        );
+        if gone {
+            self.tombstones
+                .bury(key, version.max(held.unwrap_or(0)), now_ms);
+        } else if held.is_none() {
+            if stale::buried(version, self.tombstones.version(&key, now_ms)) {
+                return true;
+            }
+            self.tombstones.lift(&key);
+        }
+        false
+    }
+
     fn handle_event(&mut self, event: &Event, ctx: &Ctx<'_>) {
+        if self.stale(event, ctx.now_ms) {
+            return;
+        }
         match event {
             Event::SlurmNode(node) => {
                 let gen = self.gen(Domain::SlurmNodes);
                 match self.model.slurm_nodes.get_mut(&node.name) {
-                    Some(seen) if seen.obs == *node => seen.gen = gen,
+                    // Only the version moved (a relist): nothing to decide.
+                    Some(seen) if seen.obs.same_but_version(node) => {
+                        seen.obs.version = node.version;
+                        seen.gen = gen;
+                    }
                     Some(seen) => {
                         // Jobs flip nodes between IDLE, MIXED and ALLOCATED
                         // all the time; no rule reads that, so such a change
@@ -452,6 +541,7 @@ impl Engine {
             }
             Event::SlurmJobGone { job_id, .. } => self.remove_job(*job_id),
             Event::SlurmPartition(p) => {
+                // No rule reads partitions yet; kept for the audit trail.
                 let gen = self.gen(Domain::SlurmPartitions);
                 self.model.partitions.insert(
                     p.name.clone(),
@@ -495,7 +585,8 @@ impl Engine {
                 // A node seen for the first time is news even though its
                 // entry was just made from it: the Slurm nodes on it must
                 // be looked at with its labels and cordon.
-                if !new && entry.obs == *node && !spell_changed {
+                if !new && entry.obs.same_but_version(node) && !spell_changed {
+                    entry.obs.version = node.version;
                     return;
                 }
                 entry.obs.clone_from(node);
@@ -515,7 +606,8 @@ impl Engine {
                 let gen = self.gen(Domain::KubePods);
                 let key = pod_key(&pod.namespace, &pod.name);
                 let old = match self.model.pods.get_mut(&key) {
-                    Some(e) if e.obs == *pod => {
+                    Some(e) if e.obs.same_but_version(pod) => {
+                        e.obs.version = pod.version;
                         e.gen = gen;
                         return;
                     }
@@ -569,6 +661,11 @@ impl Engine {
             }
             Event::KubeScaleTarget(t) => {
                 let gen = self.gen(Domain::KubeScaleTargets);
+                let same = self
+                    .model
+                    .scale_targets
+                    .get(&t.target)
+                    .is_some_and(|held| held.obs.same_but_version(t));
                 self.model.scale_targets.insert(
                     t.target.clone(),
                     Seen {
@@ -576,7 +673,9 @@ impl Engine {
                         gen,
                     },
                 );
-                self.scaling_needs_scan(ctx.now_ms);
+                if !same {
+                    self.scaling_needs_scan(ctx.now_ms);
+                }
             }
             Event::KubeScaleTargetGone { target, .. } => {
                 self.model.scale_targets.remove(target);
@@ -799,33 +898,51 @@ impl Engine {
             v
         }
         match domain {
+            // Gone by absence: the version last held dates the deletion.
             Domain::SlurmNodes => {
                 for n in stale(&self.model.slurm_nodes, gen, |e| e.gen) {
+                    let v = self.model.slurm_nodes[&n].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::SlurmNode(n.clone()), v, self.now_ms);
                     self.remove_slurm_node(&n);
                 }
             }
             Domain::SlurmJobs => {
                 for j in stale(&self.model.jobs, gen, |e| e.gen) {
+                    let v = self.model.jobs[&j].obs.version;
+                    self.tombstones.bury(ObjectKey::SlurmJob(j), v, self.now_ms);
                     self.remove_job(j);
                 }
             }
             Domain::SlurmPartitions => {
                 for p in stale(&self.model.partitions, gen, |e| e.gen) {
+                    let v = self.model.partitions[&p].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::SlurmPartition(p.clone()), v, self.now_ms);
                     self.model.partitions.remove(&p);
                 }
             }
             Domain::KubeNodes => {
                 for n in stale(&self.model.kube_nodes, gen, |e| e.gen) {
+                    let v = self.model.kube_nodes[&n].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::KubeNode(n.clone()), v, self.now_ms);
                     self.remove_kube_node(&n);
                 }
             }
             Domain::KubePods => {
                 for k in stale(&self.model.pods, gen, |e| e.gen) {
+                    let v = self.model.pods[&k].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::Pod(k.clone()), v, self.now_ms);
                     self.remove_pod(&k);
                 }
             }
             Domain::KubeScaleTargets => {
                 for t in stale(&self.model.scale_targets, gen, |e| e.gen) {
+                    let v = self.model.scale_targets[&t].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::ScaleTarget(t.clone()), v, self.now_ms);
                     self.model.scale_targets.remove(&t);
                     self.scaling_needs_scan(self.now_ms);
                 }

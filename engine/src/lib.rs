@@ -23,6 +23,7 @@ pub mod replay;
 mod scaling;
 mod slot;
 mod sorted;
+mod stale;
 mod topology;
 mod transition;
 mod units;

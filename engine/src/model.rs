@@ -328,7 +328,8 @@ impl Model {
         match self.jobs.get_mut(&job.job_id) {
             Some(seen) => {
                 seen.gen = gen;
-                if seen.obs == *job {
+                if seen.obs.same_but_version(job) {
+                    seen.obs.version = job.version;
                     return;
                 }
                 hold(&mut self.running_jobs, &seen.obs, false, flipped);

@@ -47,6 +47,12 @@ pub struct Sim {
     pub jobs: BTreeMap<u64, SlurmJob>,
     /// StatefulSet-like scale targets and their controllers.
     pub sets: BTreeMap<String, SimSet>,
+    /// Observations carry versions (see [`Sim::versioned`]).
+    versioned: bool,
+    /// The API server's last revision (etcd's counter).
+    revision: u64,
+    /// The Slurm observer's last poll generation.
+    generation: u64,
     out: Output,
 }
 
@@ -83,6 +89,9 @@ impl Sim {
             pods: BTreeMap::new(),
             jobs: BTreeMap::new(),
             sets: BTreeMap::new(),
+            versioned: false,
+            revision: 0,
+            generation: 0,
             out: Output::default(),
         };
         sim.append(Source::Lockstep, Event::PolicyChanged(Box::new(policy)));
@@ -114,13 +123,79 @@ impl Sim {
         self.engine.phase(node)
     }
 
+    /// From now on, observations carry their object's version as the real
+    /// connectors stamp it: Kubernetes objects the API server's revision
+    /// (one counter for all objects, as etcd's), Slurm objects the poll
+    /// generation (the poll's time in ms, always above the last). Incidents
+    /// written before versions existed leave it off.
+    pub fn versioned(&mut self) -> &mut Self {
+        self.versioned = true;
+        self
+    }
+
+    fn stamp(&mut self, source: Source, event: &mut Event) {
+        let v = match event {
+            Event::SlurmNode(n) => &mut n.version,
+            Event::SlurmJob(j) => &mut j.version,
+            Event::SlurmPartition(p) => &mut p.version,
+            Event::KubeNode(n) => &mut n.version,
+            Event::KubePod(p) => &mut p.version,
+            Event::KubeScaleTarget(t) => &mut t.version,
+            Event::SlurmNodeGone { version, .. }
+            | Event::SlurmJobGone { version, .. }
+            | Event::SlurmPartitionGone { version, .. }
+            | Event::KubeNodeGone { version, .. }
+            | Event::KubePodGone { version, .. }
+            | Event::KubeScaleTargetGone { version, .. } => version,
+            _ => return,
+        };
+        *v = if source == Source::Slurm {
+            self.generation = self.now_ms.max(self.generation + 1);
+            self.generation
+        } else {
+            self.revision += 1;
+            self.revision
+        };
+    }
+
     /// Appends one event, applies it, and keeps what the reducer decided.
-    pub fn append(&mut self, source: Source, event: Event) -> &Output {
+    pub fn append(&mut self, source: Source, mut event: Event) -> &Output {
+        if self.versioned {
+            self.stamp(source, &mut event);
+        }
+        self.append_envelope(Envelope::new(source, self.now_ms, event))
+    }
+
+    /// Appends an envelope that was appended before (the same id, observed
+    /// time and event) again, now: a publisher re-publishing after the log's
+    /// deduplication window. Returns the sequence of the copy.
+    pub fn redeliver(&mut self, seq: u64) -> u64 {
+        let envelope = self
+            .records
+            .iter()
+            .find_map(|r| match r {
+                Record::Event(e) if e.seq == seq => Some(e.envelope.clone()),
+                _ => None,
+            })
+            .expect("a record with this sequence");
+        self.append_envelope(envelope);
+        self.seq
+    }
+
+    /// The sequence of the last event that matches.
+    pub fn last_seq_where(&self, f: impl Fn(&Event) -> bool) -> Option<u64> {
+        self.records.iter().rev().find_map(|r| match r {
+            Record::Event(e) if f(&e.envelope.event) => Some(e.seq),
+            _ => None,
+        })
+    }
+
+    fn append_envelope(&mut self, envelope: Envelope) -> &Output {
         self.seq += 1;
         let rec = EventRecord {
             seq: self.seq,
             time_ms: self.now_ms,
-            envelope: Envelope::new(source, self.now_ms, event),
+            envelope,
         };
         self.out.clear();
         self.engine.apply(&rec, &mut self.out);

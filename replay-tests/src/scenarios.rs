@@ -3,7 +3,8 @@
 //! timeline `lockstep replay` prints for it.
 
 use lockstep_schemas::{
-    ConditionStatus, HealthAction, LabelFeature, MappingMode, Policy, ScaleRule, ScaleTargetRef,
+    ConditionStatus, Event, HealthAction, LabelFeature, MappingMode, Policy, ScaleRule,
+    ScaleTargetRef, SlurmJobState,
 };
 
 use crate::Sim;
@@ -114,6 +115,11 @@ pub const ALL: &[Incident] = &[
         name: "rolling-replacement",
         about: "a new pod revision replaces pods one at a time through drain, drained, delete",
         build: rolling_replacement,
+    },
+    Incident {
+        name: "stale-observation-redelivered",
+        about: "old observations re-published after the dedup window (a cordon, a running job) change nothing",
+        build: stale_observation_redelivered,
     },
 ];
 
@@ -421,5 +427,41 @@ fn rolling_replacement() -> Sim {
     sim.run_s(60, 5);
     sim.advance_s(1).end_job(51).actuate();
     sim.run_s(60, 5);
+    sim
+}
+
+/// A versioned cluster: the connectors stamp every observation.
+fn versioned_cluster(policy: Policy, nodes: usize) -> Sim {
+    let mut sim = Sim::new(policy);
+    sim.versioned();
+    for i in 1..=nodes {
+        let (n, k) = (format!("n{i}"), format!("k{i}"));
+        sim.add_kube_node(&k).add_slurm_node(&n).add_pod(&n, &k);
+    }
+    sim
+}
+
+fn stale_observation_redelivered() -> Sim {
+    let mut policy = Policy::default();
+    policy.scaling.busy_label = "lockstep.io/slurm-busy".into();
+    let mut sim = versioned_cluster(policy, 2);
+    sim.advance_s(10).cordon("k1").actuate();
+    let cordoned = sim
+        .last_seq_where(|e| matches!(e, Event::KubeNode(n) if n.name == "k1" && n.unschedulable))
+        .expect("the cordon was observed");
+    sim.advance_s(60).uncordon("k1").actuate();
+    sim.advance_s(10).start_job(7, &["n2"]).actuate();
+    let running = sim
+        .last_seq_where(
+            |e| matches!(e, Event::SlurmJob(j) if j.job_id == 7 && j.state == SlurmJobState::Running),
+        )
+        .expect("the job was observed running");
+    sim.advance_s(120).end_job(7).actuate();
+    // The Kubernetes and Slurm publishers re-publish what they had buffered,
+    // long after the log's deduplication window.
+    sim.advance_s(600);
+    sim.redeliver(cordoned);
+    sim.redeliver(running);
+    sim.actuate().run_s(1_800, 300);
     sim
 }

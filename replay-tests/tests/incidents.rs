@@ -571,3 +571,51 @@ fn a_new_revision_replaces_pods_one_at_a_time_busy_ones_last() {
         .all(|p| p.revision.as_deref() == Some("rev-2")));
     assert!(replicas_set(&sim).is_empty());
 }
+
+#[test]
+fn stale_observations_re_delivered_change_nothing() {
+    let sim = build("stale-observation-redelivered");
+    // One drain for the cordon, one resume for the uncordon, and nothing
+    // after the old cordon came again.
+    assert_eq!(
+        drains_of(&sim, "n1"),
+        ["lockstep: kubernetes node k1 cordoned"]
+    );
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 1);
+    assert_eq!(sim.phase("n1"), Phase::InService);
+    // The busy label went on with the job and off after it, once each.
+    let labels: Vec<_> = kinds_on(&sim, ActionKind::KubeLabelPod)
+        .iter()
+        .map(|a| match &a.action {
+            Action::KubeLabelPod { pod, value, .. } => (pod.clone(), value.clone()),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("n2".to_owned(), Some("true".to_owned())),
+            ("n2".to_owned(), None)
+        ]
+    );
+    assert!(!sim.pods["slurm/n2"]
+        .labels
+        .contains_key("lockstep.io/slurm-busy"));
+    assert_eq!(sim.engine().jobs_on("n2"), 0);
+    // Both copies are in the log, after everything else they describe.
+    let copies = sim
+        .records()
+        .iter()
+        .filter_map(|r| match r {
+            lockstep_schemas::Record::Event(e) => Some(e.envelope.id.clone()),
+            _ => None,
+        })
+        .fold(std::collections::BTreeMap::<_, u32>::new(), |mut m, id| {
+            *m.entry(id).or_default() += 1;
+            m
+        })
+        .into_values()
+        .filter(|&n| n > 1)
+        .count();
+    assert_eq!(copies, 2);
+}

@@ -1,0 +1,196 @@
+//! Stale observations: an observation or deletion older than what the model
+//! holds changes nothing.
+//!
+//! The log deduplicates a re-published envelope only within its window
+//! (JetStream's `duplicate_window`); a connector that re-publishes after a
+//! restart, or a retry that outlives the window, appends an old observation
+//! again, after newer ones of the same object. Every observation carries its
+//! object's own version (Kubernetes `resourceVersion`, the Slurm observer's
+//! poll generation), so the reducer can tell.
+//!
+//! | row | holds when                                                      | effect                 |
+//! |-----|-----------------------------------------------------------------|------------------------|
+//! | 1   | incoming version 0, or the held version 0                        | applied (unknown)      |
+//! | 2   | incoming version < held version                                  | ignored: nothing changes, nothing is re-evaluated |
+//! | 3   | the object is not held, a tombstone says it was deleted at version >= incoming | ignored: a deleted object does not come back |
+//! | 4   | otherwise                                                        | applied                |
+//!
+//! An observation equal in version to the one held is applied: it says
+//! nothing new, so it changes nothing, except inside a relist, where it
+//! counts as listed (a Kubernetes relist gives an unchanged object its old
+//! `resourceVersion`, so versions cannot tell a late copy of the last
+//! observation from the relist's own).
+//!
+//! A deletion leaves a tombstone (object -> the newest version known of it:
+//! the deletion's own, or the one last held when a relist inferred it). The
+//! tombstones are bounded: each lives [`TOMBSTONE_AGE_MS_MAX`] of log time
+//! and at most [`TOMBSTONES_MAX`] are kept (the oldest go first). This module
+//! only answers "is it stale?"; it never changes the model itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lockstep_schemas::ScaleTargetRef;
+use serde::{Deserialize, Serialize};
+
+use crate::units::after_ms;
+
+/// How long a tombstone is kept, in log time. Far longer than any
+/// deduplication window: a re-delivery comes from a publisher that retried
+/// or restarted, within hours at worst.
+pub(crate) const TOMBSTONE_AGE_MS_MAX: u64 = 6 * 3_600 * 1_000;
+
+/// Tombstones kept at most; past it, the oldest are dropped. A relist that
+/// finds a whole 50,000-node cluster gone stays within it.
+pub(crate) const TOMBSTONES_MAX: usize = 65_536;
+
+/// One observed object, whatever its kind.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub(crate) enum ObjectKey {
+    SlurmNode(String),
+    SlurmJob(u64),
+    SlurmPartition(String),
+    KubeNode(String),
+    /// `namespace/name`.
+    Pod(String),
+    ScaleTarget(ScaleTargetRef),
+}
+
+/// Row 2: an observation (or deletion) older than the one held.
+pub(crate) fn older_than_held(incoming: u64, held: Option<u64>) -> bool {
+    incoming != 0 && held.is_some_and(|h| h != 0 && incoming < h)
+}
+
+/// Row 3: an observation of a deleted object, not newer than its deletion.
+pub(crate) fn buried(incoming: u64, tombstone: Option<u64>) -> bool {
+    incoming != 0 && tombstone.is_some_and(|t| incoming <= t)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Tomb {
+    version: u64,
+    at_ms: u64,
+}
+
+/// Deleted objects and the version they were deleted at, bounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Tombstones {
+    entries: BTreeMap<ObjectKey, Tomb>,
+    /// The same entries by age, for pruning; derived, rebuilt on restore.
+    #[serde(skip)]
+    by_age: BTreeSet<(u64, ObjectKey)>,
+}
+
+impl Tombstones {
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Rebuilds the age index after a restore.
+    pub fn rebuild(&mut self) {
+        self.by_age = self
+            .entries
+            .iter()
+            .map(|(k, t)| (t.at_ms, k.clone()))
+            .collect();
+    }
+
+    /// Records that `key` was deleted at `version` (0: nothing is known, and
+    /// nothing is recorded).
+    pub fn bury(&mut self, key: ObjectKey, version: u64, now_ms: u64) {
+        if version == 0 {
+            return;
+        }
+        self.lift(&key);
+        self.by_age.insert((now_ms, key.clone()));
+        self.entries.insert(
+            key,
+            Tomb {
+                version,
+                at_ms: now_ms,
+            },
+        );
+        self.prune(now_ms);
+    }
+
+    /// The object exists again: forget its deletion.
+    pub fn lift(&mut self, key: &ObjectKey) {
+        if let Some(t) = self.entries.remove(key) {
+            self.by_age.remove(&(t.at_ms, key.clone()));
+        }
+    }
+
+    /// The version `key` was deleted at, unless the tombstone has expired.
+    pub fn version(&self, key: &ObjectKey, now_ms: u64) -> Option<u64> {
+        self.entries
+            .get(key)
+            .filter(|t| now_ms < after_ms(t.at_ms, TOMBSTONE_AGE_MS_MAX))
+            .map(|t| t.version)
+    }
+
+    fn prune(&mut self, now_ms: u64) {
+        while let Some((at_ms, key)) = self.by_age.first().cloned() {
+            let expired = now_ms >= after_ms(at_ms, TOMBSTONE_AGE_MS_MAX);
+            if !expired && self.entries.len() <= TOMBSTONES_MAX {
+                break;
+            }
+            self.by_age.pop_first();
+            self.entries.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staleness_table() {
+        // (incoming, held, tombstone) -> ignored
+        let rows: &[(u64, Option<u64>, Option<u64>, bool)] = &[
+            (0, Some(9), None, false),  // unknown incoming: applied
+            (5, Some(0), None, false),  // unknown held: applied
+            (5, Some(9), None, true),   // older than held
+            (9, Some(9), None, false),  // the same again: applied (changes nothing)
+            (10, Some(9), None, false), // newer
+            (5, None, None, false),     // new object
+            (5, None, Some(9), true),   // deleted at 9: a re-delivery of 5
+            (9, None, Some(9), true),   // the deleted version itself
+            (10, None, Some(9), false), // created again after the deletion
+            (0, None, Some(9), false),  // unknown: applied
+        ];
+        for &(incoming, held, tomb, ignored) in rows {
+            let got = match held {
+                Some(_) => older_than_held(incoming, held),
+                None => buried(incoming, tomb),
+            };
+            assert_eq!(got, ignored, "{incoming} {held:?} {tomb:?}");
+        }
+    }
+
+    #[test]
+    fn tombstones_expire_and_are_bounded() {
+        let mut t = Tombstones::default();
+        let k = |i: u64| ObjectKey::SlurmJob(i);
+        t.bury(k(1), 0, 0);
+        assert!(t.is_empty(), "version 0 leaves no tombstone");
+        t.bury(k(1), 7, 1_000);
+        assert_eq!(t.version(&k(1), 1_000), Some(7));
+        assert_eq!(t.version(&k(1), 1_000 + TOMBSTONE_AGE_MS_MAX), None);
+        t.lift(&k(1));
+        assert!(t.is_empty());
+        for i in 0..(TOMBSTONES_MAX as u64 + 10) {
+            t.bury(k(i), 1, 5_000);
+        }
+        assert_eq!(t.entries.len(), TOMBSTONES_MAX);
+        assert_eq!(t.by_age.len(), TOMBSTONES_MAX);
+        // The oldest (by time, then key) went first.
+        assert_eq!(t.version(&k(0), 5_000), None);
+        // A later burial prunes what has expired.
+        t.bury(k(u64::MAX), 1, 5_000 + TOMBSTONE_AGE_MS_MAX);
+        assert_eq!(t.entries.len(), 1);
+        let mut restored: Tombstones =
+            rmp_serde::from_slice(&rmp_serde::to_vec_named(&t).unwrap()).unwrap();
+        restored.rebuild();
+        assert_eq!(restored, t);
+    }
+}
