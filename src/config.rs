@@ -203,10 +203,16 @@ impl LeaderElectionConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    /// NATS server URL (JetStream). Unset: the embedded log in
-    /// `<data_dir>/log`, which needs nothing else on a single machine.
+    /// NATS server URL (JetStream), or a comma-separated list of the
+    /// servers of a JetStream cluster (the client moves to another when one
+    /// fails). Unset: the embedded log in `<data_dir>/log`, which needs
+    /// nothing else on a single machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nats_url: Option<String>,
+    /// Servers that keep a copy of each stream (1, 3 or 5; at most the
+    /// cluster's size). lockstep creates the streams with it, and changes an
+    /// existing stream to it. 3 survives the loss of one server.
+    pub replicas: usize,
     /// How long JetStream remembers message ids for deduplication.
     pub duplicate_window_s: u64,
     /// Messages older than this are discarded by JetStream.
@@ -219,6 +225,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         Self {
             nats_url: None,
+            replicas: 1,
             duplicate_window_s: 120,
             max_age_s: 30 * 24 * 3600,
             max_bytes: 8 << 30,
@@ -350,6 +357,13 @@ impl Config {
                 );
             }
         }
+        if ![1, 3, 5].contains(&cfg.log.replicas) {
+            anyhow::bail!(
+                "in config {}: log.replicas must be 1, 3 or 5 (a raft group of an even size tolerates no more failures than one server fewer), not {}",
+                path.display(),
+                cfg.log.replicas
+            );
+        }
         if cfg.service.batch_max == 0 {
             anyhow::bail!(
                 "in config {}: service.batch_max must be at least 1",
@@ -365,6 +379,7 @@ impl Config {
             duplicate_window: Duration::from_secs(self.log.duplicate_window_s),
             max_age: Duration::from_secs(self.log.max_age_s),
             max_bytes: self.log.max_bytes,
+            replicas: self.log.replicas,
         }
     }
 }

@@ -51,6 +51,54 @@ pub async fn open_log(cfg: &Config) -> Result<EventLog> {
     }
 }
 
+/// Opens the configured log, waiting (with bounded backoff) while it does
+/// not answer: a NATS cluster without a majority of its servers has no
+/// JetStream to create or find the streams. Why it waits is on `/readyz`
+/// and in the log. `None` when `shutdown` came first.
+async fn open_log_when_available(
+    cfg: &Config,
+    health: &Health,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<Option<EventLog>> {
+    let mut backoff = Duration::from_millis(500);
+    let max_backoff = Duration::from_millis(cfg.service.retry_backoff_max_ms.max(500));
+    loop {
+        let error = tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => return Ok(None),
+            opened = open_log(cfg) => match opened {
+                Ok(log) => {
+                    if health.waiting.lock().expect("health lock poisoned").take().is_some() {
+                        info!("the event log answers; starting");
+                    }
+                    return Ok(Some(log));
+                }
+                Err(e) => e,
+            },
+        };
+        let retryable = error
+            .downcast_ref::<lockstep_store::log::Error>()
+            .is_some_and(lockstep_store::log::Error::is_retryable);
+        if !retryable {
+            return Err(error);
+        }
+        let why = format!("waiting for the event log: {error:#}");
+        telemetry::LogUnavailable {
+            what: "open",
+            error: &why,
+            retry_in: backoff,
+        }
+        .emit();
+        *health.waiting.lock().expect("health lock poisoned") = Some(why);
+        tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => return Ok(None),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(max_backoff);
+    }
+}
+
 /// Opens the store.
 pub fn open_store(cfg: &Config) -> Result<Store> {
     let dir = cfg.data_dir.join("store");
@@ -113,7 +161,10 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
         });
     }
     let store = open_store(&cfg)?;
-    let log = open_log(&cfg).await?;
+    tokio::pin!(shutdown);
+    let Some(log) = open_log_when_available(&cfg, &health, &mut shutdown).await? else {
+        return Ok(());
+    };
     let (mut engine, mut next) = restore(&store)?;
     health.checkpoint_seq.store(next - 1, Ordering::Relaxed);
     health.applied_seq.store(next - 1, Ordering::Relaxed);
@@ -133,7 +184,6 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
     let mut backoff = Duration::from_millis(100);
     let max_backoff = Duration::from_millis(cfg.service.retry_backoff_max_ms.max(100));
     let mut lost_lease = false;
-    tokio::pin!(shutdown);
     loop {
         let batch = tokio::select! {
             biased;

@@ -58,6 +58,19 @@ pub struct Health {
     pub checkpoint_seq: AtomicU64,
     /// This instance leads: it observes, dispatches and carries out actions.
     pub leader: AtomicBool,
+    /// Why the loop cannot start yet (the event log does not answer), for
+    /// `/readyz`; `None` once it has the log.
+    pub waiting: std::sync::Mutex<Option<String>>,
+}
+
+impl Health {
+    /// What `/readyz` says while not ready.
+    fn not_ready_reason(&self) -> String {
+        match &*self.waiting.lock().expect("health lock poisoned") {
+            Some(why) => format!("{why}\n"),
+            None => "catching up with the log\n".to_owned(),
+        }
+    }
 }
 
 /// A batch was applied and committed.
@@ -232,7 +245,7 @@ pub async fn serve(addr: SocketAddr, metrics: PrometheusHandle, health: Arc<Heal
                         "/metrics" => (StatusCode::OK, metrics.render()),
                         "/livez" => (StatusCode::OK, "ok\n".to_owned()),
                         "/readyz" if health.ready.load(Ordering::Relaxed) => (StatusCode::OK, "ok\n".to_owned()),
-                        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "catching up with the log\n".to_owned()),
+                        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, health.not_ready_reason()),
                         "/status" => (
                             StatusCode::OK,
                             format!(

@@ -12,5 +12,5 @@ pub mod store;
 #[doc(hidden)]
 pub mod testing;
 
-pub use log::{Appended, EventLog, StreamLimits};
+pub use log::{server_urls, Appended, EventLog, StreamLimits};
 pub use store::{Checkpoint, Commit, LedgerEntry, Store};

@@ -6,6 +6,12 @@
 //!   and `LOCKSTEP_ACTIONS` (subjects `ls.act.>`), file storage, published
 //!   with `Nats-Msg-Id` = the event or action id so a re-publish is
 //!   deduplicated. The record's time is the server's stored timestamp.
+//!   On a JetStream cluster each stream is a raft group of
+//!   [`StreamLimits::replicas`] servers: a publish is acknowledged once a
+//!   majority stored it, the sequence and the deduplication window are the
+//!   group's, so a leader change loses no acknowledged record and makes no
+//!   re-publish a second record. The client is given every server of the
+//!   cluster (a comma-separated URL list) and moves to another when one dies.
 //! - Embedded (sled): the same contract in a local directory, the default
 //!   when no NATS URL is configured. The record's time is the append time on
 //!   this machine.
@@ -87,7 +93,25 @@ fn js_err(what: &'static str) -> impl FnOnce(String) -> Error {
     move |message| Error::JetStream { what, message }
 }
 
-/// Limits of the JetStream streams.
+/// Says what an unanswered JetStream API request most often means on a
+/// cluster, so that an operator reading `/readyz` or the log knows where to
+/// look.
+fn with_quorum_hint(message: String) -> String {
+    let lower = message.to_lowercase();
+    if lower.contains("timed out")
+        || lower.contains("no responders")
+        || lower.contains("temporarily unavailable")
+        || lower.contains("insufficient resources")
+    {
+        format!("{message} (JetStream does not answer: no server reachable, or fewer than a majority of the cluster's servers up)")
+    } else {
+        message
+    }
+}
+
+/// Limits of the JetStream streams. lockstep creates both streams with
+/// these, and brings an existing stream to them when they differ (JetStream
+/// allows changing each of them on a live stream, the replica count too).
 #[derive(Debug, Clone)]
 pub struct StreamLimits {
     /// How long a message id is remembered for deduplication.
@@ -96,6 +120,10 @@ pub struct StreamLimits {
     pub max_age: Duration,
     /// Size bound of each stream in bytes (-1: unbounded).
     pub max_bytes: i64,
+    /// Servers that hold a copy of each stream (1, 3 or 5). With 3, one
+    /// server may fail (or be restarted, or cut off) while the log goes on;
+    /// it needs a JetStream cluster of at least that many servers.
+    pub replicas: usize,
 }
 
 impl Default for StreamLimits {
@@ -104,8 +132,18 @@ impl Default for StreamLimits {
             duplicate_window: Duration::from_secs(120),
             max_age: Duration::from_secs(30 * 24 * 3600),
             max_bytes: 8 << 30,
+            replicas: 1,
         }
     }
+}
+
+/// The servers of a comma-separated URL list (`nats://a:4222,nats://b:4222`),
+/// without blanks and empty entries.
+pub fn server_urls(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 /// What an append did.
@@ -132,7 +170,12 @@ impl EventLog {
         Ok(Self::Embedded(Arc::new(Embedded::open(dir)?)))
     }
 
-    /// Connects to NATS and creates or checks the two streams.
+    /// Connects to NATS (`url`: one server, or a comma-separated list of
+    /// the servers of a cluster) and creates or checks the two streams.
+    ///
+    /// Fails with a retryable error while JetStream cannot answer (no
+    /// server reachable, or a cluster without a majority of its servers:
+    /// no meta leader to create or find a stream).
     pub async fn connect_nats(url: &str, limits: &StreamLimits) -> Result<Self> {
         Ok(Self::Nats(Arc::new(Nats::connect(url, limits).await?)))
     }
@@ -364,7 +407,7 @@ impl Nats {
         let client = async_nats::ConnectOptions::new()
             .name("lockstep")
             .retry_on_initial_connect()
-            .connect(url)
+            .connect(server_urls(url))
             .await
             .map_err(|source| Error::Connect {
                 url: url.to_owned(),
@@ -379,22 +422,47 @@ impl Nats {
                 duplicate_window: limits.duplicate_window,
                 max_age: limits.max_age,
                 max_bytes: limits.max_bytes,
+                num_replicas: limits.replicas.max(1),
                 ..Default::default()
             };
             let mut stream = js
-                .get_or_create_stream(config)
+                .get_or_create_stream(config.clone())
                 .await
-                .map_err(|e| js_err("create or check stream")(e.to_string()))?;
+                .map_err(|e| js_err("create or check stream")(with_quorum_hint(e.to_string())))?;
             let info = stream
                 .info()
                 .await
-                .map_err(|e| js_err("stream info")(e.to_string()))?;
+                .map_err(|e| js_err("stream info")(with_quorum_hint(e.to_string())))?;
             if info.config.subjects != [subject] {
                 return Err(Error::StreamMismatch {
                     stream: name.to_owned(),
                     found: info.config.subjects.clone(),
                     wanted: vec![subject.to_owned()],
                 });
+            }
+            let found = &info.config;
+            if found.num_replicas.max(1) != config.num_replicas
+                || found.max_bytes != config.max_bytes
+                || found.max_age != config.max_age
+                || found.duplicate_window != config.duplicate_window
+            {
+                tracing::info!(
+                    stream = name,
+                    replicas = format!("{} -> {}", found.num_replicas, config.num_replicas),
+                    max_bytes = format!("{} -> {}", found.max_bytes, config.max_bytes),
+                    "bringing the stream to the configured limits"
+                );
+                // What lockstep does not set stays as it is.
+                let config = async_nats::jetstream::stream::Config {
+                    num_replicas: config.num_replicas,
+                    max_bytes: config.max_bytes,
+                    max_age: config.max_age,
+                    duplicate_window: config.duplicate_window,
+                    ..found.clone()
+                };
+                js.update_stream(&config)
+                    .await
+                    .map_err(|e| js_err("update stream")(with_quorum_hint(e.to_string())))?;
             }
         }
         Ok(Self {

@@ -1,6 +1,9 @@
 //! Test support: a real nats-server started on a free loopback port with
 //! JetStream in a temporary directory, stopped (and restartable on the same
-//! port and data) on demand. Used by this crate's tests and the service's.
+//! port and data) on demand; and a real three-server JetStream cluster
+//! started by `deploy/local/nats/up.sh` in a temporary directory, whose
+//! servers the tests kill, wipe, freeze and thaw. Used by this crate's tests,
+//! the service's and the soak programs.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -102,4 +105,261 @@ fn rand_suffix() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos()
+}
+
+/// A three-server JetStream cluster on loopback, started with
+/// `deploy/local/nats/up.sh` in its own directory and port block (so that
+/// several run side by side, and beside [`NatsServer`]s); stopped and its
+/// directory removed on drop.
+pub struct NatsCluster {
+    /// State directory (`LOCKSTEP_NATS_STATE_DIR`).
+    pub dir: PathBuf,
+    /// First port of the block (`LOCKSTEP_NATS_PORT_BASE`).
+    pub port_base: u16,
+}
+
+/// The repository's `deploy/local/nats`.
+fn nats_scripts() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/nats")
+}
+
+/// A block of 30 ports below the ephemeral range (where [`free_port`] and
+/// the kernel take theirs) whose nine used ports are free now.
+fn free_port_block() -> u16 {
+    let mut seed = rand_suffix() as u64 ^ u64::from(std::process::id()) << 20;
+    for _ in 0..200 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let base = 20_000 + ((seed >> 33) % 400) as u16 * 30;
+        let used = (0..3).flat_map(|i| [base + i, base + 10 + i, base + 20 + i]);
+        if used
+            .into_iter()
+            .all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
+        {
+            return base;
+        }
+    }
+    panic!("no free block of ports for a NATS cluster between 20000 and 32000");
+}
+
+/// How one stream's raft group stands, as its leader reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamPeers {
+    /// The leader's server name (`n1`..`n3`).
+    pub leader: Option<String>,
+    /// The other replicas: name, whether it is current, how far behind.
+    pub replicas: Vec<(String, bool, u64)>,
+    /// Last sequence in the stream.
+    pub last_seq: u64,
+}
+
+impl NatsCluster {
+    /// Starts all three servers and waits for a JetStream meta leader.
+    pub fn start() -> Self {
+        let c = Self::new();
+        c.up(&[1, 2, 3]);
+        c
+    }
+
+    /// Starts only the servers named (1..3), without waiting for a meta
+    /// leader (fewer than two never elect one).
+    pub fn start_only(servers: &[usize]) -> Self {
+        let c = Self::new();
+        c.script("up.sh", &with_flag("--no-wait", servers));
+        c
+    }
+
+    fn new() -> Self {
+        let dir = temp_dir("nats-cluster");
+        Self {
+            dir,
+            port_base: free_port_block(),
+        }
+    }
+
+    fn script(&self, name: &str, args: &[String]) {
+        let out = Command::new(nats_scripts().join(name))
+            .args(args)
+            .env("LOCKSTEP_NATS_STATE_DIR", &self.dir)
+            .env("LOCKSTEP_NATS_PORT_BASE", self.port_base.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("deploy/local/nats/{name}: {e}"));
+        assert!(
+            out.status.success(),
+            "deploy/local/nats/{name} {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// (Re)starts the servers named that are not running, and waits until
+    /// the cluster has a meta leader.
+    pub fn up(&self, servers: &[usize]) {
+        self.script("up.sh", &with_flag("", servers));
+    }
+
+    /// SIGKILLs server `i`: a crash, no goodbye to the cluster.
+    pub fn kill(&self, i: usize) {
+        self.script("down.sh", &with_flag("--kill", &[i]));
+    }
+
+    /// SIGKILLs server `i` and deletes its store directory: it comes back
+    /// (with [`Self::up`]) empty, under the same name.
+    pub fn kill_and_wipe(&self, i: usize) {
+        self.script(
+            "down.sh",
+            &["--kill".into(), "--wipe".into(), i.to_string()],
+        );
+    }
+
+    /// Freezes server `i` (SIGSTOP): to the others it is cut off, its
+    /// connections stay open and say nothing.
+    pub fn freeze(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Lets a frozen server `i` run again (SIGCONT).
+    pub fn thaw(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, sig: &str) {
+        let pid = self.pid(i).unwrap_or_else(|| panic!("n{i} is not running"));
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    /// The pid of server `i`, if it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.dir.join(format!("run/n{i}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        std::path::Path::new(&format!("/proc/{pid}"))
+            .exists()
+            .then_some(pid)
+    }
+
+    /// Client URL of server `i` alone.
+    pub fn server_url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.port_base + i as u16 - 1)
+    }
+
+    /// The client URL list of all three.
+    pub fn url(&self) -> String {
+        (1..=3)
+            .map(|i| self.server_url(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The server number (1..3) of a server name (`n2` -> 2).
+    pub fn number(name: &str) -> usize {
+        name.trim_start_matches('n')
+            .parse()
+            .unwrap_or_else(|_| panic!("server name {name}"))
+    }
+
+    /// How `stream`'s raft group stands; `None` while no leader answers.
+    pub async fn stream_peers(&self, stream: &str) -> Option<StreamPeers> {
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(2))
+            .connect(crate::log::server_urls(&self.url()))
+            .await
+            .ok()?;
+        let mut js = async_nats::jetstream::new(client);
+        js.set_timeout(Duration::from_secs(2));
+        let mut s = js.get_stream(stream).await.ok()?;
+        let info = s.info().await.ok()?;
+        Some(StreamPeers {
+            leader: info.cluster.as_ref().and_then(|c| c.leader.clone()),
+            replicas: info
+                .cluster
+                .as_ref()
+                .map(|c| {
+                    c.replicas
+                        .iter()
+                        .map(|p| (p.name.clone(), p.current, p.lag.unwrap_or(0)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            last_seq: info.state.last_sequence,
+        })
+    }
+
+    /// Waits (up to `limit`) until `stream` has a leader and returns its
+    /// number (1..3).
+    pub async fn stream_leader(&self, stream: &str, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(leader) = self.stream_peers(stream).await.and_then(|p| p.leader) {
+                return Self::number(&leader);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "stream {stream} has no leader after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// What server `i` itself holds of `stream` (its monitoring endpoint):
+    /// messages and last sequence. `None` while it does not answer.
+    pub fn local_stream_state(&self, i: usize, stream: &str) -> Option<(u64, u64)> {
+        use std::io::{Read, Write};
+        let port = self.port_base + 20 + i as u16 - 1;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /jsz?streams=true HTTP/1.0\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        // The stream's entry: its name, then its state's counters.
+        let at = body.find(&format!("\"name\": \"{stream}\""))?;
+        let rest = &body[at..];
+        let field = |key: &str| -> Option<u64> {
+            let from = rest.find(&format!("\"{key}\": "))? + key.len() + 4;
+            let digits: String = rest[from..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        };
+        Some((field("messages")?, field("last_seq")?))
+    }
+}
+
+fn with_flag(flag: &str, servers: &[usize]) -> Vec<String> {
+    let mut args: Vec<String> = (!flag.is_empty())
+        .then(|| flag.to_owned())
+        .into_iter()
+        .collect();
+    args.extend(servers.iter().map(usize::to_string));
+    args
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        // Thaw first: a frozen server cannot act on SIGTERM.
+        for i in 1..=3 {
+            if let Some(pid) = self.pid(i) {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &pid.to_string()])
+                    .status();
+            }
+        }
+        let _ = Command::new(nats_scripts().join("down.sh"))
+            .args(["--kill"])
+            .env("LOCKSTEP_NATS_STATE_DIR", &self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
