@@ -6,13 +6,15 @@
 //! | 1   | the Kubernetes node is cordoned              | `drain.cordon`     |
 //! | 2   | the pod is being deleted                     | `drain.pod_deleting` |
 //! | 3   | the pod is evicted (DisruptionTarget=True)   | `drain.pod_evicted` |
-//! | 4   | pod mode, the pod is gone after row 2, 3 or 4 held: slurmd has no pod until its replacement runs | `drain.pod_missing` |
+//! | 4   | pod mode, row 2, 3 or 4 held before and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
 //!
 //! Health rows follow in `health`. The first row that holds names the drain.
 //! A drain is lockstep's own when its reason starts with the policy's reason
 //! prefix; lockstep resumes only those, never anybody else's.
 
-use lockstep_schemas::{DrainPolicy, MappingMode, SlurmBaseState, SlurmNode, SlurmNodeFlag};
+use lockstep_schemas::{
+    DrainPolicy, KubePod, MappingMode, SlurmBaseState, SlurmNode, SlurmNodeFlag,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::model::NodeView;
@@ -83,14 +85,16 @@ pub(crate) fn causes(
         out.push(Cause::Cordoned);
     }
     if policy.on_pod_disruption {
-        if let Some(pod) = view.pod {
-            if pod.obs.deleting {
+        let pod = view.pod.map(|p| &p.obs);
+        if let Some(pod) = pod.filter(|p| p.deleting || p.disruption_target) {
+            if pod.deleting {
                 out.push(Cause::PodDeleting);
             }
-            if pod.obs.disruption_target {
+            if pod.disruption_target {
                 out.push(Cause::PodEvicted);
             }
         } else if mode == MappingMode::Pod
+            && !pod.is_some_and(KubePod::running_and_ready)
             && previous.iter().any(|c| {
                 matches!(
                     c,
@@ -98,6 +102,8 @@ pub(crate) fn causes(
                 )
             })
         {
+            // A replacement that is Pending, or Running but not Ready, does
+            // not serve yet: slurmd in it may not even have started.
             out.push(Cause::PodMissing);
         }
     }
@@ -175,6 +181,82 @@ pub(crate) fn unhealthy_reason(node: &SlurmNode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::PodEntry;
+    use lockstep_schemas::PodPhase;
+
+    fn pod(phase: PodPhase, ready: bool, deleting: bool, evicted: bool) -> PodEntry {
+        PodEntry {
+            obs: KubePod {
+                namespace: "slurm".into(),
+                name: "n1".into(),
+                uid: "u1".into(),
+                node_name: Some("k1".into()),
+                phase,
+                ready,
+                deleting,
+                disruption_target: evicted,
+                labels: Default::default(),
+                conditions: vec![],
+                owner: None,
+                revision: None,
+                version: 0,
+            },
+            gen: 0,
+            condition_slots: vec![],
+        }
+    }
+
+    #[test]
+    fn pod_rows_table() {
+        use Cause::*;
+        use PodPhase::*;
+        let serving = pod(Running, true, false, false);
+        let pending = pod(Pending, false, false, false);
+        let unready = pod(Running, false, false, false);
+        let deleting = pod(Running, true, true, false);
+        let evicted = pod(Running, true, false, true);
+        // (pod, causes before, mode) -> causes now
+        type Row<'a> = (Option<&'a PodEntry>, &'a [Cause], MappingMode, &'a [Cause]);
+        let rows: &[Row<'_>] = &[
+            (Some(&serving), &[], MappingMode::Pod, &[]),
+            (Some(&deleting), &[], MappingMode::Pod, &[PodDeleting]),
+            (Some(&evicted), &[], MappingMode::Pod, &[PodEvicted]),
+            (None, &[PodDeleting], MappingMode::Pod, &[PodMissing]),
+            (None, &[PodMissing], MappingMode::Pod, &[PodMissing]),
+            // A replacement that does not serve yet keeps the drain.
+            (
+                Some(&pending),
+                &[PodMissing],
+                MappingMode::Pod,
+                &[PodMissing],
+            ),
+            (
+                Some(&unready),
+                &[PodEvicted],
+                MappingMode::Pod,
+                &[PodMissing],
+            ),
+            // Running and Ready: the drain lifts.
+            (Some(&serving), &[PodMissing], MappingMode::Pod, &[]),
+            // Never had one, or never lost one: nothing.
+            (None, &[], MappingMode::Pod, &[]),
+            (Some(&pending), &[], MappingMode::Pod, &[]),
+            (Some(&unready), &[Cordoned], MappingMode::Pod, &[]),
+            (None, &[PodMissing], MappingMode::Host, &[]),
+        ];
+        for (i, (pod, previous, mode, want)) in rows.iter().enumerate() {
+            let view = NodeView {
+                slurm: None,
+                pod_key: pod.map(|_| "slurm/n1"),
+                pod: *pod,
+                kube_name: None,
+                kube: None,
+            };
+            let mut got = Vec::new();
+            causes(&view, &DrainPolicy::default(), *mode, previous, &mut got);
+            assert_eq!(got, *want, "row {i}");
+        }
+    }
 
     fn node(state: SlurmBaseState, flags: &[SlurmNodeFlag], reason: Option<&str>) -> SlurmNode {
         SlurmNode {

@@ -407,21 +407,17 @@ impl Sim {
 
     /// A running slurmd pod for Slurm node `name` on Kubernetes node `node`.
     pub fn add_pod(&mut self, name: &str, node: &str) -> &mut Self {
-        let pod = KubePod {
-            namespace: "slurm".to_owned(),
-            name: name.to_owned(),
-            uid: format!("uid-{name}"),
-            node_name: Some(node.to_owned()),
-            phase: PodPhase::Running,
-            deleting: false,
-            disruption_target: false,
-            labels: BTreeMap::new(),
-            conditions: vec![],
-            owner: None,
-            revision: None,
-            ready: true,
-            version: 0,
-        };
+        self.pods
+            .insert(format!("slurm/{name}"), new_pod(name, node));
+        self.observe_pod(name)
+    }
+
+    /// A slurmd pod for Slurm node `name` just created on `node`: Pending,
+    /// not Ready (the kubelet has not started its containers yet).
+    pub fn add_pending_pod(&mut self, name: &str, node: &str) -> &mut Self {
+        let mut pod = new_pod(name, node);
+        pod.phase = PodPhase::Pending;
+        pod.ready = false;
         self.pods.insert(format!("slurm/{name}"), pod);
         self.observe_pod(name)
     }
@@ -772,6 +768,25 @@ impl Sim {
                 n.labels.remove(key);
             }
         })
+    }
+}
+
+/// A Running and Ready slurmd pod in namespace `slurm`.
+fn new_pod(name: &str, node: &str) -> KubePod {
+    KubePod {
+        namespace: "slurm".to_owned(),
+        name: name.to_owned(),
+        uid: format!("uid-{name}"),
+        node_name: Some(node.to_owned()),
+        phase: PodPhase::Running,
+        ready: true,
+        deleting: false,
+        disruption_target: false,
+        labels: BTreeMap::new(),
+        conditions: vec![],
+        owner: None,
+        revision: None,
+        version: 0,
     }
 }
 

@@ -3,7 +3,7 @@
 //! timeline `lockstep replay` prints for it.
 
 use lockstep_schemas::{
-    ConditionStatus, Event, HealthAction, LabelFeature, MappingMode, Policy, ScaleRule,
+    ConditionStatus, Event, HealthAction, LabelFeature, MappingMode, PodPhase, Policy, ScaleRule,
     ScaleTargetRef, SlurmJobState,
 };
 
@@ -120,6 +120,11 @@ pub const ALL: &[Incident] = &[
         name: "stale-observation-redelivered",
         about: "old observations re-published after the dedup window (a cordon, a running job) change nothing",
         build: stale_observation_redelivered,
+    },
+    Incident {
+        name: "replacement-pending-keeps-drain",
+        about: "an evicted pod's replacement appears Pending, then Running but not Ready: the drain lifts only when it is Ready",
+        build: replacement_pending_keeps_drain,
     },
 ];
 
@@ -463,5 +468,24 @@ fn stale_observation_redelivered() -> Sim {
     sim.redeliver(cordoned);
     sim.redeliver(running);
     sim.actuate().run_s(1_800, 300);
+    sim
+}
+
+fn replacement_pending_keeps_drain() -> Sim {
+    let mut sim = versioned_cluster(Policy::default(), 2);
+    sim.advance_s(30)
+        .pod_change("n1", |p| p.disruption_target = true)
+        .actuate();
+    sim.advance_s(20).pod_change("n1", |p| p.deleting = true);
+    sim.advance_s(10).remove_pod("n1");
+    // The replacement is scheduled on k2: Pending while its image pulls,
+    // then Running while slurmd starts and its readiness probe fails.
+    sim.advance_s(5).add_pending_pod("n1", "k2").actuate();
+    sim.advance_s(40)
+        .pod_change("n1", |p| p.phase = PodPhase::Running)
+        .actuate();
+    sim.advance_s(20)
+        .pod_change("n1", |p| p.ready = true)
+        .actuate();
     sim
 }

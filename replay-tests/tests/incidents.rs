@@ -619,3 +619,30 @@ fn stale_observations_re_delivered_change_nothing() {
         .count();
     assert_eq!(copies, 2);
 }
+
+#[test]
+fn a_replacement_lifts_the_drain_only_once_running_and_ready() {
+    let sim = build("replacement-pending-keeps-drain");
+    assert_eq!(drains_of(&sim, "n1"), ["lockstep: pod slurm/n1 evicted"]);
+    let resumes = kinds_on(&sim, ActionKind::SlurmResume);
+    assert_eq!(resumes.len(), 1);
+    let ready = event_seq(
+        &sim,
+        |e| matches!(e, lockstep_schemas::Event::KubePod(p) if p.name == "n1" && p.node_name.as_deref() == Some("k2") && p.running_and_ready()),
+    );
+    assert_eq!(
+        resumes[0].seq, ready,
+        "resumed when the replacement was Ready"
+    );
+    // Pending and Running-but-not-Ready kept it drained for the missing pod.
+    let pending = event_seq(
+        &sim,
+        |e| matches!(e, lockstep_schemas::Event::KubePod(p) if p.name == "n1" && p.node_name.as_deref() == Some("k2")),
+    );
+    assert!(sim
+        .transitions
+        .iter()
+        .filter(|t| t.node == "n1" && t.seq >= pending && t.seq < ready)
+        .all(|t| t.rule == Rule::PodMissing));
+    assert_eq!(sim.phase("n1"), Phase::InService);
+}
