@@ -20,6 +20,7 @@ use lockstep_schemas::{
 };
 
 pub mod scenarios;
+pub mod world;
 
 /// 2026-03-01T03:00:00Z: incidents start at 03:00 so their timelines read
 /// like a night on call.

@@ -1,0 +1,383 @@
+//! lockstep's actuators as the world carries them out, with the semantics
+//! of `connectors/src/slurm/actuator.rs` and `connectors/src/kube/actuator.rs`:
+//! read the target first and report `AlreadyDone` if the action already
+//! holds; a pod delete carries a UID precondition (a different UID is a
+//! final failure, a missing pod is `AlreadyDone`); a missing object is a
+//! final failure otherwise. Each action id is carried out at most once.
+//! Flaky actuators fail now and then with a retryable error and change
+//! nothing.
+//!
+//! A change lockstep makes is recorded as made by it ([`Actor::Lockstep`]),
+//! and the drain rules an administrator relies on are checked at the moment
+//! a drain or resume takes effect: lockstep never replaces or lifts a drain
+//! someone else set, and never lifts its own drain while the cause it
+//! drained for still holds. A change someone made too recently for lockstep
+//! to have seen it (within `observation_lag_ms` of the decision) is a race,
+//! not a mistake.
+//!
+//! It decides nothing: whether an action should happen is the reducer's
+//! business; here it only happens, as it would.
+
+use lockstep_schemas::{
+    Action, ActionOutcome, ConditionStatus, Event, OutcomeResult, Source, Taint,
+};
+
+use super::check::{Property, Violation};
+use super::schedule::{LOCKSTEP_USER, NAMESPACE};
+use super::{Actor, Ms, World, EPOCH_MS};
+
+fn failed(retryable: bool, error: &str) -> OutcomeResult {
+    OutcomeResult::Failed {
+        retryable,
+        error: error.to_owned(),
+    }
+}
+
+impl World {
+    /// An actuator carries out the issued action at `index`.
+    pub(crate) fn execute(&mut self, index: usize) {
+        let issued = self.ls.issued[index].clone();
+        if !self.executed.insert(issued.id.0.clone()) {
+            return;
+        }
+        let by = Actor::Lockstep {
+            action: issued.id.0.clone(),
+            issued_ms: issued.time_ms.saturating_sub(EPOCH_MS),
+        };
+        let result = if self.setup.flaky_actuators && self.rng.chance(5) {
+            failed(true, "timeout")
+        } else {
+            self.carry_out(&issued.action, &by)
+        };
+        let outcome = ActionOutcome {
+            action_id: issued.id.clone(),
+            kind: issued.action.kind(),
+            target: issued.action.target(),
+            result,
+        };
+        self.append(Source::Actuator, Event::ActionOutcome(outcome));
+    }
+
+    fn violation(&mut self, property: Property, message: String) {
+        self.facts.violations.push(Violation {
+            property,
+            at_ms: self.now,
+            message,
+        });
+    }
+
+    fn carry_out(&mut self, action: &Action, by: &Actor) -> OutcomeResult {
+        let Actor::Lockstep { issued_ms, .. } = by else {
+            unreachable!("actuators act for lockstep")
+        };
+        let issued_ms = *issued_ms;
+        match action {
+            Action::SlurmDrain { node, reason } => {
+                let Some(n) = self.slurm.nodes.get(node) else {
+                    return failed(false, "invalid node name specified");
+                };
+                if n.drain.is_some() && n.reason.as_ref().map(|r| r.0.as_str()) == Some(reason) {
+                    return OutcomeResult::AlreadyDone;
+                }
+                if let Some((who, at)) = &n.drain {
+                    if !who.is_lockstep() && !self.raced(*at, issued_ms) {
+                        let msg = format!(
+                            "lockstep replaced the drain {} set on {node} ({:?}) with its own ({reason:?})",
+                            who,
+                            n.reason.as_ref().map(|r| r.0.as_str()).unwrap_or_default()
+                        );
+                        self.violation(Property::ForeignDrainsUntouched, msg);
+                    }
+                }
+                self.drain_node(node, reason, LOCKSTEP_USER, by);
+                OutcomeResult::Succeeded
+            }
+            Action::SlurmResume { node } => {
+                let Some(n) = self.slurm.nodes.get(node) else {
+                    return failed(false, "invalid node name specified");
+                };
+                if n.drain.is_none() && n.down.is_none() {
+                    return OutcomeResult::AlreadyDone;
+                }
+                self.check_resume(node, issued_ms);
+                self.resume_node(node);
+                OutcomeResult::Succeeded
+            }
+            Action::SlurmDown { node, reason } => {
+                let Some(n) = self.slurm.nodes.get(node) else {
+                    return failed(false, "invalid node name specified");
+                };
+                if n.down.is_some() && n.reason.as_ref().map(|r| r.0.as_str()) == Some(reason) {
+                    return OutcomeResult::AlreadyDone;
+                }
+                self.down_node(node, reason, LOCKSTEP_USER, by);
+                OutcomeResult::Succeeded
+            }
+            Action::SlurmSetFeatures { node, features } => {
+                let Some(n) = self.slurm.nodes.get_mut(node) else {
+                    return failed(false, "invalid node name specified");
+                };
+                let mut want = features.clone();
+                want.sort();
+                want.dedup();
+                if n.features == want {
+                    return OutcomeResult::AlreadyDone;
+                }
+                n.features = want;
+                self.slurm_changed();
+                OutcomeResult::Succeeded
+            }
+            Action::SlurmSetTopology { node, topology } => {
+                let Some(n) = self.slurm.nodes.get_mut(node) else {
+                    return failed(false, "invalid node name specified");
+                };
+                if n.topology.as_deref() == Some(topology) {
+                    return OutcomeResult::AlreadyDone;
+                }
+                n.topology = Some(topology.clone());
+                self.slurm_changed();
+                OutcomeResult::Succeeded
+            }
+            Action::KubeSetPodCondition {
+                namespace,
+                pod,
+                condition,
+            } => {
+                let Some(p) = self.pod_in(namespace, pod) else {
+                    return failed(false, "pod not found");
+                };
+                if let Some((c, _)) = p.conditions.get(&condition.type_) {
+                    if c == condition {
+                        return OutcomeResult::AlreadyDone;
+                    }
+                }
+                let p = self.kube.pods.get_mut(pod).expect("found");
+                p.conditions
+                    .insert(condition.type_.clone(), (condition.clone(), by.clone()));
+                self.pod_written(pod);
+                OutcomeResult::Succeeded
+            }
+            Action::KubeTaintNode { node, taint } => {
+                let Some(n) = self.kube.nodes.get_mut(node) else {
+                    return failed(false, "node not found");
+                };
+                let same: Vec<&Taint> = n
+                    .taints
+                    .iter()
+                    .filter(|(t, _)| t.key == taint.key)
+                    .map(|(t, _)| t)
+                    .collect();
+                if same.len() == 1 && same[0] == taint {
+                    return OutcomeResult::AlreadyDone;
+                }
+                n.taints.retain(|(t, _)| t.key != taint.key);
+                n.taints.push((taint.clone(), by.clone()));
+                self.node_written(node);
+                OutcomeResult::Succeeded
+            }
+            Action::KubeUntaintNode { node, key } => {
+                let Some(n) = self.kube.nodes.get_mut(node) else {
+                    return failed(false, "node not found");
+                };
+                if !n.taints.iter().any(|(t, _)| &t.key == key) {
+                    return OutcomeResult::AlreadyDone;
+                }
+                n.taints.retain(|(t, _)| &t.key != key);
+                self.node_written(node);
+                OutcomeResult::Succeeded
+            }
+            Action::KubeLabelPod {
+                namespace,
+                pod,
+                key,
+                value,
+            } => {
+                let Some(p) = self.pod_in(namespace, pod) else {
+                    return failed(false, "pod not found");
+                };
+                if p.labels.get(key).map(|(v, _)| v) == value.as_ref() {
+                    return OutcomeResult::AlreadyDone;
+                }
+                let p = self.kube.pods.get_mut(pod).expect("found");
+                match value {
+                    Some(v) => {
+                        p.labels.insert(key.clone(), (v.clone(), by.clone()));
+                    }
+                    None => {
+                        p.labels.remove(key);
+                    }
+                }
+                self.pod_written(pod);
+                OutcomeResult::Succeeded
+            }
+            Action::KubeDeletePod {
+                namespace,
+                pod,
+                uid,
+            } => {
+                let Some(p) = self.pod_in(namespace, pod) else {
+                    return OutcomeResult::AlreadyDone;
+                };
+                if &p.uid != uid {
+                    return failed(false, "uid precondition failed");
+                }
+                if p.deletion.is_some() {
+                    return OutcomeResult::AlreadyDone;
+                }
+                self.delete_pod(pod, by);
+                OutcomeResult::Succeeded
+            }
+            Action::KubeScale { target, replicas } => {
+                let Some(set) = self
+                    .kube
+                    .sets
+                    .iter()
+                    .position(|w| super::observe::target_ref(w) == *target)
+                else {
+                    return failed(false, "scale target not found");
+                };
+                if self.kube.sets[set].replicas == *replicas {
+                    return OutcomeResult::AlreadyDone;
+                }
+                self.kube.sets[set].replicas = *replicas;
+                self.kube.sets[set].replicas_by = by.clone();
+                self.set_written(set);
+                OutcomeResult::Succeeded
+            }
+        }
+    }
+
+    fn pod_in(&self, namespace: &str, pod: &str) -> Option<&super::kube::Pod> {
+        (namespace == NAMESPACE)
+            .then(|| self.kube.pods.get(pod))
+            .flatten()
+    }
+
+    /// A change made at `at` could not have been seen by a decision made at
+    /// `issued_ms`.
+    fn raced(&self, at: Ms, issued_ms: Ms) -> bool {
+        at + self.cfg.observation_lag_ms > issued_ms
+    }
+
+    /// The drain rules a resume must keep (see the module doc).
+    fn check_resume(&mut self, node: &str, issued_ms: Ms) {
+        let n = &self.slurm.nodes[node];
+        let mut foreign = Vec::new();
+        if let Some((who, at)) = &n.drain {
+            if !who.is_lockstep() && !self.raced(*at, issued_ms) {
+                foreign.push(format!("the drain {who} set"));
+            }
+        }
+        if let Some((who, why, at)) = &n.down {
+            // A DOWN slurmctld set for not responding is lifted by Slurm
+            // itself when slurmd registers again (ReturnToService 1 or 2);
+            // a DOWN anyone else set is theirs.
+            if *why == super::slurm::DownWhy::Explicit
+                && !who.is_lockstep()
+                && !self.raced(*at, issued_ms)
+            {
+                foreign.push(format!("the DOWN {who} set"));
+            }
+        }
+        if let Some((who, at, overwritten_issued)) = &n.covers_foreign {
+            if !self.raced(*at, *overwritten_issued) {
+                foreign.push(format!(
+                    "the drain {who} had set before lockstep drained over it"
+                ));
+            }
+        }
+        let reason = n
+            .reason
+            .as_ref()
+            .map(|r| format!("{:?} by {}", r.0, r.1))
+            .unwrap_or_default();
+        let own = n.drain.as_ref().is_some_and(|(w, _)| w.is_lockstep());
+        for what in foreign {
+            let msg = format!("lockstep resumed {node} and lifted {what} ({reason})");
+            self.violation(Property::ForeignDrainsUntouched, msg);
+        }
+        if own {
+            let causes =
+                self.causes_held_since(node, issued_ms.saturating_sub(self.cfg.observation_lag_ms));
+            if !causes.is_empty() {
+                let msg = format!(
+                    "lockstep resumed its drain on {node} ({reason}) while {}",
+                    causes.join(" and ")
+                );
+                self.violation(Property::DrainHeldWhileCauseHolds, msg);
+            }
+        }
+    }
+
+    /// The causes to drain `node` that have held without a break since
+    /// `since` (and still hold), under the policy in force. Empty if the
+    /// policy changed since then.
+    pub(crate) fn causes_held_since(&self, node: &str, since: Ms) -> Vec<String> {
+        if self
+            .facts
+            .policy_edits_ms
+            .iter()
+            .any(|&t| t + self.cfg.observation_lag_ms >= since)
+        {
+            return Vec::new();
+        }
+        let p = &self.policy;
+        let grace = p.health.not_ready_grace_s * 1000;
+        let mut out = Vec::new();
+        if let Some(&t) = self.kube.pod_down_since.get(node) {
+            if t <= since {
+                out.push(match self.kube.pods.get(node) {
+                    None => format!("its pod has been gone since {}", secs(t)),
+                    Some(pod) if pod.deletion.is_some() => {
+                        format!("its pod has been terminating since {}", secs(t))
+                    }
+                    Some(pod) => format!(
+                        "its pod has not been Running since {} (phase {:?})",
+                        secs(t),
+                        pod.phase
+                    ),
+                });
+            }
+        }
+        let Some(pod) = self.kube.pods.get(node) else {
+            return out;
+        };
+        let Some(host) = &pod.node else {
+            return out;
+        };
+        if let Some(&(t, _)) = self.kube.deleted_nodes.get(host) {
+            if t.max(pod.bound_ms) <= since {
+                out.push(format!(
+                    "its Kubernetes node {host} has been deleted since {}",
+                    secs(t)
+                ));
+            }
+        }
+        let Some(n) = self.kube.nodes.get(host) else {
+            return out;
+        };
+        if p.drain.on_cordon && n.unschedulable && n.cordoned_since.max(pod.bound_ms) <= since {
+            out.push(format!(
+                "{host} has been cordoned since {}",
+                secs(n.cordoned_since)
+            ));
+        }
+        if let Some(t) = n.not_ready_since {
+            if t + grace <= since {
+                out.push(format!("{host} has not been Ready since {}", secs(t)));
+            }
+        }
+        for c in &p.health.node_conditions {
+            if let Some((ConditionStatus::True, t)) = n.conditions.get(c) {
+                if t + grace <= since {
+                    out.push(format!("{host} has had {c}=True since {}", secs(*t)));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn secs(ms: Ms) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
+}

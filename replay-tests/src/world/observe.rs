@@ -1,0 +1,676 @@
+//! lockstep's connectors as the world drives them: the Kubernetes watchers
+//! and the Slurm poller. They turn the world's objects into the
+//! observations `lockstep-connectors` would append, with the same
+//! reduction (`connectors/src/kube/reduce.rs`: only the labels, conditions
+//! and taints the policy names) and the same bookkeeping
+//! (`connectors/src/kube/tracker.rs`, `connectors/src/slurm/observer.rs`):
+//!
+//! - A watch event reaches the watcher after a latency, in order per kind
+//!   (one watch stream per resource, ordered by resourceVersion); kinds
+//!   interleave freely. An object is appended only when its reduced
+//!   observation differs from the last one appended.
+//! - A relist (a broken watch, `410 Gone`) appends `SyncStarted`, every
+//!   object, `*Gone` for objects known before and not listed, `SyncDone`.
+//!   After a connector restart it knows nothing, so nothing disappeared
+//!   gets a `*Gone` event: the frame is the only sign.
+//! - A policy change that changes what is observed starts a new observer
+//!   (reduce.rs: "a policy change that changes the spec needs a new
+//!   observer"), which lists everything under the new spec.
+//! - Slurm is polled every `slurm_poll_interval_ms`: what lockstep sees lags
+//!   slurmctld by up to one interval. Only changed objects are appended,
+//!   `*Gone` for those that left.
+//! - Every observation carries its object's version (resourceVersion; the
+//!   poll generation in ms for Slurm) once the schema has the field.
+//!
+//! It must never filter, reorder or fix anything on lockstep's behalf
+//! beyond what the real connectors do.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use lockstep_schemas::{
+    Domain, Event, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, Policy,
+    ScaleTargetRef, SlurmJob, SlurmNode, SlurmNodeFlag, SlurmPartition, Source, Taint,
+};
+
+use super::kube::{Node, Pod, Workload, WorkloadKind};
+use super::schedule::{NAMESPACE, ZONE_LABEL};
+use super::{Ev, Ms, World, EPOCH_MS};
+
+/// Kubernetes object kinds lockstep watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
+    Nodes,
+    Pods,
+    Targets,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Nodes, Kind::Pods, Kind::Targets];
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+
+    const fn domain(self) -> Domain {
+        match self {
+            Self::Nodes => Domain::KubeNodes,
+            Self::Pods => Domain::KubePods,
+            Self::Targets => Domain::KubeScaleTargets,
+        }
+    }
+}
+
+/// A watch event on its way to the watcher.
+#[derive(Debug, Clone)]
+enum Item {
+    Node(Box<Node>),
+    Pod(Box<Pod>),
+    Target(Box<Workload>),
+    Gone(String, u64),
+}
+
+/// What the Kubernetes observer reports, from the policy
+/// (`ObserveSpec::from_policy`).
+#[derive(Debug, Clone, Default)]
+struct Spec {
+    node_labels: Vec<String>,
+    node_conditions: Vec<String>,
+    taint_keys: Vec<String>,
+    pod_labels: Vec<String>,
+    pod_conditions: Vec<String>,
+}
+
+const LOCKSTEP_TAINT_PREFIX: &str = "lockstep.io/";
+const REVISION_LABEL_KIND: &str = "StatefulSet";
+
+impl Spec {
+    fn from_policy(p: &Policy) -> Self {
+        let non_empty = |s: &str| (!s.trim().is_empty()).then(|| s.to_owned());
+        let mut s = Self {
+            node_labels: std::iter::once(ZONE_LABEL.to_owned())
+                .chain(p.topology.features.iter().map(|f| f.label.clone()))
+                .chain(p.topology.unit_label.iter().cloned())
+                .collect(),
+            node_conditions: p.health.node_conditions.clone(),
+            taint_keys: [
+                p.drain.foreign_drain_taint.as_ref(),
+                p.health.unhealthy_taint.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|t| t.key.clone())
+            .collect(),
+            pod_labels: p
+                .mapping
+                .node_name_label
+                .iter()
+                .cloned()
+                .chain(non_empty(&p.scaling.busy_label))
+                .collect(),
+            pod_conditions: [
+                p.drain.foreign_drain_condition.as_str(),
+                p.health.slurm_health_condition.as_str(),
+            ]
+            .into_iter()
+            .filter_map(non_empty)
+            .collect(),
+        };
+        for v in [
+            &mut s.node_labels,
+            &mut s.node_conditions,
+            &mut s.taint_keys,
+            &mut s.pod_labels,
+            &mut s.pod_conditions,
+        ] {
+            v.sort();
+            v.dedup();
+        }
+        s
+    }
+
+    fn taint_observed(&self, key: &str) -> bool {
+        key.starts_with(LOCKSTEP_TAINT_PREFIX) || self.taint_keys.iter().any(|k| k == key)
+    }
+
+    fn node(&self, n: &Node) -> KubeNode {
+        let mut taints: Vec<Taint> = n
+            .taints
+            .iter()
+            .map(|(t, _)| t.clone())
+            .filter(|t| self.taint_observed(&t.key))
+            .collect();
+        taints.sort_by(|a, b| {
+            (a.key.as_str(), effect_str(a), a.value.as_str()).cmp(&(
+                b.key.as_str(),
+                effect_str(b),
+                b.value.as_str(),
+            ))
+        });
+        KubeNode {
+            name: n.name.clone(),
+            unschedulable: n.unschedulable,
+            ready: n.ready,
+            conditions: n
+                .conditions
+                .iter()
+                .filter(|(t, _)| self.node_conditions.contains(t))
+                .map(|(t, (status, _))| NodeCondition {
+                    type_: t.clone(),
+                    status: *status,
+                    reason: String::new(),
+                })
+                .collect(),
+            labels: n
+                .labels
+                .iter()
+                .filter(|(k, _)| self.node_labels.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            taints,
+            version: n.rv,
+        }
+    }
+
+    fn pod(&self, p: &Pod, owner: &Workload) -> KubePod {
+        KubePod {
+            namespace: NAMESPACE.to_owned(),
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+            node_name: p.node.clone(),
+            phase: p.phase,
+            deleting: p.deletion.is_some(),
+            disruption_target: p.disruption_target,
+            labels: p
+                .labels
+                .iter()
+                .filter(|(k, _)| self.pod_labels.contains(k))
+                .map(|(k, (v, _))| (k.clone(), v.clone()))
+                .collect(),
+            conditions: p
+                .conditions
+                .iter()
+                .filter(|(t, _)| self.pod_conditions.contains(t))
+                .map(|(_, (c, _))| c.clone())
+                .collect(),
+            owner: Some(OwnerRef {
+                kind: kind_name(owner).to_owned(),
+                name: owner.name.clone(),
+            }),
+            // `controller-revision-hash` is a StatefulSet's; a ReplicaSet's
+            // pods carry `pod-template-hash`, which lockstep does not read.
+            revision: if kind_name(owner) == REVISION_LABEL_KIND {
+                p.revision.clone()
+            } else {
+                None
+            },
+            ready: p.ready,
+            version: p.rv,
+        }
+    }
+}
+
+fn effect_str(t: &Taint) -> &'static str {
+    match t.effect {
+        lockstep_schemas::TaintEffect::NoSchedule => "NoSchedule",
+        lockstep_schemas::TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+        lockstep_schemas::TaintEffect::NoExecute => "NoExecute",
+    }
+}
+
+fn kind_name(w: &Workload) -> &'static str {
+    match w.kind {
+        WorkloadKind::StatefulSet { .. } => "StatefulSet",
+        WorkloadKind::ReplicaSet => "ReplicaSet",
+    }
+}
+
+/// The scale target observation of a workload.
+pub(crate) fn target_ref(w: &Workload) -> ScaleTargetRef {
+    ScaleTargetRef {
+        group: "apps".to_owned(),
+        kind: kind_name(w).to_owned(),
+        namespace: NAMESPACE.to_owned(),
+        name: w.name.clone(),
+    }
+}
+
+fn target(w: &Workload) -> KubeScaleTarget {
+    KubeScaleTarget {
+        target: target_ref(w),
+        replicas: w.replicas,
+        ready_replicas: w.ready_replicas,
+        update_revision: w.update_revision.clone(),
+        version: w.rv,
+    }
+}
+
+/// The same event without its version: what the trackers compare.
+fn unversioned(ev: &Event) -> Event {
+    let mut ev = ev.clone();
+    match &mut ev {
+        Event::KubeNode(n) => n.version = 0,
+        Event::KubePod(p) => p.version = 0,
+        Event::KubeScaleTarget(t) => t.version = 0,
+        Event::SlurmNode(n) => n.version = 0,
+        Event::SlurmJob(j) => j.version = 0,
+        Event::SlurmPartition(p) => p.version = 0,
+        _ => {}
+    }
+    ev
+}
+
+/// Slurm nodes, jobs and partitions as one poll sees them, keyed.
+type SlurmSnapshot = (
+    Vec<(String, Event)>,
+    Vec<(u64, Event)>,
+    Vec<(String, Event)>,
+);
+
+/// The observers' state.
+#[derive(Debug)]
+pub(crate) struct Observers {
+    spec: Spec,
+    queues: [VecDeque<(Ms, Item)>; 3],
+    last_due: [Ms; 3],
+    /// The tracker: the last observation appended per object.
+    kube_sent: BTreeMap<(Kind, String), Event>,
+    slurm_nodes: BTreeMap<String, Event>,
+    slurm_jobs: BTreeMap<u64, Event>,
+    slurm_parts: BTreeMap<String, Event>,
+}
+
+impl Observers {
+    pub fn new(policy: &Policy) -> Self {
+        Self {
+            spec: Spec::from_policy(policy),
+            queues: Default::default(),
+            last_due: [0; 3],
+            kube_sent: BTreeMap::new(),
+            slurm_nodes: BTreeMap::new(),
+            slurm_jobs: BTreeMap::new(),
+            slurm_parts: BTreeMap::new(),
+        }
+    }
+
+    pub fn set_spec(&mut self, policy: &Policy) {
+        self.spec = Spec::from_policy(policy);
+    }
+}
+
+impl World {
+    fn enqueue(&mut self, kind: Kind, item: Item) {
+        let i = kind.index();
+        let lat = self.rng.between(self.cfg.kube_watch_latency_ms);
+        let due = (self.now + lat).max(self.obs.last_due[i]);
+        self.obs.last_due[i] = due;
+        self.obs.queues[i].push_back((due, item));
+        self.at(due - self.now, Ev::KubeDeliver { kind });
+    }
+
+    pub(crate) fn obs_pod(&mut self, p: Pod) {
+        self.enqueue(Kind::Pods, Item::Pod(Box::new(p)));
+    }
+
+    pub(crate) fn obs_node(&mut self, n: Node) {
+        self.enqueue(Kind::Nodes, Item::Node(Box::new(n)));
+    }
+
+    pub(crate) fn obs_target(&mut self, w: Workload) {
+        self.enqueue(Kind::Targets, Item::Target(Box::new(w)));
+    }
+
+    pub(crate) fn obs_gone(&mut self, kind: Kind, key: String, rv: u64) {
+        self.enqueue(kind, Item::Gone(key, rv));
+    }
+
+    fn reduce(&self, item: &Item) -> Option<(String, Event)> {
+        Some(match item {
+            Item::Node(n) => (n.name.clone(), Event::KubeNode(self.obs.spec.node(n))),
+            Item::Pod(p) => (
+                p.name.clone(),
+                Event::KubePod(self.obs.spec.pod(p, &self.kube.sets[p.set])),
+            ),
+            Item::Target(w) => (w.name.clone(), Event::KubeScaleTarget(target(w))),
+            Item::Gone(..) => return None,
+        })
+    }
+
+    fn gone_event(&self, kind: Kind, key: &str, rv: u64) -> Event {
+        match kind {
+            Kind::Nodes => Event::KubeNodeGone {
+                name: key.to_owned(),
+                version: rv,
+            },
+            Kind::Pods => Event::KubePodGone {
+                namespace: NAMESPACE.to_owned(),
+                name: key.to_owned(),
+                version: rv,
+            },
+            Kind::Targets => {
+                let w = self.kube.sets.iter().find(|w| w.name == key);
+                Event::KubeScaleTargetGone {
+                    target: w.map(target_ref).unwrap_or_else(|| ScaleTargetRef {
+                        group: "apps".to_owned(),
+                        kind: "StatefulSet".to_owned(),
+                        namespace: NAMESPACE.to_owned(),
+                        name: key.to_owned(),
+                    }),
+                    version: rv,
+                }
+            }
+        }
+    }
+
+    /// Watch events due now reach the watcher.
+    pub(crate) fn kube_deliver(&mut self, kind: Kind) {
+        let i = kind.index();
+        while let Some((due, _)) = self.obs.queues[i].front() {
+            if *due > self.now {
+                break;
+            }
+            let (_, item) = self.obs.queues[i].pop_front().expect("peeked");
+            match &item {
+                Item::Gone(key, rv) => {
+                    if self.obs.kube_sent.remove(&(kind, key.clone())).is_some() {
+                        let ev = self.gone_event(kind, key, *rv);
+                        self.append(Source::Kubernetes, ev);
+                    }
+                }
+                _ => {
+                    let (key, ev) = self.reduce(&item).expect("not gone");
+                    let k = (kind, key);
+                    let same = self
+                        .obs
+                        .kube_sent
+                        .get(&k)
+                        .is_some_and(|old| unversioned(old) == unversioned(&ev));
+                    if !same {
+                        self.obs.kube_sent.insert(k, ev.clone());
+                        self.append(Source::Kubernetes, ev);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A full listing of one kind. `forget`: a new observer (a restart), so
+    /// nothing that disappeared gets a Gone event.
+    pub(crate) fn kube_relist(&mut self, kind: Kind, forget: bool) {
+        // The watch restarts from the listing: events in flight are in it.
+        self.obs.queues[kind.index()].clear();
+        self.append(
+            Source::Kubernetes,
+            Event::SyncStarted {
+                domain: kind.domain(),
+            },
+        );
+        let items: Vec<Item> = match kind {
+            Kind::Nodes => self
+                .kube
+                .nodes
+                .values()
+                .map(|n| Item::Node(Box::new(n.clone())))
+                .collect(),
+            Kind::Pods => self
+                .kube
+                .pods
+                .values()
+                .map(|p| Item::Pod(Box::new(p.clone())))
+                .collect(),
+            Kind::Targets => self
+                .kube
+                .sets
+                .iter()
+                .map(|w| Item::Target(Box::new(w.clone())))
+                .collect(),
+        };
+        let mut listed = std::collections::BTreeSet::new();
+        for item in items {
+            let (key, ev) = self.reduce(&item).expect("not gone");
+            listed.insert(key.clone());
+            self.obs.kube_sent.insert((kind, key), ev.clone());
+            self.append(Source::Kubernetes, ev);
+        }
+        let known: Vec<String> = self
+            .obs
+            .kube_sent
+            .keys()
+            .filter(|(k, key)| *k == kind && !listed.contains(key))
+            .map(|(_, key)| key.clone())
+            .collect();
+        for key in known {
+            self.obs.kube_sent.remove(&(kind, key.clone()));
+            if !forget {
+                // A deletion inferred from a listing has no version.
+                let ev = self.gone_event(kind, &key, 0);
+                self.append(Source::Kubernetes, ev);
+            }
+        }
+        self.append(
+            Source::Kubernetes,
+            Event::SyncDone {
+                domain: kind.domain(),
+            },
+        );
+    }
+
+    fn slurm_snapshot(&self) -> SlurmSnapshot {
+        let version = EPOCH_MS + self.now;
+        let nodes = self
+            .slurm
+            .nodes
+            .values()
+            .map(|n| {
+                let mut flags = Vec::new();
+                if n.drain.is_some() {
+                    flags.push(SlurmNodeFlag::Drain);
+                }
+                if n.completing > 0 {
+                    flags.push(SlurmNodeFlag::Completing);
+                }
+                if n.not_responding {
+                    flags.push(SlurmNodeFlag::NotResponding);
+                }
+                flags.sort();
+                let mut features = n.features.clone();
+                features.sort();
+                (
+                    n.name.clone(),
+                    Event::SlurmNode(SlurmNode {
+                        name: n.name.clone(),
+                        state: n.base.clone(),
+                        flags,
+                        reason: n.reason.as_ref().map(|r| r.0.clone()),
+                        reason_user: n.reason.as_ref().map(|r| r.1.clone()),
+                        features,
+                        topology: n.topology.clone(),
+                        partitions: vec![n.partition.clone()],
+                        version,
+                    }),
+                )
+            })
+            .collect();
+        let jobs = self
+            .slurm
+            .jobs
+            .values()
+            .map(|j| {
+                let mut nodes = j.nodes.clone();
+                nodes.sort();
+                (
+                    j.id,
+                    Event::SlurmJob(SlurmJob {
+                        job_id: j.id,
+                        state: j.state.clone(),
+                        partition: j.partition.clone(),
+                        nodes,
+                        node_count: j.node_count,
+                        pending_reason: j.pending_reason.clone(),
+                        version,
+                    }),
+                )
+            })
+            .collect();
+        let mut parts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for p in [
+            super::schedule::SCALED_PARTITION,
+            super::schedule::FIXED_PARTITION,
+        ] {
+            parts.insert(p.to_owned(), Vec::new());
+        }
+        for n in self.slurm.nodes.values() {
+            parts
+                .entry(n.partition.clone())
+                .or_default()
+                .push(n.name.clone());
+        }
+        let parts = parts
+            .into_iter()
+            .map(|(name, mut nodes)| {
+                nodes.sort();
+                (
+                    name.clone(),
+                    Event::SlurmPartition(SlurmPartition {
+                        name,
+                        nodes,
+                        version,
+                    }),
+                )
+            })
+            .collect();
+        (nodes, jobs, parts)
+    }
+
+    /// One poll of slurmctld: the changes since the last one.
+    pub(crate) fn slurm_poll(&mut self) {
+        let dirty = self.slurm.dirty;
+        self.poll_done();
+        if !dirty {
+            return;
+        }
+        let (nodes, jobs, parts) = self.slurm_snapshot();
+        let version = EPOCH_MS + self.now;
+        diff(&mut self.obs.slurm_nodes, nodes, |name| {
+            Event::SlurmNodeGone {
+                name: name.clone(),
+                version,
+            }
+        })
+        .into_iter()
+        .chain(diff(&mut self.obs.slurm_jobs, jobs, |id| {
+            Event::SlurmJobGone {
+                job_id: *id,
+                version,
+            }
+        }))
+        .chain(diff(&mut self.obs.slurm_parts, parts, |name| {
+            Event::SlurmPartitionGone {
+                name: name.clone(),
+                version,
+            }
+        }))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .for_each(|ev| self.append(Source::Slurm, ev));
+    }
+
+    /// A full listing of Slurm nodes (and, at the start, jobs and partitions).
+    pub(crate) fn slurm_relist(&mut self, forget: bool, everything: bool) {
+        let (nodes, jobs, parts) = self.slurm_snapshot();
+        let version = EPOCH_MS + self.now;
+        let node_list = listing(&mut self.obs.slurm_nodes, nodes, forget, |name| {
+            Event::SlurmNodeGone {
+                name: name.clone(),
+                version,
+            }
+        });
+        self.framed(Domain::SlurmNodes, node_list);
+        if everything {
+            let l = listing(&mut self.obs.slurm_jobs, jobs, forget, |id| {
+                Event::SlurmJobGone {
+                    job_id: *id,
+                    version,
+                }
+            });
+            self.framed(Domain::SlurmJobs, l);
+            let l = listing(&mut self.obs.slurm_parts, parts, forget, |name| {
+                Event::SlurmPartitionGone {
+                    name: name.clone(),
+                    version,
+                }
+            });
+            self.framed(Domain::SlurmPartitions, l);
+        }
+    }
+
+    /// A full listing of Slurm jobs.
+    pub(crate) fn slurm_relist_jobs(&mut self, forget: bool) {
+        let (_, jobs, _) = self.slurm_snapshot();
+        let version = 0;
+        let l = listing(&mut self.obs.slurm_jobs, jobs, forget, |id| {
+            Event::SlurmJobGone {
+                job_id: *id,
+                version,
+            }
+        });
+        self.framed(Domain::SlurmJobs, l);
+    }
+
+    fn framed(&mut self, domain: Domain, events: Vec<Event>) {
+        self.append(Source::Slurm, Event::SyncStarted { domain });
+        for ev in events {
+            self.append(Source::Slurm, ev);
+        }
+        self.append(Source::Slurm, Event::SyncDone { domain });
+    }
+}
+
+/// The changed objects of `now` against `last` (updated), then Gone events.
+fn diff<K: Ord + Clone>(
+    last: &mut BTreeMap<K, Event>,
+    now: Vec<(K, Event)>,
+    gone: impl Fn(&K) -> Event,
+) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (k, ev) in now {
+        seen.insert(k.clone());
+        if last.get(&k).map(unversioned) != Some(unversioned(&ev)) {
+            last.insert(k, ev.clone());
+            out.push(ev);
+        }
+    }
+    let left: Vec<K> = last
+        .keys()
+        .filter(|k| !seen.contains(*k))
+        .cloned()
+        .collect();
+    for k in left {
+        last.remove(&k);
+        out.push(gone(&k));
+    }
+    out
+}
+
+/// Every object of `now`, then Gone events for known ones not listed
+/// (none after a restart, which knows nothing).
+fn listing<K: Ord + Clone>(
+    last: &mut BTreeMap<K, Event>,
+    now: Vec<(K, Event)>,
+    forget: bool,
+    gone: impl Fn(&K) -> Event,
+) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut fresh = BTreeMap::new();
+    for (k, ev) in now {
+        fresh.insert(k, ev.clone());
+        out.push(ev);
+    }
+    if !forget {
+        for k in last.keys().filter(|k| !fresh.contains_key(*k)) {
+            out.push(gone(k));
+        }
+    }
+    *last = fresh;
+    out
+}
