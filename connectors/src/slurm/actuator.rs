@@ -5,10 +5,17 @@
 //! (`AlreadyDone`): a drain with the same reason, a resume of a node that is
 //! neither drained nor down, the same features or topology. Writes go
 //! through slurmrestd where its openapi version has a node update endpoint
-//! (`POST /slurm/v0.0.39+/node/{name}`), through `scontrol update` otherwise
-//! (Slurm 22.05). Every call is bounded by timeouts and the whole action by
-//! `action_timeout_ms`; it never panics and never hangs. It decides nothing:
-//! whether an action should happen is the reducer's business.
+//! (`POST /slurm/v0.0.39+/node/{name}`, Slurm 23.02+), through `scontrol
+//! update` otherwise (Slurm 22.05). Every call is bounded by timeouts and the
+//! whole action by `action_timeout_ms`; it never panics and never hangs. It
+//! decides nothing: whether an action should happen is the reducer's
+//! business.
+//!
+//! What it writes is clean whatever it was given: a reason loses its control
+//! characters and is cut to [`REASON_CHARS_MAX`] characters (its start, and
+//! so lockstep's prefix, is kept); an empty or malformed feature or topology
+//! is refused, never sent (an empty topology would take the node out of
+//! every Slurm topology).
 
 use std::time::Duration;
 
@@ -47,12 +54,26 @@ pub struct Actuator {
     scontrol_version: OnceCell<Option<SlurmVersion>>,
 }
 
+/// Longest reason lockstep writes, in characters. Slurm stores any length,
+/// but `sinfo`, `scontrol show node` and the REST answers carry the reason on
+/// every listing of the node, and a reason is a label for people.
+pub const REASON_CHARS_MAX: usize = 256;
+
+/// The reason left on a node lockstep resumed when Slurm keeps the old one.
+/// Slurm 24.11 keeps a resumed node's reason (22.05 and 26.05 clear it) and,
+/// when the node later stops responding, appends its own: `lockstep: ... :
+/// Not responding` on a DOWN node would read as lockstep's own down. This
+/// text carries no owned prefix.
+pub const RESUMED_REASON: &str = "resumed";
+
 /// What a write must achieve, in Slurm's terms.
 enum Write<'a> {
     State {
         state: &'static str,
         reason: Option<&'a str>,
     },
+    /// The reason alone, state unchanged.
+    Reason(&'a str),
     Features(&'a [String]),
     Topology(&'a str),
 }
@@ -122,7 +143,7 @@ impl Actuator {
     async fn apply(&self, action: &Action) -> Result<bool> {
         match action {
             Action::SlurmDrain { node, reason } => {
-                check_reason(reason)?;
+                let reason = clean_reason(reason)?;
                 let n = self.read(node).await?;
                 if n.has(&SlurmNodeFlag::Drain) && n.reason.as_deref() == Some(reason.as_str()) {
                     return Ok(false);
@@ -131,7 +152,7 @@ impl Actuator {
                     node,
                     Write::State {
                         state: "DRAIN",
-                        reason: Some(reason),
+                        reason: Some(&reason),
                     },
                 )
                 .await?;
@@ -152,9 +173,16 @@ impl Actuator {
                     },
                 )
                 .await?;
+                let after = self.read(node).await?;
+                let in_service = !after.has(&SlurmNodeFlag::Drain)
+                    && !after.has(&SlurmNodeFlag::Fail)
+                    && after.state != SlurmBaseState::Down;
+                if in_service && after.reason.as_deref().is_some_and(|r| r != RESUMED_REASON) {
+                    self.write(node, Write::Reason(RESUMED_REASON)).await?;
+                }
             }
             Action::SlurmDown { node, reason } => {
-                check_reason(reason)?;
+                let reason = clean_reason(reason)?;
                 let n = self.read(node).await?;
                 if n.state == SlurmBaseState::Down && n.reason.as_deref() == Some(reason.as_str()) {
                     return Ok(false);
@@ -163,7 +191,7 @@ impl Actuator {
                     node,
                     Write::State {
                         state: "DOWN",
-                        reason: Some(reason),
+                        reason: Some(&reason),
                     },
                 )
                 .await?;
@@ -277,7 +305,8 @@ impl Actuator {
                 _ => v.has_node_update(),
             };
             if usable {
-                return rest.update_node(node, &rest_update(&w)).await;
+                let update = rest_update(&w, &rest.config().user);
+                return rest.update_node(node, &update).await;
             }
         }
         let Some(sc) = &self.scontrol else {
@@ -309,6 +338,7 @@ impl Actuator {
                 ]
             }
             Write::Topology(t) => vec![("topology", t)],
+            Write::Reason(r) => vec![("reason", r)],
         };
         match sc.update_node(node, &settings).await {
             Err(Error::Command { stderr, .. })
@@ -323,29 +353,54 @@ impl Actuator {
     }
 }
 
-/// The `update_node_msg` for slurmrestd v0.0.39+.
-fn rest_update(w: &Write<'_>) -> serde_json::Value {
+/// The `update_node_msg` for slurmrestd v0.0.39+. `user` is the user
+/// lockstep acts as (the JWT's): a reason carries it as `reason_uid`, as the
+/// published schema asks of a client that sends as root. (Slurm 24.11 and
+/// 26.05 set `reason_set_by_user` to the authenticated user whatever
+/// `reason_uid` says; sending lockstep's own user keeps both the same.)
+fn rest_update(w: &Write<'_>, user: &str) -> serde_json::Value {
     match w {
         Write::State { state, reason } => {
             let mut m = serde_json::json!({ "state": [state] });
             if let Some(r) = reason {
                 m["reason"] = serde_json::Value::from(*r);
+                m["reason_uid"] = serde_json::Value::from(user);
             }
             m
         }
+        // An empty list means "leave the features alone" to slurmrestd
+        // (24.11 and 26.05 answer 200 and change nothing); a list holding
+        // one empty string clears them.
+        Write::Features([]) => serde_json::json!({ "features": [""], "features_act": [""] }),
         Write::Features(f) => serde_json::json!({ "features": f, "features_act": f }),
         Write::Topology(t) => serde_json::json!({ "topology_str": t }),
+        Write::Reason(r) => serde_json::json!({ "reason": r, "reason_uid": user }),
     }
 }
 
-fn check_reason(reason: &str) -> Result<()> {
-    if reason.trim().is_empty() || reason.chars().any(char::is_control) {
+/// The reason as lockstep writes it: control characters removed (a tab or
+/// line break becomes a space, so words stay apart), surrounding whitespace
+/// trimmed, cut to [`REASON_CHARS_MAX`] characters. The start is kept, so a
+/// reason that starts with lockstep's prefix still does. Nothing left: an
+/// invalid reason, never sent.
+pub fn clean_reason(reason: &str) -> Result<String> {
+    let cleaned: String = reason
+        .chars()
+        .filter_map(|c| match c {
+            '\t' | '\n' | '\r' | '\u{b}' | '\u{c}' => Some(' '),
+            c if c.is_control() => None,
+            c => Some(c),
+        })
+        .collect();
+    let cut: String = cleaned.trim().chars().take(REASON_CHARS_MAX).collect();
+    let cut = cut.trim_end().to_owned();
+    if cut.is_empty() {
         return Err(Error::InvalidValue {
             what: "slurm node reason",
             value: reason.to_owned(),
         });
     }
-    Ok(())
+    Ok(cut)
 }
 
 #[cfg(test)]
@@ -354,28 +409,81 @@ mod tests {
 
     #[test]
     fn rest_updates_follow_the_published_schema() {
-        let drain = rest_update(&Write::State {
-            state: "DRAIN",
-            reason: Some("lockstep: cordoned"),
-        });
+        let drain = rest_update(
+            &Write::State {
+                state: "DRAIN",
+                reason: Some("lockstep: cordoned"),
+            },
+            "lockstep",
+        );
         assert_eq!(
             drain,
-            serde_json::json!({"state": ["DRAIN"], "reason": "lockstep: cordoned"})
+            serde_json::json!({"state": ["DRAIN"], "reason": "lockstep: cordoned", "reason_uid": "lockstep"})
         );
-        let resume = rest_update(&Write::State {
-            state: "RESUME",
-            reason: None,
-        });
+        let resume = rest_update(
+            &Write::State {
+                state: "RESUME",
+                reason: None,
+            },
+            "lockstep",
+        );
         assert_eq!(resume, serde_json::json!({"state": ["RESUME"]}));
         let f = ["gpu".to_owned(), "zone-a".to_owned()];
         assert_eq!(
-            rest_update(&Write::Features(&f)),
+            rest_update(&Write::Features(&f), "root"),
             serde_json::json!({"features": ["gpu", "zone-a"], "features_act": ["gpu", "zone-a"]})
         );
         assert_eq!(
-            rest_update(&Write::Topology("default:s1")),
+            rest_update(&Write::Features(&[]), "root"),
+            serde_json::json!({"features": [""], "features_act": [""]}),
+            "an empty list would change nothing"
+        );
+        assert_eq!(
+            rest_update(&Write::Topology("default:s1"), "root"),
             serde_json::json!({"topology_str": "default:s1"})
         );
+    }
+
+    #[test]
+    fn reasons_are_cleaned_before_they_reach_slurm() {
+        let long = format!("lockstep: {}", "x".repeat(400));
+        let long_want = format!("lockstep: {}", "x".repeat(REASON_CHARS_MAX - 10));
+        let wide = format!("lockstep: {}", "é".repeat(300));
+        let wide_want = format!("lockstep: {}", "é".repeat(REASON_CHARS_MAX - 10));
+        // (given, written; None: refused)
+        let rows: &[(&str, Option<&str>)] = &[
+            (
+                "lockstep: kubernetes node k1 cordoned",
+                Some("lockstep: kubernetes node k1 cordoned"),
+            ),
+            (
+                "lockstep: a\nReason=forged",
+                Some("lockstep: a Reason=forged"),
+            ),
+            ("lockstep:\tb\r\n", Some("lockstep: b")),
+            ("lock\u{7}step: bell\u{1b}[0m", Some("lockstep: bell[0m")),
+            ("\u{0}lockstep: nul first", Some("lockstep: nul first")),
+            ("  lockstep: padded  ", Some("lockstep: padded")),
+            ("lockstep: del\u{7f}", Some("lockstep: del")),
+            ("lockstep: c1\u{85}", Some("lockstep: c1")),
+            (&long, Some(&long_want)),
+            (&wide, Some(&wide_want)),
+            ("", None),
+            ("   ", None),
+            ("\u{1}\u{2}\n", None),
+        ];
+        for (given, want) in rows {
+            let got = clean_reason(given).ok();
+            assert_eq!(got.as_deref(), *want, "{given:?}");
+            if let Some(g) = got {
+                assert!(g.chars().count() <= REASON_CHARS_MAX, "{given:?}");
+                assert!(!g.chars().any(char::is_control), "{given:?}");
+                assert!(
+                    g.starts_with("lockstep:"),
+                    "the owned prefix is kept: {given:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -211,6 +211,9 @@ const FINAL_MESSAGES: &[&str] = &[
     "unrecognized option",
     "invalid partition",
     "invalid job id",
+    // 25.05+: a node moved to a topology unit (a block) that topology.yaml
+    // does not declare, or to a topology that does not exist.
+    "requested topology configuration is not available",
 ];
 
 /// Messages that mean slurmctld is unreachable, restarting or busy.
@@ -263,6 +266,10 @@ mod tests {
             ("slurm_update error: Invalid node state specified", false),
             ("Node ls-n9 not found", false),
             ("slurm_update error: Access/permission denied", false),
+            (
+                "Failure to update node ls-n2: Requested topology configuration is not available (error 2178)",
+                false,
+            ),
             ("something nobody has seen before", true),
         ];
         for (msg, want) in cases {

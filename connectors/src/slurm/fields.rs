@@ -1,9 +1,13 @@
 //! Field names slurmrestd is known to send, per object, across the openapi
 //! versions lockstep speaks (v0.0.38 from Slurm 22.05's own spec, recorded in
-//! `connectors/slurm/fixtures/slurm-22.05/openapi.json`; v0.0.41 - v0.0.44
-//! from the published specs). A field outside these lists is new to this
-//! version of lockstep: it is skipped and its name logged once, so a newer
-//! Slurm is noticed without breaking anything.
+//! `connectors/slurm/fixtures/slurm-22.05/openapi.json`; v0.0.39 - v0.0.45
+//! from the published specs and the answers of the real 24.11 and 26.05
+//! servers in `connectors/slurm/fixtures/`). A field outside these lists is
+//! new to this version of lockstep: it is skipped and its name logged once,
+//! so a newer Slurm is noticed without breaking anything.
+//! `connectors/tests/slurm_fields.rs` and `slurm_api.rs` check that every
+//! field of the recorded answers and of the published specs is either read
+//! by the parser or listed here.
 
 /// Node fields lockstep does not read.
 pub(crate) fn node_field_known(name: &str) -> bool {
@@ -65,6 +69,8 @@ pub(crate) fn node_field_known(name: &str) -> bool {
             | "alloc_idle_cpus"
             | "idle_cpus"
             | "alloc_memory"
+            // v0.0.45
+            | "suspend_time"
     )
 }
 
@@ -203,6 +209,12 @@ pub(crate) fn job_field_known(name: &str) -> bool {
             | "maximum_switch_wait_time"
             | "wckey"
             | "current_working_directory"
+            // v0.0.43 - v0.0.45
+            | "licenses_allocated"
+            | "step_id"
+            | "container_type"
+            | "memory_update_delay"
+            | "memory_update_margin"
     )
 }
 
@@ -258,5 +270,7 @@ pub(crate) fn partition_field_known(name: &str) -> bool {
             | "partition"
             | "suspend_time"
             | "topology"
+            // v0.0.45
+            | "preempt_mode"
     )
 }

@@ -6,8 +6,8 @@
 //!   environment variable, re-read before expiry and after a 401, never
 //!   logged; bounded timeouts and answer sizes).
 //! - [`parse`]: version-tolerant parsing of slurmrestd's node, job and
-//!   partition lists (openapi v0.0.38 of Slurm 22.05 up to v0.0.44 of
-//!   25.11) into [`SlurmNode`](lockstep_schemas::SlurmNode),
+//!   partition lists (openapi v0.0.38 of Slurm 22.05 up to v0.0.45 of
+//!   26.05) into [`SlurmNode`](lockstep_schemas::SlurmNode),
 //!   [`SlurmJob`](lockstep_schemas::SlurmJob) and
 //!   [`SlurmPartition`](lockstep_schemas::SlurmPartition); [`scontrol`]
 //!   parses `scontrol show -o` into the same types.
@@ -34,7 +34,7 @@ mod rest;
 pub mod scontrol;
 mod token;
 
-pub use actuator::{Actuator, ActuatorConfig};
+pub use actuator::{clean_reason, Actuator, ActuatorConfig, REASON_CHARS_MAX, RESUMED_REASON};
 pub use error::{classify_message, Error, Result};
 pub use observer::{Backend, Observation, Observer, ObserverConfig, PollStats};
 pub use rest::{ApiVersion, Fetch, RestClient, RestConfig, API_VERSIONS};

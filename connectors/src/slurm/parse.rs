@@ -4,7 +4,7 @@
 //! One parser covers every openapi version lockstep speaks, by shape rather
 //! than by version number:
 //!
-//! | what | v0.0.38 (Slurm 22.05) | v0.0.39 - v0.0.44 (23.02 - 25.11) |
+//! | what | v0.0.38 (Slurm 22.05) | v0.0.39 - v0.0.45 (23.02 - 26.05) |
 //! | --- | --- | --- |
 //! | node state | `"state": "idle"` + `"state_flags": ["DRAIN"]` | `"state": ["IDLE", "DRAIN"]` |
 //! | features | `"a,b"` | `["a", "b"]` |
@@ -554,13 +554,63 @@ impl<'de> Deserialize<'de> for PartitionNodes {
 
 // ------------------------------------------------------------------ objects
 
+/// The objects whose fields the parsers read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlurmObject {
+    /// A node (`nodes`).
+    Node,
+    /// A job (`jobs`).
+    Job,
+    /// A partition (`partitions`).
+    Partition,
+}
+
+/// The JSON shapes the parser accepts for a field it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldShape {
+    /// A string, or null.
+    Text,
+    /// A string (one word, or a comma list), a list of strings, or null:
+    /// states, flags, features, partitions.
+    Words,
+    /// An integer, or Slurm's `{set, infinite, number}` (unset and infinite
+    /// read as absent).
+    Count,
+    /// A hostlist string, or an object whose `configured` is one.
+    PartitionNodes,
+}
+
+/// The fields of `object` the parsers read, with the shapes they accept.
+/// Every other field slurmrestd sends must be in [`field_ignored`]; the
+/// fixture and OpenAPI cross-check tests hold both lists to that.
+pub fn fields_read(object: SlurmObject) -> &'static [(&'static str, FieldShape)] {
+    match object {
+        SlurmObject::Node => NodeField::READ,
+        SlurmObject::Job => JobField::READ,
+        SlurmObject::Partition => PartitionField::READ,
+    }
+}
+
+/// Whether `name` is a field of `object` that lockstep knows and
+/// deliberately does not read.
+pub fn field_ignored(object: SlurmObject, name: &str) -> bool {
+    match object {
+        SlurmObject::Node => fields::node_field_known(name),
+        SlurmObject::Job => fields::job_field_known(name),
+        SlurmObject::Partition => fields::partition_field_known(name),
+    }
+}
+
 /// Generates a field-name enum whose visitor matches borrowed keys and logs
 /// (once) keys that are neither read nor known.
 macro_rules! fields {
-    ($name:ident, $kind:literal, $known:path { $($variant:ident => $key:literal,)+ }) => {
+    ($name:ident, $kind:literal, $known:path { $($variant:ident => $key:literal as $shape:ident,)+ }) => {
         enum $name {
             $($variant,)+
             Skip,
+        }
+        impl $name {
+            const READ: &'static [(&'static str, FieldShape)] = &[$(($key, FieldShape::$shape),)+];
         }
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -589,29 +639,29 @@ macro_rules! fields {
 }
 
 fields!(NodeField, "node field", fields::node_field_known {
-    Name => "name",
-    State => "state",
-    StateFlags => "state_flags",
-    Reason => "reason",
-    ReasonUser => "reason_set_by_user",
-    Features => "features",
-    ActiveFeatures => "active_features",
-    Partitions => "partitions",
-    Topology => "topology",
+    Name => "name" as Text,
+    State => "state" as Words,
+    StateFlags => "state_flags" as Words,
+    Reason => "reason" as Text,
+    ReasonUser => "reason_set_by_user" as Text,
+    Features => "features" as Words,
+    ActiveFeatures => "active_features" as Words,
+    Partitions => "partitions" as Words,
+    Topology => "topology" as Text,
 });
 
 fields!(JobField, "job field", fields::job_field_known {
-    JobId => "job_id",
-    State => "job_state",
-    Partition => "partition",
-    Nodes => "nodes",
-    NodeCount => "node_count",
-    Reason => "state_reason",
+    JobId => "job_id" as Count,
+    State => "job_state" as Words,
+    Partition => "partition" as Text,
+    Nodes => "nodes" as Text,
+    NodeCount => "node_count" as Count,
+    Reason => "state_reason" as Text,
 });
 
 fields!(PartitionField, "partition field", fields::partition_field_known {
-    Name => "name",
-    Nodes => "nodes",
+    Name => "name" as Text,
+    Nodes => "nodes" as PartitionNodes,
 });
 
 struct NodeItem(SlurmNode);

@@ -2,12 +2,24 @@
 //! put it on loopback, a unix-socket proxy or a trusted network), JWT auth,
 //! every call bounded by a timeout and every answer by a size limit.
 //!
-//! It finds the highest openapi version slurmrestd serves among those
-//! lockstep speaks (v0.0.44 down to v0.0.38) unless one is configured, polls
+//! It finds the newest openapi version both sides speak (slurmrestd serves,
+//! lockstep knows: v0.0.45 down to v0.0.38) unless one is configured, polls
 //! lists with `update_time` and turns what comes back into [`Fetch`]es of
 //! parsed listings. Slurm 22.05 answers a node poll with `update_time` by
 //! HTTP 500 "Unspecified error" when something did change (304 when nothing
 //! did); the client takes that 500 as "changed" and follows with a full GET.
+//!
+//! Answers it must never misread (seen on real 23.11 - 26.05 servers):
+//! an error status that still carries an empty list (HTTP 511 with
+//! `"jobs": []` for an expired token, 502 with `"jobs": []` while slurmctld
+//! is down) is an error, never "no jobs"; `GET /node/{name}` for a node
+//! slurmctld does not know is HTTP 200 without a `nodes` key and an error
+//! "Failure to query node NAME" numbered 0, which means "no such node",
+//! while the same description with another number (1800, slurmctld
+//! unreachable) is a failure; and 24.11 - 26.05 answer an `update_time`
+//! poll of an unchanged job list with HTTP 200, `"jobs": []`, `last_update`
+//! 0 and a warning "No job changes since update_time", which is
+//! "unchanged", not "every job is gone".
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +37,8 @@ use super::parse::{self, Listing};
 use super::token::{Token, TokenSource};
 
 /// The openapi versions lockstep speaks, newest first.
-pub const API_VERSIONS: [ApiVersion; 7] = [
+pub const API_VERSIONS: [ApiVersion; 8] = [
+    ApiVersion(45),
     ApiVersion(44),
     ApiVersion(43),
     ApiVersion(42),
@@ -219,7 +232,10 @@ impl RestClient {
         }
     }
 
-    /// One request, bounded; a 401 re-reads the token and tries once more.
+    /// One request, bounded; an authentication failure re-reads the token
+    /// and tries once more. slurmrestd 22.05 says 401; 23.02+ say 511
+    /// (Network Authentication Required, "Protocol authentication error")
+    /// for an expired or foreign token, with an empty list in the body.
     async fn send(
         &self,
         method: Method,
@@ -230,11 +246,11 @@ impl RestClient {
         let (status, bytes) = self
             .send_once(&what, method.clone(), path, body.clone(), false)
             .await?;
-        if status != StatusCode::UNAUTHORIZED {
+        if !auth_failed(status) {
             return Ok((status, bytes));
         }
         let (status, bytes) = self.send_once(&what, method, path, body, true).await?;
-        if status == StatusCode::UNAUTHORIZED {
+        if auth_failed(status) {
             return Err(Error::Unauthorized { what });
         }
         Ok((status, bytes))
@@ -307,9 +323,11 @@ impl RestClient {
         Ok((s.as_u16(), b))
     }
 
-    /// The openapi version in use: the configured one, or the highest one
-    /// slurmrestd serves (probed with `GET /slurm/vX/ping` once, and again
-    /// after [`RestClient::forget_version`]).
+    /// The openapi version in use: the configured one, or the newest one
+    /// both slurmrestd and lockstep speak (probed with `GET /slurm/vX/ping`
+    /// from lockstep's newest down, once, and again after
+    /// [`RestClient::forget_version`]). Slurm 26.05 serves v0.0.42 - v0.0.45,
+    /// 24.11 v0.0.40 - v0.0.42, 22.05 v0.0.36 - v0.0.38.
     pub async fn version(&self) -> Result<ApiVersion> {
         if let Some(v) = *self
             .inner
@@ -377,6 +395,10 @@ impl RestClient {
             let (status, body) = self.send(Method::GET, &path, None).await?;
             match status.as_u16() {
                 304 if since.is_some() => return Ok(Fetch::Unchanged),
+                // 24.11+ answer an unchanged job list with 200, no jobs,
+                // `last_update` 0 and a warning, not with 304: that is
+                // "unchanged", never "every job is gone".
+                200 if since.is_some() && unchanged_answer(&body) => return Ok(Fetch::Unchanged),
                 200 => {
                     let listing = parse(&body).map_err(|source| Error::Malformed {
                         what: call.clone(),
@@ -392,6 +414,13 @@ impl RestClient {
                 // If slurmctld is really down, the full GET says so.
                 500 if since.is_some() => {
                     tracing::debug!(path, "http 500 on an update_time poll: taken as changed");
+                    since = None;
+                }
+                // 24.11's older data parsers (v0.0.40, v0.0.41) cannot read
+                // a number as `update_time` ("Parsing of T for timestamp
+                // failed", HTTP 422 for jobs): ask for everything.
+                400 | 422 if since.is_some() && update_time_rejected(&body) => {
+                    tracing::debug!(path, "update_time not understood: a full listing instead");
                     since = None;
                 }
                 404 => {
@@ -427,6 +456,9 @@ impl RestClient {
         let path = format!("/slurm/{v}/node/{}", encode_path(name));
         let call = format!("GET {path}");
         let (status, body) = self.send(Method::GET, &path, None).await?;
+        if status == StatusCode::OK && unknown_node_answer(&body, name) {
+            return Ok(None);
+        }
         let errors = parse::errors(&body);
         if errors.iter().any(|e| node_missing(e)) {
             return Ok(None);
@@ -477,6 +509,94 @@ impl RestClient {
         }
         Err(http_error(&call, status, &resp))
     }
+}
+
+/// A 200 answer to an `update_time` poll that says nothing changed: no
+/// objects, and either `last_update` 0 or a warning "No job changes since
+/// update_time[T]" (what 24.11 - 26.05 send for jobs). A real listing always
+/// carries the time of its last change.
+fn unchanged_answer(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        warnings: Vec<Warning>,
+        last_update: Option<serde_json::Value>,
+        nodes: Option<Vec<serde::de::IgnoredAny>>,
+        jobs: Option<Vec<serde::de::IgnoredAny>>,
+        partitions: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Warning {
+        #[serde(default)]
+        description: String,
+    }
+    let Ok(a) = serde_json::from_slice::<Answer>(body) else {
+        return false;
+    };
+    let empty = [&a.nodes, &a.jobs, &a.partitions]
+        .iter()
+        .all(|l| l.as_ref().is_none_or(Vec::is_empty));
+    let said = a.warnings.iter().any(|w| {
+        let d = w.description.to_ascii_lowercase();
+        d.starts_with("no ") && d.contains("changes since update_time")
+    });
+    let never = match &a.last_update {
+        Some(serde_json::Value::Number(n)) => n.as_u64() == Some(0),
+        Some(serde_json::Value::Object(o)) => {
+            o.get("number").and_then(serde_json::Value::as_u64) == Some(0)
+        }
+        _ => false,
+    };
+    empty && (said || never)
+}
+
+/// An error answer that says the `update_time` parameter itself was not
+/// understood.
+fn update_time_rejected(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        errors: Vec<AnswerError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct AnswerError {
+        #[serde(default)]
+        source: String,
+    }
+    serde_json::from_slice::<Answer>(body)
+        .is_ok_and(|a| a.errors.iter().any(|e| e.source.contains("update_time")))
+}
+
+fn auth_failed(status: StatusCode) -> bool {
+    status == StatusCode::UNAUTHORIZED || status == StatusCode::NETWORK_AUTHENTICATION_REQUIRED
+}
+
+/// slurmrestd 23.02+'s answer to `GET /node/{name}` for a node slurmctld
+/// does not know: HTTP 200, no `nodes` key, and only errors numbered 0
+/// ("No error") that say "Failure to query node NAME". Any other shape (a
+/// `nodes` key, another error number) is not this answer.
+fn unknown_node_answer(body: &[u8], name: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        nodes: Option<serde::de::IgnoredAny>,
+        #[serde(default)]
+        errors: Vec<AnswerError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct AnswerError {
+        #[serde(default)]
+        description: String,
+        error_number: Option<i64>,
+    }
+    let Ok(a) = serde_json::from_slice::<Answer>(body) else {
+        return false;
+    };
+    let said = format!("failure to query node {}", name.to_ascii_lowercase());
+    a.nodes.is_none()
+        && !a.errors.is_empty()
+        && a.errors
+            .iter()
+            .all(|e| e.error_number == Some(0) && e.description.to_ascii_lowercase() == said)
 }
 
 fn node_missing(message: &str) -> bool {
@@ -536,6 +656,8 @@ mod tests {
     fn versions_parse_and_order() {
         assert_eq!(ApiVersion::parse("v0.0.38"), Some(ApiVersion(38)));
         assert_eq!(ApiVersion::parse("0.0.44"), Some(ApiVersion(44)));
+        assert_eq!(API_VERSIONS[0], ApiVersion(45), "newest first");
+        assert!(API_VERSIONS.windows(2).all(|w| w[0] > w[1]));
         assert_eq!(ApiVersion::parse("v1"), None);
         assert!(!ApiVersion(38).has_node_update());
         assert!(ApiVersion(39).has_node_update());
@@ -558,6 +680,71 @@ mod tests {
             let e = RestClient::new(c(bad)).unwrap_err();
             assert!(!e.retryable(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_unknown_node_is_told_from_an_unreachable_slurmctld() {
+        // (answer body, node asked for, unknown?) as 24.11 / 26.05 answered.
+        let unknown = br#"{"errors": [{"description": "Failure to query node nope", "error_number": 0, "error": "No error", "source": "_dump_nodes"}], "warnings": []}"#;
+        let unreachable = br#"{"errors": [{"description": "Failure to query node nope", "error_number": 1800, "error": "Unable to contact slurm controller (connect failure)", "source": "_dump_nodes"}]}"#;
+        let listed = br#"{"nodes": [], "errors": [{"description": "Failure to query node nope", "error_number": 0}]}"#;
+        let rows: &[(&[u8], &str, bool)] = &[
+            (unknown, "nope", true),
+            (unknown, "other", false),
+            (unreachable, "nope", false),
+            (listed, "nope", false),
+            (br#"{"errors": []}"#, "nope", false),
+            (b"not json", "nope", false),
+        ];
+        for (body, name, want) in rows {
+            assert_eq!(
+                unknown_node_answer(body, name),
+                *want,
+                "{name}: {}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn an_unchanged_answer_is_told_from_an_empty_list() {
+        // (answer body, unchanged?) as 24.11 / 26.05 answered, and lookalikes.
+        let rows: &[(&str, bool)] = &[
+            (
+                r#"{"jobs": [], "last_update": {"set": true, "infinite": false, "number": 0},
+                    "warnings": [{"description": "No job changes since update_time[1796057757]=2026-11-30T16:55:57", "source": "op_handler_jobs"}], "errors": []}"#,
+                true,
+            ),
+            (
+                r#"{"jobs": [], "last_update": {"set": true, "number": 0}}"#,
+                true,
+            ),
+            (r#"{"jobs": [], "last_update": 0}"#, true),
+            // A real, empty list: it has a last change time.
+            (
+                r#"{"jobs": [], "last_update": {"set": true, "infinite": false, "number": 1796057756}, "warnings": []}"#,
+                false,
+            ),
+            (r#"{"jobs": []}"#, false),
+            (
+                r#"{"jobs": [{"job_id": 1}], "last_update": {"number": 0}, "warnings": [{"description": "No job changes since update_time[1]"}]}"#,
+                false,
+            ),
+            (
+                r#"{"nodes": [], "warnings": [{"description": "something else"}]}"#,
+                false,
+            ),
+            ("", false),
+        ];
+        for (body, want) in rows {
+            assert_eq!(unchanged_answer(body.as_bytes()), *want, "{body}");
+        }
+        assert!(update_time_rejected(
+            br##"{"errors": [{"description": "Parsing of 1796057780 for timestamp failed", "error_number": 9202, "source": "#/update_time/"}]}"##
+        ));
+        assert!(!update_time_rejected(
+            br#"{"errors": [{"source": "_dump_nodes"}]}"#
+        ));
     }
 
     #[test]

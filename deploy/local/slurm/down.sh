@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Stop what deploy/local/slurm/up.sh started (by its pid files). Idempotent.
+# Stop what deploy/local/slurm/up.sh started (by its pid files) and unmount
+# what it mounted in a Debian root (24.11, 26.05), also after a failed up.sh.
+# Idempotent. Takes the same LOCKSTEP_SLURM_VERSION (and state dir) as up.sh.
 # --purge also deletes the state dir (config, keys, spool, logs, token).
 set -euo pipefail
 
-STATE="${LOCKSTEP_SLURM_STATE_DIR:-${LOCKSTEP_STATE_DIR:-/tmp/lockstep-local}/slurm}"
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Never at the same time as up.sh on the same state dir (see up.sh).
 if [[ -d "$STATE" && "${LOCKSTEP_SLURM_LOCKED:-}" != "$STATE" ]]; then
@@ -39,7 +42,7 @@ stop() {
     [[ -f "$f" ]] || continue
     pid="$(tr -dc '0-9' <"$f")"
     if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null &&
-      [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$prog" ]]; then
+      is_daemon "$pid" "$prog"; then
       log "stopping $(basename "$f" .pid) (pid $pid)"
       kill -TERM "$pid" 2>/dev/null || true
       pids+=("$pid")
@@ -63,18 +66,36 @@ alive() { # pidfile prog
   [[ -s "$1" ]] || return 1
   pid="$(tr -dc '0-9' <"$1")"
   [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null &&
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]]
+    is_daemon "$pid" "$2"
+}
+
+# The root up.sh used (it wrote it down before mounting anything).
+ROOT=""
+if [[ -s "$STATE/root" ]]; then
+  ROOT="$(cat "$STATE/root")"
+elif [[ "$SLURM_VERSION" != 22.05 ]]; then
+  ROOT="$(slurm_root_path)"
+fi
+# This cluster's client programs (up.sh's wrappers run the right version).
+cli() { # program args...
+  local p="$1"
+  shift
+  if [[ -x "$STATE/bin/$p" ]]; then
+    "$STATE/bin/$p" "$@"
+  else
+    SLURM_CONF="$CONF" "$p" "$@"
+  fi
 }
 
 # Cancel this cluster's jobs first, so no slurmstepd or job process outlives
 # its slurmd.
 if [[ -d "$RUN" ]] && alive "$RUN/slurmctld.pid" slurmctld && [[ -f "$CONF" ]]; then
-  mapfile -t jobs < <(SLURM_CONF="$CONF" squeue -h -o %A 2>/dev/null || true)
+  mapfile -t jobs < <(cli squeue -h -o %A 2>/dev/null || true)
   if ((${#jobs[@]} > 0)); then
     log "cancelling ${#jobs[@]} job(s)"
-    SLURM_CONF="$CONF" scancel "${jobs[@]}" 2>/dev/null || true
+    cli scancel "${jobs[@]}" 2>/dev/null || true
     for ((t = 0; t < 15; t++)); do
-      [[ -z "$(SLURM_CONF="$CONF" squeue -h -t running,completing -o %A 2>/dev/null)" ]] && break
+      [[ -z "$(cli squeue -h -t running,completing -o %A 2>/dev/null)" ]] && break
       sleep 1
     done
   fi
@@ -87,18 +108,33 @@ if [[ -d "$RUN" ]]; then
   stop munged "$RUN/munged.pid"
 fi
 
-# Leftovers of jobs of this cluster: slurmstepd (it inherits SLURM_CONF from
-# the slurmd that up.sh started) and job processes (SLURM_JOB_ID + SLURM_CONF).
+# Leftovers of this cluster: slurmstepd (it inherits SLURM_CONF from the
+# slurmd that up.sh started), job processes (SLURM_JOB_ID + SLURM_CONF), and
+# daemons whose pid file is gone (a daemon that lost its pid file, an up.sh
+# that died between starting a daemon and writing its pid file). Never the
+# caller's shell, which may have sourced env.sh: only these programs or jobs.
 for p in /proc/[0-9]*; do
   pid="${p#/proc/}"
   [[ "$pid" == "$$" ]] && continue
   { env_of="$(tr '\0' '\n' <"$p/environ")" && comm="$(cat "$p/comm")"; } 2>/dev/null || continue
   grep -qxF "SLURM_CONF=$CONF" <<<"$env_of" || continue
-  if [[ "$comm" == slurmstepd ]] || grep -q '^SLURM_JOB_ID=' <<<"$env_of"; then
-    log "killing leftover $comm (pid $pid)"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
+  case "$comm" in
+  slurmstepd | slurmscriptd | slurmctld | slurmctld-wlm | slurmd | slurmd-wlm | slurmrestd | munged) ;;
+  *) grep -q '^SLURM_JOB_ID=' <<<"$env_of" || continue ;;
+  esac
+  log "killing leftover $comm (pid $pid)"
+  kill -KILL "$pid" 2>/dev/null || true
 done
+
+# The mounts in the root: this state dir's, and proc, dev and sys once no
+# other cluster of this version uses the root.
+if [[ -n "$ROOT" && -d "$ROOT" ]]; then
+  unmount_root "$ROOT" "$STATE"
+  if is_mounted "$ROOT$STATE"; then
+    log "ERROR: $ROOT$STATE is still mounted"
+    exit 1
+  fi
+fi
 
 if ((PURGE)) && [[ -d "$STATE" ]]; then
   log "removing $STATE"
