@@ -5,6 +5,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod outfile;
 pub mod render;
 pub mod service;
 pub mod telemetry;

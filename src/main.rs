@@ -309,10 +309,10 @@ async fn export(
     }
     let log = lockstep::service::open_log(&cfg).await?;
     let records = commands::log_records(&log, from, to).await?;
-    let file =
-        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let file = lockstep::outfile::OutFile::create(output)?;
     let written_by = concat!("lockstep ", env!("CARGO_PKG_VERSION"));
-    let mut writer = LogWriter::new(BufWriter::new(file), Format::from_path(output), written_by)?;
+    let mut writer = LogWriter::new(file, Format::from_path(output), written_by)
+        .with_context(|| format!("writing {}", output.display()))?;
     let (mut events, mut actions) = (0u64, 0u64);
     for rec in records.iter().skip(1) {
         match rec {
@@ -320,9 +320,11 @@ async fn export(
             lockstep_schemas::Record::Action(_) => actions += 1,
             lockstep_schemas::Record::Header(_) => continue,
         }
-        writer.write(rec)?;
+        writer
+            .write(rec)
+            .with_context(|| format!("writing {}", output.display()))?;
     }
-    writer.finish()?;
+    finish(writer, output)?;
     eprintln!(
         "exported {events} events and {actions} actions to {}",
         output.display()
@@ -363,7 +365,10 @@ fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCod
 }
 
 fn open(path: &Path) -> Result<log::LogReader<std::io::BufReader<std::fs::File>>> {
-    log::open(path).with_context(|| format!("opening log {}", path.display()))
+    let name = path.display().to_string();
+    Ok(log::open(path)
+        .with_context(|| format!("opening log {}", path.display()))?
+        .on_warning(move |w| eprintln!("warning: {name}: {w}")))
 }
 
 /// Where a replay or audit reads its records.
@@ -471,20 +476,54 @@ fn replay(source: &Source, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode
 
 fn convert(input: &Path, output: &Path) -> Result<ExitCode> {
     let reader = open(input)?;
-    let file =
-        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    // Written next to the output and renamed over it at the end: converting
+    // a file onto itself reads all of it first, and a failure on the way
+    // leaves the output as it was.
+    let file = lockstep::outfile::OutFile::create(output)?;
     let written_by = concat!("lockstep ", env!("CARGO_PKG_VERSION"));
-    let mut writer = LogWriter::new(BufWriter::new(file), Format::from_path(output), written_by)?;
+    let mut writer = LogWriter::new(file, Format::from_path(output), written_by)
+        .with_context(|| format!("writing {}", output.display()))?;
     let mut n = 0u64;
     for rec in reader {
-        let rec = rec.with_context(|| format!("reading {}", input.display()))?;
-        if matches!(rec, lockstep_schemas::Record::Header(_)) {
+        let rec = rec.with_context(|| {
+            format!(
+                "reading {}; {} was not written",
+                input.display(),
+                output.display()
+            )
+        })?;
+        if let lockstep_schemas::Record::Header(h) = &rec {
+            // Decoding drops the fields this build does not know; written
+            // again, those events would no longer match their ids.
+            let ours = (lockstep_schemas::SCHEMA_VERSION, log::SCHEMA_MINOR);
+            if (h.schema_version, h.schema_minor) > ours {
+                anyhow::bail!(
+                    "{} was written by `{}` with schema version {}.{}, newer than this lockstep's {}.{}: converting it would drop the fields this build does not know; convert it with that lockstep or a newer one",
+                    input.display(),
+                    h.written_by,
+                    h.schema_version,
+                    h.schema_minor,
+                    ours.0,
+                    ours.1
+                );
+            }
             continue;
         }
-        writer.write(&rec)?;
+        writer
+            .write(&rec)
+            .with_context(|| format!("writing {}", output.display()))?;
         n += 1;
     }
-    writer.finish()?;
+    finish(writer, output)?;
     eprintln!("wrote {n} records to {}", output.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Flushes a log writer and puts its file in place of the target.
+fn finish(writer: LogWriter<lockstep::outfile::OutFile>, output: &Path) -> Result<()> {
+    let file = writer
+        .finish()
+        .with_context(|| format!("writing {}", output.display()))?;
+    file.commit()?;
+    Ok(())
 }

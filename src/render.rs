@@ -10,8 +10,16 @@ use lockstep_engine::Transition;
 use lockstep_schemas::{EventRecord, IssuedAction};
 use serde::Serialize;
 
-/// RFC 3339 UTC with milliseconds.
+/// The last instant RFC 3339 can write (9999-12-31T23:59:59.999Z), in ms
+/// since the Unix epoch.
+pub const RFC3339_MS_MAX: u64 = 253_402_300_799_999;
+
+/// RFC 3339 UTC with milliseconds. A time past year 9999 (a damaged or
+/// hand-made log; RFC 3339 has four-digit years) is shown as its raw value.
 pub fn time(ms: u64) -> String {
+    if ms > RFC3339_MS_MAX {
+        return format!("{ms} ms since the Unix epoch (past year 9999)");
+    }
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
@@ -154,4 +162,29 @@ pub fn audit(node: &str, entries: &[AuditEntry]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_time_renders_without_panicking() {
+        // (ms since the epoch, rendering)
+        for (ms, want) in [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1_772_334_000_123, "2026-03-01T03:00:00.123Z"),
+            (RFC3339_MS_MAX, "9999-12-31T23:59:59.999Z"),
+            (
+                RFC3339_MS_MAX + 1,
+                "253402300800000 ms since the Unix epoch (past year 9999)",
+            ),
+            (
+                u64::MAX,
+                "18446744073709551615 ms since the Unix epoch (past year 9999)",
+            ),
+        ] {
+            assert_eq!(time(ms), want, "{ms}");
+        }
+    }
 }

@@ -249,3 +249,234 @@ fn bad_run_configurations_are_refused_at_start_with_the_reason() {
 fn text_of(out: &Output) -> String {
     format!("{}{}", text(&out.stdout), text(&out.stderr))
 }
+
+fn compat_log() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("replay-tests/compat/0.1.0-2026-11-30.jsonl")
+}
+
+/// The summary line `replay` prints on stderr.
+fn summary(out: &Output) -> String {
+    text(&out.stderr)
+        .lines()
+        .find(|l| l.contains("state hash"))
+        .unwrap_or_else(|| panic!("no summary in {}", text(&out.stderr)))
+        .to_owned()
+}
+
+#[test]
+fn converting_a_log_onto_itself_loses_nothing() {
+    // Larger than any read buffer (64 KiB), so that writing the output
+    // while the input is still being read would show.
+    let original = compat_log();
+    assert!(std::fs::metadata(&original).unwrap().len() > 1 << 16);
+    let before = lockstep(&["replay", "--verify", original.to_str().unwrap()]);
+    assert!(before.status.success(), "{}", text(&before.stderr));
+    for name in ["in-place.jsonl", "in-place.msgpack"] {
+        let path = tmp(name);
+        std::fs::copy(&original, &path).unwrap();
+        if name.ends_with(".msgpack") {
+            // A MessagePack file with a .msgpack name, converted onto itself.
+            let json = tmp("in-place-src.jsonl");
+            std::fs::copy(&original, &json).unwrap();
+            let out = lockstep(&["convert", json.to_str().unwrap(), path.to_str().unwrap()]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+        let p = path.to_str().unwrap();
+        let out = lockstep(&["convert", p, p]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        let after = lockstep(&["replay", "--verify", p]);
+        assert!(after.status.success(), "{name}: {}", text(&after.stderr));
+        assert_eq!(after.stdout, before.stdout, "{name}: the same timeline");
+        assert_eq!(summary(&after), summary(&before), "{name}");
+        let dir = path.parent().unwrap();
+        let leftovers: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
+
+#[test]
+fn a_failed_convert_leaves_the_output_as_it_was() {
+    let src = std::fs::read_to_string(incident("pod-evicted.jsonl")).unwrap();
+    let damaged = tmp("damaged.jsonl");
+    std::fs::write(&damaged, &src[..src.len() - 40]).unwrap();
+    let output = tmp("precious.jsonl");
+    std::fs::write(&output, "precious").unwrap();
+    let out = lockstep(&[
+        "convert",
+        damaged.to_str().unwrap(),
+        output.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("was not written"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "precious");
+    // A target a rename would destroy is refused, and named.
+    let out = lockstep(&["convert", damaged.to_str().unwrap(), "/dev/null"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("refusing to write /dev/null: it is a device, not a regular file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn json_lines_with_a_byte_order_mark_and_leading_blank_lines_replay() {
+    let src = std::fs::read(incident("pod-evicted.jsonl")).unwrap();
+    let plain = lockstep(&["replay", incident("pod-evicted.jsonl").to_str().unwrap()]);
+    for prefix in [&b"\xef\xbb\xbf"[..], b"\n \n", b"\xef\xbb\xbf\r\n"] {
+        let mut bytes = prefix.to_vec();
+        bytes.extend_from_slice(&src);
+        let path = tmp("bom.jsonl");
+        std::fs::write(&path, bytes).unwrap();
+        let out = lockstep(&["replay", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{prefix:?}: {}", text(&out.stderr));
+        assert_eq!(out.stdout, plain.stdout, "{prefix:?}");
+    }
+}
+
+#[test]
+fn an_endless_input_is_an_error_not_an_out_of_memory_kill() {
+    // /dev/zero, and endless text with no newline.
+    let yes = tmp("endless-text.fifo");
+    for input in ["/dev/zero", "text"] {
+        let path = if input == "text" {
+            // A file bigger than the record bound, with no newline.
+            let f = std::fs::File::create(&yes).unwrap();
+            f.set_len(17 << 20).unwrap();
+            drop(f);
+            let mut bytes = std::fs::read(&yes).unwrap();
+            bytes.iter_mut().for_each(|b| *b = b'x');
+            std::fs::write(&yes, bytes).unwrap();
+            yes.to_str().unwrap().to_owned()
+        } else {
+            input.to_owned()
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(["replay", &path])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("lockstep replay {input} still reads after 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(2), "{input}: {err}");
+        let says = if input == "text" {
+            "line 1: record larger than 16 MiB"
+        } else {
+            "byte offset 0"
+        };
+        assert!(err.contains(says), "{input}: {err}");
+    }
+    let _ = std::fs::remove_file(yes);
+}
+
+/// A copy of an incident whose events from `from_seq` on happen at `time_ms`.
+fn with_times(name: &str, from_seq: u64, time_ms: u64) -> PathBuf {
+    let src = std::fs::read_to_string(incident(name)).unwrap();
+    let mut out = String::new();
+    for line in src.lines() {
+        let mut line = line.to_owned();
+        if line.starts_with("{\"event\"") || line.starts_with("{\"action\"") {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let rec = v.get("event").or_else(|| v.get("action")).unwrap();
+            let (seq, old) = (
+                rec["seq"].as_u64().unwrap(),
+                rec["time_ms"].as_u64().unwrap(),
+            );
+            if seq >= from_seq {
+                // Edit in place: the keys keep their order.
+                line = line.replacen(
+                    &format!("\"time_ms\":{old}"),
+                    &format!("\"time_ms\":{time_ms}"),
+                    1,
+                );
+            }
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let path = tmp(&format!("late-{name}"));
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+#[test]
+fn times_past_year_9999_are_shown_raw_not_a_crash() {
+    // 10000-01-01T00:00:00Z and later.
+    let late = 253_402_300_800_000u64;
+    let log = with_times("not-ready-grace.jsonl", 12, late);
+    let out = lockstep(&["replay", log.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let timeline = text(&out.stdout);
+    assert!(
+        timeline.contains(&format!(
+            "{late} ms since the Unix epoch (past year 9999)  seq 23 "
+        )),
+        "{timeline}"
+    );
+    let out = lockstep(&["audit", "n2", "--log", log.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("ms since the Unix epoch (past year 9999)"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+fn with_header(name: &str, header: &str) -> PathBuf {
+    let src = std::fs::read_to_string(incident(name)).unwrap();
+    let rest = src.split_once('\n').unwrap().1;
+    let path = tmp(&format!("header-{name}"));
+    std::fs::write(&path, format!("{header}\n{rest}")).unwrap();
+    path
+}
+
+#[test]
+fn another_schema_version_in_the_header_is_named() {
+    // A newer minor version: read, with a warning.
+    let log = with_header(
+        "pod-evicted.jsonl",
+        r#"{"header":{"format":"lockstep-log","schema_version":1,"schema_minor":7,"written_by":"lockstep 1.9.0"}}"#,
+    );
+    let out = lockstep(&["replay", log.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("warning: ")
+            && err.contains("written by `lockstep 1.9.0` with schema version 1.7"),
+        "{err}"
+    );
+    // A newer major version: refused, naming both versions.
+    let log = with_header(
+        "pod-evicted.jsonl",
+        r#"{"header":{"format":"lockstep-log","schema_version":2,"written_by":"lockstep 2.0.0"}}"#,
+    );
+    let out = lockstep(&["replay", log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("line 1: the log was written by `lockstep 2.0.0` with schema version 2.0, newer than the 1.0 this lockstep reads; upgrade lockstep"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing replayed");
+}
