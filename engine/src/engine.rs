@@ -459,13 +459,14 @@ impl Engine {
                 | Event::KubePodGone { .. }
                 | Event::KubeScaleTargetGone { .. }
         );
+        if held.is_none() && stale::buried(version, self.tombstones.version(&key, now_ms)) {
+            // Deleted since: an observation, or an older deletion, of it.
+            return true;
+        }
         if gone {
             self.tombstones
                 .bury(key, version.max(held.unwrap_or(0)), now_ms);
         } else if held.is_none() {
-            if stale::buried(version, self.tombstones.version(&key, now_ms)) {
-                return true;
-            }
             self.tombstones.lift(&key);
         }
         false

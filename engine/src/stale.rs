@@ -95,9 +95,10 @@ impl Tombstones {
     }
 
     /// Records that `key` was deleted at `version` (0: nothing is known, and
-    /// nothing is recorded).
+    /// nothing is recorded). A tombstone never goes back to an older version.
     pub fn bury(&mut self, key: ObjectKey, version: u64, now_ms: u64) {
-        if version == 0 {
+        let known = self.version(&key, now_ms).unwrap_or(0);
+        if version == 0 || version <= known {
             return;
         }
         self.lift(&key);
@@ -175,6 +176,8 @@ mod tests {
         assert!(t.is_empty(), "version 0 leaves no tombstone");
         t.bury(k(1), 7, 1_000);
         assert_eq!(t.version(&k(1), 1_000), Some(7));
+        t.bury(k(1), 5, 1_000);
+        assert_eq!(t.version(&k(1), 1_000), Some(7), "an older deletion changes nothing");
         assert_eq!(t.version(&k(1), 1_000 + TOMBSTONE_AGE_MS_MAX), None);
         t.lift(&k(1));
         assert!(t.is_empty());
