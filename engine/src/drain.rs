@@ -6,7 +6,7 @@
 //! | 1   | the Kubernetes node is cordoned              | `drain.cordon`     |
 //! | 2   | the pod is being deleted                     | `drain.pod_deleting` |
 //! | 3   | the pod is evicted (DisruptionTarget=True)   | `drain.pod_evicted` |
-//! | 4   | pod mode, row 2, 3 or 4 held before and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
+//! | 4   | pod mode, row 2, 3 or 4 held before (or the pod went without a `deleting` phase: a force delete, a relist that no longer lists it) and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
 //!
 //! Health rows follow in `health`. The first row that holds names the drain.
 //! A drain is lockstep's own when its reason starts with the policy's reason
@@ -47,6 +47,14 @@ impl Cause {
             Self::ScaleIn => Rule::ScaleIn,
             Self::Replace => Rule::Replace,
         }
+    }
+
+    /// The slurmd pod is being lost or is gone (rows 2-4).
+    pub fn is_pod_loss(&self) -> bool {
+        matches!(
+            self,
+            Self::PodDeleting | Self::PodEvicted | Self::PodMissing
+        )
     }
 
     /// Health causes are rate-bounded and damped; drain causes are operator
@@ -95,12 +103,7 @@ pub(crate) fn causes(
             }
         } else if mode == MappingMode::Pod
             && !pod.is_some_and(KubePod::running_and_ready)
-            && previous.iter().any(|c| {
-                matches!(
-                    c,
-                    Cause::PodDeleting | Cause::PodEvicted | Cause::PodMissing
-                )
-            })
+            && previous.iter().any(Cause::is_pod_loss)
         {
             // A replacement that is Pending, or Running but not Ready, does
             // not serve yet: slurmd in it may not even have started.

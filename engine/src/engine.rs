@@ -657,7 +657,7 @@ impl Engine {
             Event::KubePodGone {
                 namespace, name, ..
             } => {
-                self.remove_pod(&pod_key(namespace, name));
+                self.remove_pod(&pod_key(namespace, name), ctx);
                 self.scaling_needs_scan(ctx.now_ms);
             }
             Event::KubeScaleTarget(t) => {
@@ -687,7 +687,7 @@ impl Engine {
                 s.gen += 1;
                 s.listing = true;
             }
-            Event::SyncDone { domain } => self.finish_sync(*domain),
+            Event::SyncDone { domain } => self.finish_sync(*domain, ctx),
             Event::ConnectorStatus {
                 connector, visible, ..
             } => {
@@ -737,7 +737,9 @@ impl Engine {
         }
     }
 
-    fn remove_pod(&mut self, key: &str) {
+    /// Forgets a pod that is gone, however it went (a delete observed from
+    /// its start, a force delete, a relist that no longer lists it).
+    fn remove_pod(&mut self, key: &str, ctx: &Ctx<'_>) {
         if let Some(entry) = self.model.pods.get(key) {
             let pod = entry.obs.clone();
             self.unindex_pod(key, &pod);
@@ -746,7 +748,38 @@ impl Engine {
                     self.park(slot);
                 }
             }
+            self.note_pod_lost(&pod, ctx);
             self.scaling_needs_scan(self.now_ms);
+        }
+    }
+
+    /// A pod gone without a `deleting` phase seen first (a force delete, a
+    /// delete while the watch was down) is as much a loss as any other: its
+    /// Slurm node's slurmd is gone with it. Drain row 4 (`drain.pod_missing`)
+    /// holds while a pod loss is among the causes before; this makes it one,
+    /// dated by the event that showed the pod gone.
+    fn note_pod_lost(&mut self, pod: &lockstep_schemas::KubePod, ctx: &Ctx<'_>) {
+        let policy = &self.policy;
+        if policy.mapping.mode != lockstep_schemas::MappingMode::Pod
+            || !policy.drain.on_pod_disruption
+        {
+            return;
+        }
+        let Some(slurm) = slurm_name_of_pod(pod, policy) else {
+            return;
+        };
+        let Some(ctl) = self.ctl.get_mut(slurm) else {
+            return;
+        };
+        if !ctl.causes.iter().any(|(c, _)| c.is_pod_loss()) {
+            ctl.causes.push((
+                Cause::PodMissing,
+                Origin {
+                    ms: ctx.now_ms,
+                    seq: ctx.seq,
+                    event: ctx.event.clone(),
+                },
+            ));
         }
     }
 
@@ -876,7 +909,7 @@ impl Engine {
     }
 
     /// Everything of the domain not listed since `SyncStarted` is gone.
-    fn finish_sync(&mut self, domain: Domain) {
+    fn finish_sync(&mut self, domain: Domain, ctx: &Ctx<'_>) {
         let state = self.model.sync[domain_index(domain)];
         if !state.listing {
             // A log cut in the middle of a listing: we did not see its start,
@@ -936,7 +969,7 @@ impl Engine {
                     let v = self.model.pods[&k].obs.version;
                     self.tombstones
                         .bury(ObjectKey::Pod(k.clone()), v, self.now_ms);
-                    self.remove_pod(&k);
+                    self.remove_pod(&k, ctx);
                 }
             }
             Domain::KubeScaleTargets => {

@@ -177,7 +177,11 @@ mod tests {
         t.bury(k(1), 7, 1_000);
         assert_eq!(t.version(&k(1), 1_000), Some(7));
         t.bury(k(1), 5, 1_000);
-        assert_eq!(t.version(&k(1), 1_000), Some(7), "an older deletion changes nothing");
+        assert_eq!(
+            t.version(&k(1), 1_000),
+            Some(7),
+            "an older deletion changes nothing"
+        );
         assert_eq!(t.version(&k(1), 1_000 + TOMBSTONE_AGE_MS_MAX), None);
         t.lift(&k(1));
         assert!(t.is_empty());

@@ -448,6 +448,28 @@ impl Sim {
         self
     }
 
+    /// The pod is deleted while the watch is down: the API server no longer
+    /// has it, and no event says so (a relist will).
+    pub fn forget_pod(&mut self, name: &str) -> &mut Self {
+        self.pods
+            .remove(&format!("slurm/{name}"))
+            .expect("known pod");
+        self
+    }
+
+    /// The pod watcher relists (after a `410 Gone` or a restart): every pod
+    /// the API server has, between `SyncStarted` and `SyncDone`.
+    pub fn relist_pods(&mut self) -> &mut Self {
+        let domain = lockstep_schemas::Domain::KubePods;
+        self.append(Source::Kubernetes, Event::SyncStarted { domain });
+        let pods: Vec<KubePod> = self.pods.values().cloned().collect();
+        for p in pods {
+            self.append(Source::Kubernetes, Event::KubePod(p));
+        }
+        self.append(Source::Kubernetes, Event::SyncDone { domain });
+        self
+    }
+
     fn observe_pod(&mut self, name: &str) -> &mut Self {
         let pod = self.pods[&format!("slurm/{name}")].clone();
         self.append(Source::Kubernetes, Event::KubePod(pod));

@@ -126,6 +126,11 @@ pub const ALL: &[Incident] = &[
         about: "an evicted pod's replacement appears Pending, then Running but not Ready: the drain lifts only when it is Ready",
         build: replacement_pending_keeps_drain,
     },
+    Incident {
+        name: "pod-force-deleted",
+        about: "a slurmd pod force-deleted, and one deleted while the watch was down, drain like any pod loss until a replacement is Ready",
+        build: pod_force_deleted,
+    },
 ];
 
 /// The incident with this name.
@@ -487,5 +492,21 @@ fn replacement_pending_keeps_drain() -> Sim {
     sim.advance_s(20)
         .pod_change("n1", |p| p.ready = true)
         .actuate();
+    sim
+}
+
+fn pod_force_deleted() -> Sim {
+    let mut sim = versioned_cluster(Policy::default(), 3);
+    // `kubectl delete pod --force --grace-period=0`: gone, never deleting.
+    sim.advance_s(30).remove_pod("n1").actuate();
+    sim.advance_s(20).add_pending_pod("n1", "k1").actuate();
+    sim.advance_s(30)
+        .pod_change("n1", |p| p.phase = PodPhase::Running)
+        .pod_change("n1", |p| p.ready = true)
+        .actuate();
+    // n2's pod is deleted while the pod watch is down; the relist finds it gone.
+    sim.advance_s(60).forget_pod("n2");
+    sim.advance_s(30).relist_pods().actuate();
+    sim.advance_s(30).add_pod("n2", "k3").actuate();
     sim
 }

@@ -646,3 +646,33 @@ fn a_replacement_lifts_the_drain_only_once_running_and_ready() {
         .all(|t| t.rule == Rule::PodMissing));
     assert_eq!(sim.phase("n1"), Phase::InService);
 }
+
+#[test]
+fn a_force_deleted_pod_drains_until_its_replacement_is_ready() {
+    let sim = build("pod-force-deleted");
+    for n in ["n1", "n2"] {
+        assert_eq!(
+            drains_of(&sim, n),
+            ["lockstep: slurmd pod gone, waiting for its replacement"],
+            "{n}"
+        );
+        assert_eq!(count(&sim, ActionKind::SlurmResume, n), 1, "{n}");
+        assert_eq!(sim.phase(n), Phase::InService, "{n}");
+    }
+    assert!(drains_of(&sim, "n3").is_empty());
+    // n2 drained on the relist that found its pod missing.
+    let relist_done = event_seq(&sim, |e| {
+        matches!(
+            e,
+            lockstep_schemas::Event::SyncDone {
+                domain: lockstep_schemas::Domain::KubePods
+            }
+        )
+    });
+    let drain = sim
+        .actions
+        .iter()
+        .find(|a| matches!(&a.action, Action::SlurmDrain { node, .. } if node == "n2"))
+        .unwrap();
+    assert_eq!(drain.seq, relist_done);
+}
