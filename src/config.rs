@@ -305,6 +305,10 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
+        let doc: toml::Table =
+            toml::from_str(&text).with_context(|| format!("in config {}", path.display()))?;
+        require_tables(&doc, &Self::every_section(), "")
+            .with_context(|| format!("in config {}", path.display()))?;
         let mut cfg: Config =
             toml::from_str(&text).with_context(|| format!("in config {}", path.display()))?;
         // Relative paths are relative to the config file.
@@ -373,6 +377,18 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The default configuration with every optional section present: the
+    /// shape [`require_tables`] checks a file against.
+    fn every_section() -> toml::Table {
+        let full = Config {
+            kubernetes: Some(KubernetesConfig::default()),
+            slurm: Some(SlurmConfig::default()),
+            leader_election: Some(LeaderElectionConfig::default()),
+            ..Config::default()
+        };
+        toml::Table::try_from(full).expect("the configuration is TOML")
+    }
+
     /// Stream limits for JetStream.
     pub fn stream_limits(&self) -> lockstep_store::StreamLimits {
         lockstep_store::StreamLimits {
@@ -382,6 +398,26 @@ impl Config {
             replicas: self.log.replicas,
         }
     }
+}
+
+/// Every section of the configuration must be a table: serde's derived
+/// deserializers also take an array, its items as the fields in order
+/// (`log = ["nats://x", 120]`).
+fn require_tables(doc: &toml::Table, shape: &toml::Table, prefix: &str) -> Result<()> {
+    for (key, want) in shape {
+        let (Some(want), Some(got)) = (want.as_table(), doc.get(key)) else {
+            continue;
+        };
+        let field = format!("{prefix}{key}");
+        match got.as_table() {
+            Some(got) => require_tables(got, want, &format!("{field}."))?,
+            None => anyhow::bail!(
+                "{field}: expected a table of named fields, found {}",
+                got.type_str()
+            ),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -229,6 +229,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Convert { input, output } => convert(&input, &output),
         Command::Run { config } => {
             let cfg = load_config(config.as_deref())?;
+            // Refused at start, by field, on every replica: not only once
+            // this one leads and appends it to the log.
+            if let Some(path) = &cfg.policy_file {
+                commands::read_policy(path)?;
+            }
             lockstep::telemetry::init_logging(cfg.telemetry.log_format);
             let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
             rt.block_on(lockstep::service::run(cfg, shutdown_signal()))?;

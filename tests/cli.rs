@@ -10,6 +10,27 @@ fn lockstep(args: &[&str]) -> Output {
         .expect("lockstep runs")
 }
 
+/// Runs lockstep, killing it if it has not ended within `limit` (a
+/// configuration that should be refused at start may instead start).
+fn lockstep_within(args: &[&str], limit: std::time::Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lockstep runs");
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn incident(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("replay-tests/incidents/{name}"))
 }
@@ -226,6 +247,12 @@ fn policy_default_is_a_valid_policy() {
 fn bad_run_configurations_are_refused_at_start_with_the_reason() {
     let dir = tmp("bad-run-config");
     std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("policy.json"),
+        r#"{"scaling": {"targets": [{"target": {"group": "apps", "kind": "StatefulSet", "namespace": "slurm", "name": "gpu"}, "partition": "batch", "max_replicas": 4, "idle_before_scale_down_s": 18446744073709551615}]}}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.join("list.json"), "[{}, {}]").unwrap();
     for (text, says) in [
         (
             "[leader_election]\n",
@@ -236,10 +263,31 @@ fn bad_run_configurations_are_refused_at_start_with_the_reason() {
             "retry_period_ms < renew_deadline_ms < lease_duration_ms",
         ),
         ("[leader_election]\nlease = \"x\"\n", "unknown field `lease`"),
+        // Sections given as arrays would be taken field by field in order.
+        (
+            "log = [\"nats://127.0.0.1:1\", 120]\n",
+            "log: expected a table of named fields, found array",
+        ),
+        (
+            "service = { batch_max = 1 }\nslurm = [\"http://127.0.0.1:1\"]\n",
+            "slurm: expected a table of named fields, found array",
+        ),
+        // The policy file is checked before anything starts.
+        (
+            "policy_file = \"policy.json\"\n",
+            "scaling.targets[0].idle_before_scale_down_s: 18446744073709551615 is more than the largest allowed value",
+        ),
+        (
+            "policy_file = \"list.json\"\n",
+            "invalid policy: (document): expected a map of named fields, found a list",
+        ),
     ] {
         let config = dir.join("lockstep.toml");
         std::fs::write(&config, text).unwrap();
-        let out = lockstep(&["run", "--config", config.to_str().unwrap()]);
+        let out = lockstep_within(
+            &["run", "--config", config.to_str().unwrap()],
+            std::time::Duration::from_secs(30),
+        );
         assert!(!out.status.success(), "{text} was accepted");
         assert!(text_of(&out).contains(says), "{text}: {}", text_of(&out));
     }

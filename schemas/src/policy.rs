@@ -346,71 +346,335 @@ const fn default_max_unavailable() -> u32 {
     1
 }
 
-/// Errors from reading a policy document.
+/// Errors from reading a policy document. Each names the field at fault by
+/// its path in the document, e.g. `scaling.targets[0].idle_before_scale_down_s`.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// The document is not a valid policy (syntax, unknown field, bad value).
     #[error("invalid policy: {0}")]
     Invalid(#[source] serde_json::Error),
+    /// The document, or a section of it, is not a map of named fields
+    /// (serde would otherwise take a list's items as the fields in order).
+    #[error("invalid policy: {field}: expected a map of named fields, found {found}")]
+    NotAMap {
+        /// Where: the field path, or `(document)` for the whole document.
+        field: String,
+        /// What was found instead.
+        found: &'static str,
+    },
     /// A value is out of range.
-    #[error("invalid policy: {0}")]
-    Range(String),
+    #[error("invalid policy: {field}: {reason}")]
+    Range {
+        /// The field path.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
+
+/// The longest duration any `*_s` field may hold: 100 years, in seconds.
+/// Log time is ms since the Unix epoch in a u64; a duration up to this bound,
+/// in ms, added to any log time of the next thousands of years, cannot
+/// overflow, so "never" is spelt as a large value that means it, not one
+/// that wraps to "in 10 s".
+pub const DURATION_S_MAX: u64 = 100 * 36_525 * 864; // 100 * 365.25 days
+
+/// The largest value of any count (replicas, attempts, rates, bounds).
+pub const COUNT_MAX: u64 = 1_000_000;
 
 impl Policy {
     /// Parses a JSON policy document and checks its values.
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
+        // A document that is valid JSON must have a map wherever the policy
+        // has a section. (Invalid JSON gets serde's positioned message below.)
+        if let Ok(doc) = serde_json::from_str::<serde_json::Value>(text) {
+            let schema = serde_json::to_value(schemars::schema_for!(Policy))
+                .expect("the policy schema is JSON");
+            require_maps(&doc, &schema, &schema, &FieldPath::root())?;
+        }
         let policy: Policy = serde_json::from_str(text).map_err(PolicyError::Invalid)?;
         policy.validate()?;
         Ok(policy)
     }
 
-    /// Checks values serde cannot.
+    /// Checks values serde cannot. Every policy that is loaded (a policy
+    /// file, the policy `lockstep run` starts with, each `PolicyChanged` the
+    /// service appends) passes through here; policies already in a log are
+    /// not checked again, so old logs replay as they were.
+    ///
+    /// Every integer field is bounded by its name, so a field added later is
+    /// covered too: `*_s` by [`DURATION_S_MAX`], `*_ms` by the same in ms,
+    /// every other integer (a count) by [`COUNT_MAX`].
     pub fn validate(&self) -> Result<(), PolicyError> {
-        let range = |what: &str| Err(PolicyError::Range(what.to_owned()));
+        let doc = serde_json::to_value(self).expect("a policy is JSON");
+        check_bounds(&doc, &FieldPath::root())?;
+        let range = |field: &str, reason: &str| {
+            Err(PolicyError::Range {
+                field: field.to_owned(),
+                reason: reason.to_owned(),
+            })
+        };
         if self.drain.reason_prefix.trim().is_empty() {
             return range(
-                "drain.reason_prefix must not be empty: it is how lockstep knows its own drains",
+                "drain.reason_prefix",
+                "must not be empty: it is how lockstep knows its own drains",
             );
         }
         if self.actions.attempts_max == 0 {
-            return range("actions.attempts_max must be at least 1");
+            return range("actions.attempts_max", "must be at least 1");
         }
         if self.actions.timeout_s == 0 {
-            return range("actions.timeout_s must be at least 1");
+            return range("actions.timeout_s", "must be at least 1");
         }
         if self.actions.retry_backoff_initial_s > self.actions.retry_backoff_max_s {
             return range(
-                "actions.retry_backoff_initial_s must not exceed actions.retry_backoff_max_s",
+                "actions.retry_backoff_initial_s",
+                "must not exceed actions.retry_backoff_max_s",
             );
         }
         if self.health.drains_per_minute_max == 0 {
-            return range("health.drains_per_minute_max must be at least 1");
+            return range("health.drains_per_minute_max", "must be at least 1");
         }
-        for rule in &self.scaling.targets {
+        for (i, rule) in self.scaling.targets.iter().enumerate() {
             if rule.min_replicas > rule.max_replicas {
-                return Err(PolicyError::Range(format!(
-                    "scaling target {}: min_replicas {} exceeds max_replicas {}",
-                    rule.target, rule.min_replicas, rule.max_replicas
-                )));
+                return Err(PolicyError::Range {
+                    field: format!("scaling.targets[{i}].min_replicas"),
+                    reason: format!(
+                        "{} exceeds max_replicas {} (target {})",
+                        rule.min_replicas, rule.max_replicas, rule.target
+                    ),
+                });
             }
             if rule.max_unavailable == 0 {
-                return Err(PolicyError::Range(format!(
-                    "scaling target {}: max_unavailable must be at least 1",
-                    rule.target
-                )));
+                return Err(PolicyError::Range {
+                    field: format!("scaling.targets[{i}].max_unavailable"),
+                    reason: format!("must be at least 1 (target {})", rule.target),
+                });
             }
         }
         if self.topology.unit_label.is_some()
             && !crate::policy::valid_topology_token(&self.topology.topology_name)
         {
-            return range("topology.topology_name must be a non-empty name of letters, digits, '-', '_' or '.'");
+            return range(
+                "topology.topology_name",
+                "must be a non-empty name of letters, digits, '-', '_' or '.'",
+            );
         }
         if self.mapping.mode == MappingMode::Pod && self.mapping.pod_selector.trim().is_empty() {
-            return range("mapping.pod_selector must not be empty in pod mode");
+            return range("mapping.pod_selector", "must not be empty in pod mode");
         }
         Ok(())
     }
+}
+
+/// A field's path in a policy document, for messages.
+struct FieldPath(String);
+
+impl FieldPath {
+    fn root() -> Self {
+        Self(String::new())
+    }
+
+    fn key(&self, key: &str) -> Self {
+        if self.0.is_empty() {
+            Self(key.to_owned())
+        } else {
+            Self(format!("{}.{key}", self.0))
+        }
+    }
+
+    fn index(&self, i: usize) -> Self {
+        Self(format!("{}[{i}]", self.0))
+    }
+
+    fn name(&self) -> String {
+        if self.0.is_empty() {
+            "(document)".to_owned()
+        } else {
+            self.0.clone()
+        }
+    }
+
+    /// The last key: what the field is called.
+    fn last_key(&self) -> &str {
+        let tail = self.0.rsplit('.').next().unwrap_or("");
+        tail.split('[').next().unwrap_or(tail)
+    }
+}
+
+/// Wherever the policy's JSON Schema says a value is an object (a section, a
+/// scale rule, a taint), the document must have a map: serde's derived
+/// deserializers also take a list, its items as the fields in order.
+fn require_maps(
+    value: &serde_json::Value,
+    schema: &serde_json::Value,
+    root: &serde_json::Value,
+    path: &FieldPath,
+) -> Result<(), PolicyError> {
+    use serde_json::Value;
+    let schema = resolve(schema, root);
+    let alternatives = schema
+        .get("anyOf")
+        .or_else(|| schema.get("oneOf"))
+        .and_then(Value::as_array);
+    if let Some(alternatives) = alternatives {
+        if value.is_null() {
+            return Ok(());
+        }
+        // The alternatives whose type admits the value decide; if none
+        // does and one of them is a map, the value should have been one.
+        let mut wants_map = false;
+        let mut first_err = None;
+        for alt in alternatives {
+            let alt = resolve(alt, root);
+            let types = schema_types(alt);
+            wants_map |= types.contains(&"object");
+            if !types.is_empty() && !types.iter().any(|t| admits(t, value)) {
+                continue;
+            }
+            match require_maps(value, alt, root, path) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        return match first_err {
+            Some(e) => Err(e),
+            None if wants_map => Err(PolicyError::NotAMap {
+                field: path.name(),
+                found: json_kind(value),
+            }),
+            None => Ok(()),
+        };
+    }
+    let types = schema_types(schema);
+    if types.contains(&"object") {
+        if value.is_null() && types.contains(&"null") {
+            return Ok(());
+        }
+        let Some(map) = value.as_object() else {
+            return Err(PolicyError::NotAMap {
+                field: path.name(),
+                found: json_kind(value),
+            });
+        };
+        if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+            for (key, sub) in props {
+                if let Some(v) = map.get(key) {
+                    require_maps(v, sub, root, &path.key(key))?;
+                }
+            }
+        }
+    } else if types.contains(&"array") {
+        if let (Some(items), Some(list)) = (schema.get("items"), value.as_array()) {
+            for (i, v) in list.iter().enumerate() {
+                require_maps(v, items, root, &path.index(i))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The JSON types a schema allows; empty: any.
+fn schema_types(schema: &serde_json::Value) -> Vec<&str> {
+    match schema.get("type") {
+        Some(serde_json::Value::String(t)) => vec![t.as_str()],
+        Some(serde_json::Value::Array(ts)) => {
+            ts.iter().filter_map(serde_json::Value::as_str).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Whether JSON Schema type `ty` admits `value`.
+fn admits(ty: &str, value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (ty, value) {
+        ("null", Value::Null)
+        | ("boolean", Value::Bool(_))
+        | ("number", Value::Number(_))
+        | ("string", Value::String(_))
+        | ("array", Value::Array(_))
+        | ("object", Value::Object(_)) => true,
+        ("integer", Value::Number(n)) => n.is_u64() || n.is_i64(),
+        _ => false,
+    }
+}
+
+/// Follows `$ref`s into the schema's `$defs`.
+fn resolve<'a>(
+    mut schema: &'a serde_json::Value,
+    root: &'a serde_json::Value,
+) -> &'a serde_json::Value {
+    // Bounded: a schema's references never go this deep.
+    for _ in 0..16 {
+        let Some(name) = schema
+            .get("$ref")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|r| r.strip_prefix("#/$defs/"))
+        else {
+            break;
+        };
+        match root.get("$defs").and_then(|d| d.get(name)) {
+            Some(def) => schema = def,
+            None => break,
+        }
+    }
+    schema
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a map",
+    }
+}
+
+/// Bounds every integer of the policy by its field's name (see
+/// [`Policy::validate`]).
+fn check_bounds(value: &serde_json::Value, path: &FieldPath) -> Result<(), PolicyError> {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                check_bounds(v, &path.key(key))?;
+            }
+        }
+        Value::Array(list) => {
+            for (i, v) in list.iter().enumerate() {
+                check_bounds(v, &path.index(i))?;
+            }
+        }
+        Value::Number(n) => {
+            let key = path.last_key();
+            let (max, unit) = if key.ends_with("_s") {
+                (DURATION_S_MAX, " s (100 years)")
+            } else if key.ends_with("_ms") {
+                (DURATION_S_MAX * 1000, " ms (100 years)")
+            } else {
+                (COUNT_MAX, "")
+            };
+            let fits = match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                (Some(v), _, _) => v <= max,
+                (None, Some(v), _) => v.unsigned_abs() <= max,
+                (None, None, Some(f)) => f.is_finite() && f.abs() <= max as f64,
+                (None, None, None) => false,
+            };
+            if !fits {
+                return Err(PolicyError::Range {
+                    field: path.name(),
+                    reason: format!("{n} is more than the largest allowed value, {max}{unit}"),
+                });
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::String(_) => {}
+    }
+    Ok(())
 }
 
 /// Whether a topology name or unit is safe to hand to Slurm: non-empty, at
@@ -426,6 +690,155 @@ pub fn valid_topology_token(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refused(doc: &str) -> String {
+        match Policy::from_json(doc) {
+            Ok(p) => panic!("{doc} was accepted: {p:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    const RULE: &str = r#"{"target": {"group": "apps", "kind": "StatefulSet", "namespace": "slurm", "name": "gpu"}, "partition": "batch", "max_replicas": 4"#;
+
+    #[test]
+    fn durations_and_counts_that_do_not_fit_are_refused_by_field() {
+        let rule = |extra: &str| format!(r#"{{"scaling": {{"targets": [{RULE}, {extra}}}]}}}}"#);
+        // (document, the field path the error names)
+        let cases = [
+            (
+                rule(r#""idle_before_scale_down_s": 18446744073709551615"#),
+                "scaling.targets[0].idle_before_scale_down_s",
+            ),
+            (
+                rule(r#""scale_up_cooldown_s": 3155760001"#),
+                "scaling.targets[0].scale_up_cooldown_s",
+            ),
+            (
+                rule(r#""max_unavailable": 4294967295"#),
+                "scaling.targets[0].max_unavailable",
+            ),
+            (
+                r#"{"health": {"not_ready_grace_s": 18446744073709551615}}"#.to_owned(),
+                "health.not_ready_grace_s",
+            ),
+            (
+                r#"{"health": {"flap_hold_s": 9223372036854775807}}"#.to_owned(),
+                "health.flap_hold_s",
+            ),
+            (
+                r#"{"actions": {"timeout_s": 18446744073709551615}}"#.to_owned(),
+                "actions.timeout_s",
+            ),
+            (
+                r#"{"scaling": {"evaluate_every_s": 18446744073709551615}}"#.to_owned(),
+                "scaling.evaluate_every_s",
+            ),
+            (
+                r#"{"health": {"flaps_max": 4294967295}}"#.to_owned(),
+                "health.flaps_max",
+            ),
+            (
+                r#"{"actions": {"attempts_max": 1000001}}"#.to_owned(),
+                "actions.attempts_max",
+            ),
+        ];
+        for (doc, field) in cases {
+            let err = refused(&doc);
+            assert!(
+                err.starts_with(&format!("invalid policy: {field}: ")),
+                "{doc}: {err}"
+            );
+            assert!(err.contains("largest allowed value"), "{doc}: {err}");
+        }
+        // The bounds themselves are fine: "never" is 100 years.
+        let ok = rule(&format!(
+            r#""idle_before_scale_down_s": {DURATION_S_MAX}, "scale_down_cooldown_s": {DURATION_S_MAX}"#
+        ));
+        Policy::from_json(&ok).unwrap();
+        Policy::from_json(&format!(
+            r#"{{"health": {{"flap_hold_s": {DURATION_S_MAX}, "flaps_max": {COUNT_MAX}}}}}"#
+        ))
+        .unwrap();
+        // In ms, 100 years added to any log time of this millennium fits.
+        assert!((DURATION_S_MAX * 1000)
+            .checked_add(32_503_680_000_000)
+            .is_some());
+    }
+
+    #[test]
+    fn every_section_must_be_a_map_not_a_list() {
+        // (document, the field path the error names, what it found)
+        let cases = [
+            (r#"[{}, {}, {}]"#.to_owned(), "(document)", "a list"),
+            (r#""drain""#.to_owned(), "(document)", "a string"),
+            (
+                r#"{"health": [60, [], "down"]}"#.to_owned(),
+                "health",
+                "a list",
+            ),
+            (
+                r#"{"drain": {"foreign_drain_taint": ["k", "v", "NoSchedule"]}}"#.to_owned(),
+                "drain.foreign_drain_taint",
+                "a list",
+            ),
+            (
+                format!(r#"{{"scaling": {{"targets": [{RULE}}}, ["x", "batch", 0, 4]]}}}}"#),
+                "scaling.targets[1]",
+                "a list",
+            ),
+            (
+                r#"{"scaling": {"targets": [{"target": ["apps", "StatefulSet", "slurm", "gpu"], "partition": "b", "max_replicas": 1}]}}"#.to_owned(),
+                "scaling.targets[0].target",
+                "a list",
+            ),
+            (
+                r#"{"topology": {"features": [["zone", "zone-"]]}}"#.to_owned(),
+                "topology.features[0]",
+                "a list",
+            ),
+        ];
+        for (doc, field, found) in cases {
+            let err = refused(&doc);
+            assert_eq!(
+                err,
+                format!("invalid policy: {field}: expected a map of named fields, found {found}"),
+                "{doc}"
+            );
+        }
+        // Optional sections may be null; lists of plain values stay lists.
+        let p = Policy::from_json(
+            r#"{"drain": {"foreign_drain_taint": null}, "health": {"node_conditions": ["GpuXid"], "unhealthy_taint": null}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.health.node_conditions, ["GpuXid"]);
+        assert_eq!(p.health.unhealthy_taint, None);
+    }
+
+    #[test]
+    fn other_checks_name_their_field() {
+        // (document, the start of the error)
+        for (doc, says) in [
+            (
+                r#"{"drain": {"reason_prefix": " "}}"#,
+                "invalid policy: drain.reason_prefix: must not be empty",
+            ),
+            (
+                r#"{"actions": {"attempts_max": 0}}"#,
+                "invalid policy: actions.attempts_max: must be at least 1",
+            ),
+            (
+                r#"{"actions": {"timeout_s": 0}}"#,
+                "invalid policy: actions.timeout_s: must be at least 1",
+            ),
+            (
+                r#"{"mapping": {"pod_selector": ""}}"#,
+                "invalid policy: mapping.pod_selector: ",
+            ),
+        ] {
+            let err = refused(doc);
+            assert!(err.starts_with(says), "{doc}: {err}");
+        }
+    }
 
     #[test]
     fn a_policy_without_the_unhealthy_taint_reads_back_the_same() {
