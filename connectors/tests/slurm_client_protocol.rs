@@ -1,10 +1,10 @@
-//! Protocol tests of lockstep's slurmrestd client, not Slurm tests: the
-//! REST paths Slurm 22.05 cannot exercise (openapi v0.0.39+: node updates,
-//! topology, version probing) and client failure modes (401, hangs, refused
+//! Protocol tests of lockstep's slurmrestd client, not Slurm tests: request
+//! bodies, version probing and client failure modes (401, hangs, refused
 //! connections, error answers), against a small local HTTP server that
 //! serves answers hand-written from the published v0.0.41 / v0.0.44 schemas.
-//! Whether a real 23.02+ slurmrestd agrees is unverified here (no such Slurm
-//! on this machine). The tests against a real Slurm are in `slurm.rs`.
+//! The same paths against real 24.11 and 26.05 servers are in `slurm.rs`;
+//! real recorded answers in `slurm_parse.rs`, `slurm_fields.rs` and
+//! `slurm_api.rs`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -269,7 +269,7 @@ async fn newer_slurm_updates_nodes_through_rest_idempotently() {
     let want = [
         (
             "/slurm/v0.0.44/node/ls-n1",
-            serde_json::json!({"state": ["DRAIN"], "reason": "lockstep: cordoned"}),
+            serde_json::json!({"state": ["DRAIN"], "reason": "lockstep: cordoned", "reason_uid": "root"}),
         ),
         (
             "/slurm/v0.0.44/node/ls-n3",
@@ -285,7 +285,7 @@ async fn newer_slurm_updates_nodes_through_rest_idempotently() {
         ),
         (
             "/slurm/v0.0.44/node/ls-n3",
-            serde_json::json!({"state": ["DOWN"], "reason": "lockstep: gpu xid"}),
+            serde_json::json!({"state": ["DOWN"], "reason": "lockstep: gpu xid", "reason_uid": "root"}),
         ),
     ];
     assert_eq!(posts.len(), want.len(), "{posts:?}");
@@ -312,6 +312,7 @@ async fn the_highest_served_version_is_used_and_topology_needs_v0_0_43() {
     assert_eq!(
         probed,
         [
+            "/slurm/v0.0.45/ping",
             "/slurm/v0.0.44/ping",
             "/slurm/v0.0.43/ping",
             "/slurm/v0.0.42/ping",

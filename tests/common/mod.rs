@@ -66,7 +66,9 @@ pub fn wait_for<T>(what: &str, limit: std::time::Duration, mut f: impl FnMut() -
 /// the kubeconfig of lockstep's ServiceAccount bound to
 /// `deploy/kubernetes/rbac.yaml`.
 pub struct Stack {
-    /// What `deploy/local/slurm/env.sh` exports.
+    /// What `deploy/local/slurm/env.sh` exports (for the Slurm version
+    /// asked for: `SLURM_CONF`, `SLURMRESTD_URL`, `SLURM_JWT_FILE`,
+    /// `LOCKSTEP_SLURM_BIN`, ...).
     pub slurm: std::collections::BTreeMap<String, String>,
     /// The cluster-admin kubeconfig (for the test's own kubectl).
     pub admin_kubeconfig: PathBuf,
@@ -101,6 +103,43 @@ pub fn up(script: &str, env_file: &str) -> std::collections::BTreeMap<String, St
         .collect()
 }
 
+/// The Slurm versions `deploy/local/slurm/up.sh` runs; the newest is where
+/// the tests that run on one version only run.
+pub const SLURM_VERSIONS: [&str; 3] = ["22.05", "24.11", "26.05"];
+/// The newest Slurm the tests run.
+pub const SLURM_NEWEST: &str = "26.05";
+
+/// Runs `deploy/local/slurm/up.sh` for Slurm `version` (22.05, 24.11 or
+/// 26.05; it builds the version's Debian root the first time) and returns
+/// the variables it exports. Several versions run side by side, each on its
+/// own ports and state dir.
+pub fn slurm_up(version: &str) -> std::collections::BTreeMap<String, String> {
+    let script = repo().join("deploy/local/slurm/up.sh");
+    let out = Command::new(&script)
+        .env("LOCKSTEP_STATE_DIR", STATE)
+        .env("LOCKSTEP_SLURM_VERSION", version)
+        .env_remove("LOCKSTEP_SLURM_STATE_DIR")
+        .env_remove("SLURM_JWT")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "deploy/local/slurm/up.sh for Slurm {version} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env: std::collections::BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    assert_eq!(
+        env.get("LOCKSTEP_SLURM_VERSION").map(String::as_str),
+        Some(version)
+    );
+    env
+}
+
 /// Applies `deploy/kubernetes/rbac.yaml` to the running local API server and
 /// returns the kubeconfig of lockstep's ServiceAccount: what lockstep runs
 /// with in these tests, never cluster-admin.
@@ -118,9 +157,15 @@ pub fn lockstep_kubeconfig() -> PathBuf {
 }
 
 impl Stack {
-    /// Starts what is not running; fails loudly if anything cannot start.
+    /// Starts what is not running (Slurm 22.05); fails loudly if anything
+    /// cannot start.
     pub fn up() -> Self {
-        let slurm = up("deploy/local/slurm/up.sh", "slurm/env.sh");
+        Self::with_slurm("22.05")
+    }
+
+    /// The same with Slurm `version` (see [`SLURM_VERSIONS`]).
+    pub fn with_slurm(version: &str) -> Self {
+        let slurm = slurm_up(version);
         let kube = up("deploy/local/kube/up.sh", "kube/env.sh");
         Self {
             slurm,
@@ -179,9 +224,25 @@ impl Stack {
         }
     }
 
-    /// A Slurm command with this stack's `SLURM_CONF`; `Err(stderr)` when it fails.
+    /// The Slurm version this stack runs.
+    pub fn slurm_version(&self) -> &str {
+        &self.slurm["LOCKSTEP_SLURM_VERSION"]
+    }
+
+    /// `PATH` with this Slurm's client programs first (up.sh's wrappers:
+    /// the right version and `SLURM_CONF`), for `lockstep run`.
+    pub fn slurm_path(&self) -> String {
+        format!(
+            "{}:{}",
+            self.slurm["LOCKSTEP_SLURM_BIN"],
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    /// A Slurm command of this stack's version, with its `SLURM_CONF`;
+    /// `Err(stderr)` when it fails.
     pub fn try_slurm(&self, program: &str, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(program)
+        let out = Command::new(Path::new(&self.slurm["LOCKSTEP_SLURM_BIN"]).join(program))
             .args(args)
             .env("SLURM_CONF", &self.slurm["SLURM_CONF"])
             .env_remove("SLURM_JWT")
@@ -238,6 +299,17 @@ impl Lockstep {
     /// Starts `lockstep run` with `config` (TOML, without `[telemetry]`,
     /// which this adds) and `policy` (JSON) in `dir`.
     pub fn start(dir: &Path, config: &str, policy: &serde_json::Value) -> Self {
+        Self::start_with_env(dir, config, policy, &[])
+    }
+
+    /// The same with more environment variables (e.g. `PATH` with the
+    /// stack's Slurm programs first: [`Stack::slurm_path`]).
+    pub fn start_with_env(
+        dir: &Path,
+        config: &str,
+        policy: &serde_json::Value,
+        env: &[(&str, String)],
+    ) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
         let telemetry = format!("127.0.0.1:{}", lockstep_store::testing::free_port());
@@ -252,6 +324,7 @@ impl Lockstep {
             .args(["run", "--config"])
             .arg(dir.join("lockstep.toml"))
             .env_remove("SLURM_JWT")
+            .envs(env.iter().map(|(k, v)| (*k, v)))
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
