@@ -29,6 +29,8 @@ pub(crate) enum Cause {
     PodMissing,
     NotReady,
     NodeCondition(String),
+    /// The Kubernetes node under it was deleted.
+    KubeNodeGone,
     /// scaling: picked to be scaled in.
     ScaleIn,
     /// scaling: its pod is of an old revision and is being replaced.
@@ -44,6 +46,7 @@ impl Cause {
             Self::PodMissing => Rule::PodMissing,
             Self::NotReady => Rule::NotReady,
             Self::NodeCondition(_) => Rule::NodeCondition,
+            Self::KubeNodeGone => Rule::KubeNodeGone,
             Self::ScaleIn => Rule::ScaleIn,
             Self::Replace => Rule::Replace,
         }
@@ -60,7 +63,17 @@ impl Cause {
     /// Health causes are rate-bounded and damped; drain causes are operator
     /// intent and act at once.
     pub fn is_health(&self) -> bool {
-        matches!(self, Self::NotReady | Self::NodeCondition(_))
+        matches!(
+            self,
+            Self::NotReady | Self::NodeCondition(_) | Self::KubeNodeGone
+        )
+    }
+
+    /// Causes whose drain must say so in its reason, even when Slurm already
+    /// shows a drain lockstep made for an earlier cause: whoever reads the
+    /// reason of a node whose host is gone must not read "cordoned".
+    pub fn names_itself(&self) -> bool {
+        matches!(self, Self::KubeNodeGone)
     }
 
     /// What to write after the reason prefix. Stable for a given cause, so an
@@ -75,6 +88,7 @@ impl Cause {
             Self::PodMissing => "slurmd pod gone, waiting for its replacement".to_owned(),
             Self::NotReady => format!("kubernetes node {kube} not ready"),
             Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
+            Self::KubeNodeGone => format!("kubernetes node {kube} deleted"),
             Self::ScaleIn => "scale-in".to_owned(),
             Self::Replace => format!("pod {pod} replaced by a new revision"),
         }
@@ -254,6 +268,7 @@ mod tests {
                 pod: *pod,
                 kube_name: None,
                 kube: None,
+                kube_gone: None,
             };
             let mut got = Vec::new();
             causes(&view, &DrainPolicy::default(), *mode, previous, &mut got);

@@ -591,6 +591,15 @@ impl Engine {
                     return;
                 }
                 entry.obs.clone_from(node);
+                // Its host is back once a node of that name is Ready.
+                if ready {
+                    self.model.kube_gone.remove(&node.name);
+                }
+                let entry = self
+                    .model
+                    .kube_nodes
+                    .get_mut(&node.name)
+                    .expect("inserted above");
                 if ready {
                     entry.not_ready_since = None;
                 } else if entry.not_ready_since.is_none() {
@@ -602,7 +611,7 @@ impl Engine {
                 }
                 self.touch_kube(&node.name);
             }
-            Event::KubeNodeGone { name, .. } => self.remove_kube_node(name),
+            Event::KubeNodeGone { name, .. } => self.remove_kube_node(name, ctx),
             Event::KubePod(pod) => {
                 let gen = self.gen(Domain::KubePods);
                 let key = pod_key(&pod.namespace, &pod.name);
@@ -749,6 +758,9 @@ impl Engine {
                 }
             }
             self.note_pod_lost(&pod, ctx);
+            if let Some(kube) = &pod.node_name {
+                self.forget_gone_kube_node(kube);
+            }
             self.scaling_needs_scan(self.now_ms);
         }
     }
@@ -802,11 +814,17 @@ impl Engine {
         if self.model.slurm_nodes.remove(name).is_some() {
             self.update_busy(name);
             self.touch_slurm(name);
+            if let Some(kube) = self.model.placement(name, &self.policy) {
+                let kube = kube.to_owned();
+                self.forget_gone_kube_node(&kube);
+            }
             self.schedule_scaling(self.now_ms);
         }
     }
 
-    fn remove_kube_node(&mut self, name: &str) {
+    /// Forgets a Kubernetes node that was deleted (or is missing from a
+    /// relist) and remembers that its host is gone (health row 6).
+    fn remove_kube_node(&mut self, name: &str, ctx: &Ctx<'_>) {
         if let Some(entry) = self.model.kube_nodes.remove(name) {
             if let Some(at) = entry.wake_ms {
                 self.timers.remove(&(at, Wake::Kube(name.to_owned())));
@@ -814,7 +832,43 @@ impl Engine {
             for (_, slot) in entry.taint_slots {
                 self.park(slot);
             }
+            let gone = &mut self.model.kube_gone;
+            gone.entry(name.to_owned()).or_insert_with(|| Origin {
+                ms: ctx.now_ms,
+                seq: ctx.seq,
+                event: ctx.event.clone(),
+            });
+            if gone.len() > crate::model::KUBE_NODES_GONE_MAX {
+                let oldest = gone
+                    .iter()
+                    .min_by_key(|(n, o)| (o.seq, (*n).clone()))
+                    .map(|(n, _)| n.clone());
+                if let Some(n) = oldest {
+                    gone.remove(&n);
+                }
+            }
             self.touch_kube(name);
+        }
+    }
+
+    /// A deleted Kubernetes node is forgotten once no Slurm node is on it:
+    /// nothing can be kept out for it any more.
+    fn forget_gone_kube_node(&mut self, kube: &str) {
+        if !self.model.kube_gone.contains_key(kube) {
+            return;
+        }
+        let mut names = std::mem::take(&mut self.scratch_names);
+        names.clear();
+        self.model.slurm_nodes_on(kube, &self.policy, &mut names);
+        let host_mode = self.policy.mapping.mode == lockstep_schemas::MappingMode::Host;
+        let empty = if host_mode {
+            !self.model.slurm_nodes.contains_key(kube)
+        } else {
+            names.is_empty()
+        };
+        self.scratch_names = names;
+        if empty {
+            self.model.kube_gone.remove(kube);
         }
     }
 
@@ -961,7 +1015,7 @@ impl Engine {
                     let v = self.model.kube_nodes[&n].obs.version;
                     self.tombstones
                         .bury(ObjectKey::KubeNode(n.clone()), v, self.now_ms);
-                    self.remove_kube_node(&n);
+                    self.remove_kube_node(&n, ctx);
                 }
             }
             Domain::KubePods => {
@@ -1175,6 +1229,7 @@ impl Engine {
                     .map(|(_, o)| o.clone())
                     .or_else(|| match c {
                         Cause::NotReady => view.kube.and_then(|k| k.not_ready_since.clone()),
+                        Cause::KubeNodeGone => view.kube_gone.cloned(),
                         _ => None,
                     })
                     .unwrap_or_else(|| Origin {
@@ -1211,24 +1266,29 @@ impl Engine {
             ctl.last_cause_health = primary.is_health();
             let down =
                 primary.is_health() && policy.health.action == lockstep_schemas::HealthAction::Down;
-            let satisfied = if down {
+            let reason = format!("{} {}", policy.drain.reason_prefix, primary.describe(&view));
+            let shown = if down {
                 side.down
             } else {
                 side.drained || (side.down && side.owned)
             };
+            let satisfied =
+                shown && (!primary.names_itself() || slurm.reason.as_deref() == Some(&reason));
             if satisfied {
                 (Phase::Drained, primary.rule())
             } else {
                 // Drained for a cause that still holds, and Slurm no longer
-                // shows it: someone removed lockstep's drain early.
-                let reapply = (ctl.status.phase == Phase::Drained && ctl.status.cause.is_some())
+                // shows it: someone removed lockstep's drain early. (Not a
+                // drain that only needs to say its new cause.)
+                let reapply = (ctl.status.phase == Phase::Drained
+                    && ctl.status.cause.is_some()
+                    && !shown)
                     || (ctl.status.phase == Phase::Draining && ctl.status.rule == Rule::Reapplied);
                 let mut rule = if reapply {
                     Rule::Reapplied
                 } else {
                     primary.rule()
                 };
-                let reason = format!("{} {}", policy.drain.reason_prefix, primary.describe(&view));
                 let action = if down {
                     Action::SlurmDown {
                         node: name.to_owned(),
@@ -2131,7 +2191,8 @@ fn detail(
         | Rule::PodEvicted
         | Rule::PodMissing
         | Rule::NotReady
-        | Rule::NodeCondition => match status.phase {
+        | Rule::NodeCondition
+        | Rule::KubeNodeGone => match status.phase {
             Phase::Drained => format!("{}; slurm shows {}", cause(), slurm_state()),
             _ => cause(),
         },

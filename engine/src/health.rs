@@ -6,6 +6,11 @@
 //! |-----|-------------------------------------------------------|-------------------------|
 //! | 4   | Ready is False/Unknown for at least `not_ready_grace_s` | `health.not_ready`    |
 //! | 5   | a condition named in `node_conditions` is True        | `health.node_condition` |
+//! | 6   | the Kubernetes node under it was deleted (a delete, or missing from a relist), and no node of that name is Ready again yet | `health.kube_node_gone` |
+//!
+//! Row 6 keeps the Slurm node out (drained, or DOWN with `action: down`)
+//! with the reason `kubernetes node X deleted`: its host is gone, and a
+//! deleted node used to look like a node that is simply not cordoned.
 //!
 //! Health drains are damped: at most `drains_per_minute_max` new ones
 //! cluster-wide per minute of log time (`health.rate_limited`), a resume waits
@@ -26,7 +31,7 @@ use crate::drain::Cause;
 use crate::model::NodeView;
 use crate::units::{after_ms, after_s, ms};
 
-/// Rows 4-5. Sets `wake` to when a NotReady spell reaches its grace period.
+/// Rows 4-6. Sets `wake` to when a NotReady spell reaches its grace period.
 pub(crate) fn causes(
     view: &NodeView<'_>,
     policy: &HealthPolicy,
@@ -34,6 +39,9 @@ pub(crate) fn causes(
     out: &mut Vec<Cause>,
     wake: &mut Option<u64>,
 ) {
+    if view.kube_gone.is_some() {
+        out.push(Cause::KubeNodeGone);
+    }
     let Some(kube) = view.kube else { return };
     if let Some(since) = &kube.not_ready_since {
         let deadline = after_s(since.ms, policy.not_ready_grace_s);
@@ -103,6 +111,82 @@ pub(crate) fn flap_hold(times: &VecDeque<u64>, now_ms: u64, policy: &HealthPolic
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{KubeEntry, Origin};
+    use lockstep_schemas::{EventId, KubeNode};
+
+    fn origin(ms: u64) -> Origin {
+        Origin {
+            ms,
+            seq: 1,
+            event: EventId("e".into()),
+        }
+    }
+
+    fn kube(not_ready_since: Option<u64>) -> KubeEntry {
+        KubeEntry {
+            obs: KubeNode {
+                name: "k1".into(),
+                unschedulable: false,
+                ready: if not_ready_since.is_some() {
+                    ConditionStatus::False
+                } else {
+                    ConditionStatus::True
+                },
+                conditions: vec![],
+                labels: Default::default(),
+                taints: vec![],
+                version: 0,
+            },
+            gen: 0,
+            not_ready_since: not_ready_since.map(origin),
+            taint_slots: vec![],
+            wake_ms: None,
+        }
+    }
+
+    #[test]
+    fn kubernetes_node_rows_table() {
+        let p = HealthPolicy::default(); // 60 s grace
+        let ready = kube(None);
+        let not_ready = kube(Some(0));
+        let deleted = origin(0);
+        // (node, deleted, now) -> causes
+        type Row<'a> = (Option<&'a KubeEntry>, Option<&'a Origin>, u64, &'a [Cause]);
+        let rows: &[Row<'_>] = &[
+            (Some(&ready), None, 100_000, &[]),
+            (Some(&not_ready), None, 59_999, &[]),
+            (Some(&not_ready), None, 60_000, &[Cause::NotReady]),
+            // Deleted: its host is gone.
+            (None, Some(&deleted), 0, &[Cause::KubeNodeGone]),
+            // Registered again, not Ready yet: still gone, and NotReady
+            // once the grace runs out.
+            (
+                Some(&not_ready),
+                Some(&deleted),
+                10_000,
+                &[Cause::KubeNodeGone],
+            ),
+            (
+                Some(&not_ready),
+                Some(&deleted),
+                60_000,
+                &[Cause::KubeNodeGone, Cause::NotReady],
+            ),
+        ];
+        for (i, (node, gone, now, want)) in rows.iter().enumerate() {
+            let view = NodeView {
+                slurm: None,
+                pod_key: None,
+                pod: None,
+                kube_name: Some("k1"),
+                kube: *node,
+                kube_gone: *gone,
+            };
+            let (mut got, mut wake) = (Vec::new(), None);
+            causes(&view, &p, *now, &mut got, &mut wake);
+            assert_eq!(got, *want, "row {i}");
+        }
+    }
 
     #[test]
     fn rate_bound_defers_until_the_oldest_leaves_the_window() {

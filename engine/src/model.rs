@@ -5,7 +5,7 @@
 //! the objects they target). It decides nothing: the rules in `drain` and
 //! `health` read it through [`NodeView`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use lockstep_schemas::{
     Domain, EventId, KubeNode, KubePod, KubeScaleTarget, MappingMode, Policy, ScaleTargetRef,
@@ -90,6 +90,12 @@ pub(crate) struct Model {
     pub sync: [SyncState; 6],
     pub slurm_visible: bool,
     pub kube_visible: bool,
+    /// Kubernetes nodes deleted (or missing from a relist) and not Ready
+    /// again since, with the event that showed them gone. Bounded: an entry
+    /// goes when a node of that name is Ready, when no Slurm node is on it
+    /// any more, and past [`KUBE_NODES_GONE_MAX`] (the oldest first).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kube_gone: BTreeMap<String, Origin>,
 
     // Derived from the above and the policy; rebuilt on restore and on a
     // mapping change, so neither serialized nor hashed.
@@ -112,6 +118,9 @@ pub(crate) struct Model {
     #[serde(skip)]
     unscalable: Vec<String>,
 }
+
+/// Deleted Kubernetes nodes remembered at most (see [`Model::kube_gone`]).
+pub(crate) const KUBE_NODES_GONE_MAX: usize = 65_536;
 
 pub(crate) const fn domain_index(d: Domain) -> usize {
     match d {
@@ -202,6 +211,8 @@ pub(crate) struct NodeView<'a> {
     pub pod: Option<&'a PodEntry>,
     pub kube_name: Option<&'a str>,
     pub kube: Option<&'a KubeEntry>,
+    /// The Kubernetes node under it was deleted: since when.
+    pub kube_gone: Option<&'a Origin>,
 }
 
 impl Model {
@@ -225,12 +236,14 @@ impl Model {
             MappingMode::Pod => pod.and_then(|p| p.obs.node_name.as_deref()),
         };
         let kube = kube_name.and_then(|k| self.kube_nodes.get(k));
+        let kube_gone = kube_name.and_then(|k| self.kube_gone.get(k));
         NodeView {
             slurm,
             pod_key,
             pod,
             kube_name,
             kube,
+            kube_gone,
         }
     }
 

@@ -68,6 +68,9 @@ pub enum Rule {
     NotReady,
     /// health: a configured node condition is True.
     NodeCondition,
+    /// health: the Kubernetes node under the Slurm node was deleted; its
+    /// host is gone until a node of that name is Ready again.
+    KubeNodeGone,
     /// health: the cluster-wide drain rate bound defers this drain.
     RateLimited,
     /// The cause is gone; lockstep resumes its drain.
@@ -113,6 +116,7 @@ impl Rule {
             Self::Reapplied => "drain.reapply",
             Self::NotReady => "health.not_ready",
             Self::NodeCondition => "health.node_condition",
+            Self::KubeNodeGone => "health.kube_node_gone",
             Self::RateLimited => "health.rate_limited",
             Self::CauseCleared => "drain.cause_cleared",
             Self::ResumeDelayed => "health.resume_delay",

@@ -348,16 +348,7 @@ impl Sim {
 
     /// Adds a Ready Kubernetes node.
     pub fn add_kube_node(&mut self, name: &str) -> &mut Self {
-        let node = KubeNode {
-            name: name.to_owned(),
-            unschedulable: false,
-            ready: ConditionStatus::True,
-            conditions: vec![],
-            labels: BTreeMap::new(),
-            taints: vec![],
-            version: 0,
-        };
-        self.kube.insert(name.to_owned(), node);
+        self.kube.insert(name.to_owned(), new_kube_node(name));
         self.observe_kube(name)
     }
 
@@ -371,6 +362,47 @@ impl Sim {
         let node = self.kube[name].clone();
         self.append(Source::Kubernetes, Event::KubeNode(node));
         self
+    }
+
+    /// `kubectl delete node`: the node object is gone.
+    pub fn delete_kube_node(&mut self, name: &str) -> &mut Self {
+        self.kube.remove(name).expect("known kubernetes node");
+        self.append(
+            Source::Kubernetes,
+            Event::KubeNodeGone {
+                name: name.to_owned(),
+                version: 0,
+            },
+        );
+        self
+    }
+
+    /// The node is deleted while the node watch is down: no event says so
+    /// (a relist will).
+    pub fn forget_kube_node(&mut self, name: &str) -> &mut Self {
+        self.kube.remove(name).expect("known kubernetes node");
+        self
+    }
+
+    /// The node watcher relists: every node the API server has, between
+    /// `SyncStarted` and `SyncDone`.
+    pub fn relist_kube_nodes(&mut self) -> &mut Self {
+        let domain = lockstep_schemas::Domain::KubeNodes;
+        self.append(Source::Kubernetes, Event::SyncStarted { domain });
+        let nodes: Vec<KubeNode> = self.kube.values().cloned().collect();
+        for n in nodes {
+            self.append(Source::Kubernetes, Event::KubeNode(n));
+        }
+        self.append(Source::Kubernetes, Event::SyncDone { domain });
+        self
+    }
+
+    /// A Kubernetes node object (re)registers with this Ready status.
+    pub fn register_kube_node(&mut self, name: &str, ready: ConditionStatus) -> &mut Self {
+        let mut node = new_kube_node(name);
+        node.ready = ready;
+        self.kube.insert(name.to_owned(), node);
+        self.observe_kube(name)
     }
 
     /// `kubectl cordon`.
@@ -791,6 +823,19 @@ impl Sim {
                 n.labels.remove(key);
             }
         })
+    }
+}
+
+/// A Ready Kubernetes node.
+fn new_kube_node(name: &str) -> KubeNode {
+    KubeNode {
+        name: name.to_owned(),
+        unschedulable: false,
+        ready: ConditionStatus::True,
+        conditions: vec![],
+        labels: BTreeMap::new(),
+        taints: vec![],
+        version: 0,
     }
 }
 

@@ -131,6 +131,11 @@ pub const ALL: &[Incident] = &[
         about: "a slurmd pod force-deleted, and one deleted while the watch was down, drain like any pod loss until a replacement is Ready",
         build: pod_force_deleted,
     },
+    Incident {
+        name: "kube-node-deleted",
+        about: "host mode: a cordoned node is deleted, another vanishes in a relist; both stay drained as deleted until a node of that name is Ready",
+        build: kube_node_deleted,
+    },
 ];
 
 /// The incident with this name.
@@ -508,5 +513,31 @@ fn pod_force_deleted() -> Sim {
     sim.advance_s(60).forget_pod("n2");
     sim.advance_s(30).relist_pods().actuate();
     sim.advance_s(30).add_pod("n2", "k3").actuate();
+    sim
+}
+
+fn kube_node_deleted() -> Sim {
+    let mut policy = Policy::default();
+    policy.mapping.mode = MappingMode::Host;
+    policy.health.resume_after_s = 30;
+    let mut sim = Sim::new(policy);
+    sim.versioned();
+    for n in ["gpu-001", "gpu-002", "gpu-003"] {
+        sim.add_kube_node(n).add_slurm_node(n);
+    }
+    // The usual decommissioning: cordon, then delete the node object.
+    sim.advance_s(10).cordon("gpu-001").actuate();
+    sim.advance_s(60).delete_kube_node("gpu-001").actuate();
+    // gpu-002 is deleted while the node watch is down; the relist finds it gone.
+    sim.advance_s(30).forget_kube_node("gpu-002");
+    sim.advance_s(30).relist_kube_nodes().actuate();
+    // gpu-001's kubelet registers it again: NotReady first, then Ready.
+    sim.advance_s(600)
+        .register_kube_node("gpu-001", ConditionStatus::False)
+        .actuate();
+    sim.advance_s(30)
+        .set_ready("gpu-001", ConditionStatus::True)
+        .actuate();
+    sim.run_s(60, 10);
     sim
 }

@@ -676,3 +676,43 @@ fn a_force_deleted_pod_drains_until_its_replacement_is_ready() {
         .unwrap();
     assert_eq!(drain.seq, relist_done);
 }
+
+#[test]
+fn a_deleted_kubernetes_node_keeps_its_slurm_node_drained_until_it_is_back() {
+    let sim = build("kube-node-deleted");
+    // Cordoned first, then the reason says the node is gone.
+    assert_eq!(
+        drains_of(&sim, "gpu-001"),
+        [
+            "lockstep: kubernetes node gpu-001 cordoned",
+            "lockstep: kubernetes node gpu-001 deleted"
+        ]
+    );
+    assert_eq!(
+        drains_of(&sim, "gpu-002"),
+        ["lockstep: kubernetes node gpu-002 deleted"]
+    );
+    assert!(drains_of(&sim, "gpu-003").is_empty());
+    // gpu-001 resumed only after it was Ready again (and healthy for
+    // resume_after_s); gpu-002 never came back.
+    let ready = sim
+        .last_seq_where(|e| {
+            matches!(e, lockstep_schemas::Event::KubeNode(n) if n.name == "gpu-001" && n.ready == lockstep_schemas::ConditionStatus::True)
+        })
+        .unwrap();
+    let gone = event_seq(
+        &sim,
+        |e| matches!(e, lockstep_schemas::Event::KubeNodeGone { name, .. } if name == "gpu-001"),
+    );
+    assert!(ready > gone);
+    let resumes = kinds_on(&sim, ActionKind::SlurmResume);
+    assert_eq!(resumes.len(), 1);
+    assert!(matches!(&resumes[0].action, Action::SlurmResume { node } if node == "gpu-001"));
+    assert!(resumes[0].seq > ready);
+    assert_eq!(sim.phase("gpu-001"), Phase::InService);
+    assert_eq!(sim.phase("gpu-002"), Phase::Drained);
+    assert_eq!(
+        sim.slurm["gpu-002"].reason.as_deref(),
+        Some("lockstep: kubernetes node gpu-002 deleted")
+    );
+}
