@@ -9,14 +9,27 @@ scripts/ensure-nats.sh
 step() { printf '\n== %s\n' "$*"; }
 
 # The connector tests start a real kube-apiserver (deploy/local/kube) and a
-# real Slurm (deploy/local/slurm) themselves; stop them when we are done.
+# real Slurm of each version (deploy/local/slurm: 22.05, 24.11, 26.05)
+# themselves; stop them, and unmount what the newer ones mounted, when we
+# are done.
 cleanup() {
   for state in /tmp/lockstep-local /tmp/lockstep-kube-disrupt; do
     [ -x deploy/local/kube/down.sh ] && LOCKSTEP_STATE_DIR=$state deploy/local/kube/down.sh >/dev/null 2>&1 || true
   done
-  [ -x deploy/local/slurm/down.sh ] && deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+  for v in 22.05 24.11 26.05; do
+    [ -x deploy/local/slurm/down.sh ] && LOCKSTEP_SLURM_VERSION=$v deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+  done
 }
 trap cleanup EXIT
+
+# Slurm 24.11 and 26.05 run from Debian roots cached under
+# ~/.cache/lockstep/slurm (debootstrap, a few minutes on a fresh machine;
+# nothing when cached): build them now, beside the compilation below.
+root_pids=()
+for v in 24.11 26.05; do
+  deploy/local/slurm/root.sh "$v" >"/tmp/lockstep-slurm-root-$v.log" 2>&1 &
+  root_pids+=("$!")
+done
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -32,6 +45,17 @@ if [ -n "$impure" ]; then
   exit 1
 fi
 echo "ok"
+
+step "Debian roots for Slurm 24.11 and 26.05"
+for i in "${!root_pids[@]}"; do
+  if ! wait "${root_pids[$i]}"; then
+    v=$([ "$i" = 0 ] && echo 24.11 || echo 26.05)
+    tail -n 30 "/tmp/lockstep-slurm-root-$v.log" >&2
+    echo "building the Debian root of Slurm $v failed" >&2
+    exit 1
+  fi
+done
+cat /tmp/lockstep-slurm-root-*.log
 
 step "cargo test --workspace"
 cargo test --workspace 2>&1 | tee /tmp/lockstep-test.log

@@ -1,5 +1,6 @@
-//! The whole loop, end to end, on real parts: a real Slurm 22.05
-//! (slurmctld, four slurmd, slurmrestd; `deploy/local/slurm`), a real
+//! The whole loop, end to end, on real parts: a real Slurm (slurmctld, four
+//! slurmd, slurmrestd; `deploy/local/slurm`) of each version lockstep
+//! supports, a real
 //! kube-apiserver (`deploy/local/kube`), a real nats-server, and
 //! `lockstep run` under the ServiceAccount of `deploy/kubernetes/rbac.yaml`
 //! with leader election on. Each test is a scenario an operator would
@@ -11,8 +12,14 @@
 //! and play the StatefulSet controller where a scenario needs one. Slurm is
 //! the real thing throughout.
 //!
-//! The scenarios share one Slurm and one API server, so they run one at a
-//! time (a lock), each from a clean slate.
+//! The scenarios share one Slurm per version and one API server, so they run
+//! one at a time (a lock), each from a clean slate. The scenarios about the
+//! Slurm side (a cordon drains, an admin's drain is never resumed, a label
+//! becomes a feature) run on every Slurm version (22.05 writes through
+//! scontrol, 24.11 and 26.05 through slurmrestd); the others (health grace,
+//! `kubectl drain` and the PDB, scaling, a leader killed mid scale-in,
+//! RBAC) exercise the same Slurm calls and run on the newest only (the
+//! `on!` lines at the end).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -47,9 +54,9 @@ struct Scenario {
 }
 
 impl Scenario {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, slurm_version: &str) -> Self {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        let stack = Stack::up();
+        let stack = Stack::with_slurm(slurm_version);
         clean(&stack);
         let lease = format!("e2e-{name}");
         stack.kubectl(
@@ -92,9 +99,19 @@ impl Scenario {
         )
     }
 
+    /// Starts one replica (this Slurm's programs first in its `PATH`).
+    fn start(&self, identity: &str, policy: &Value) -> Lockstep {
+        Lockstep::start_with_env(
+            &self.dir.join(identity),
+            &self.config(identity),
+            policy,
+            &[("PATH", self.stack.slurm_path())],
+        )
+    }
+
     /// Starts one replica and waits until it leads.
     fn start_leader(&self, identity: &str, policy: &Value) -> Lockstep {
-        let l = Lockstep::start(&self.dir.join(identity), &self.config(identity), policy);
+        let l = self.start(identity, policy);
         wait_for(&format!("{identity} leads"), MINUTE, || {
             l.leads().then_some(())
         });
@@ -336,9 +353,10 @@ fn base_policy() -> Value {
     json!({"mapping": {"mode": "pod"}, "health": {"unhealthy_taint": null}})
 }
 
-#[test]
-fn kubectl_cordon_drains_the_slurm_nodes_on_the_node_and_uncordon_resumes_them() {
-    let s = Scenario::new("cordon");
+fn kubectl_cordon_drains_the_slurm_nodes_on_the_node_and_uncordon_resumes_them(
+    slurm_version: &str,
+) {
+    let s = Scenario::new("cordon", slurm_version);
     s.node("e2e-k1", json!({}));
     s.slurmd_pod("ls-n1", "e2e-k1", None);
     s.slurmd_pod("ls-n2", "e2e-k1", None);
@@ -367,9 +385,8 @@ fn kubectl_cordon_drains_the_slurm_nodes_on_the_node_and_uncordon_resumes_them()
     s.stop_and_verify(&mut l);
 }
 
-#[test]
-fn an_admin_drain_shows_on_the_pod_and_an_uncordon_never_resumes_it() {
-    let s = Scenario::new("admin-drain");
+fn an_admin_drain_shows_on_the_pod_and_an_uncordon_never_resumes_it(slurm_version: &str) {
+    let s = Scenario::new("admin-drain", slurm_version);
     s.node("e2e-k2", json!({}));
     s.slurmd_pod("ls-n3", "e2e-k2", None);
     let mut l = s.start_leader("a", &base_policy());
@@ -431,9 +448,8 @@ fn an_admin_drain_shows_on_the_pod_and_an_uncordon_never_resumes_it() {
     s.stop_and_verify(&mut l);
 }
 
-#[test]
-fn a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes() {
-    let s = Scenario::new("not-ready");
+fn a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes(slurm_version: &str) {
+    let s = Scenario::new("not-ready", slurm_version);
     s.node("e2e-k3", json!({}));
     s.slurmd_pod("ls-n2", "e2e-k3", None);
     let mut policy = base_policy();
@@ -460,9 +476,8 @@ fn a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes() {
     s.stop_and_verify(&mut l);
 }
 
-#[test]
-fn kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget() {
-    let s = Scenario::new("kubectl-drain");
+fn kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget(slurm_version: &str) {
+    let s = Scenario::new("kubectl-drain", slurm_version);
     s.node("e2e-k4", json!({}));
     s.slurmd_pod("ls-n4", "e2e-k4", None);
     s.stack.apply(&json!({
@@ -611,9 +626,8 @@ fn scale_up(s: &Scenario, l: &Lockstep) {
     s.stack.slurm("scancel", &[&busy, &waiting]);
 }
 
-#[test]
-fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down() {
-    let s = Scenario::new("scale");
+fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down(slurm_version: &str) {
+    let s = Scenario::new("scale", slurm_version);
     let mut l = s.start_leader("a", &scaling_policy());
     scale_up(&s, &l);
 
@@ -656,11 +670,12 @@ fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down() {
     s.stop_and_verify(&mut l);
 }
 
-#[test]
-fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once() {
-    let s = Scenario::new("takeover");
+fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once(
+    slurm_version: &str,
+) {
+    let s = Scenario::new("takeover", slurm_version);
     let mut a = s.start_leader("a", &scaling_policy());
-    let mut b = Lockstep::start(&s.dir.join("b"), &s.config("b"), &scaling_policy());
+    let mut b = s.start("b", &scaling_policy());
     wait_for("b follows, caught up", MINUTE, || {
         let st = b.status()?;
         (st["ready"] == true && st["leader"] == false).then_some(())
@@ -718,9 +733,8 @@ fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once
     s.stop_and_verify(&mut b);
 }
 
-#[test]
-fn a_node_label_change_updates_the_slurm_features() {
-    let s = Scenario::new("features");
+fn a_node_label_change_updates_the_slurm_features(slurm_version: &str) {
+    let s = Scenario::new("features", slurm_version);
     s.node("e2e-k6", json!({"lockstep.io/gpu": "h100"}));
     s.slurmd_pod("ls-n3", "e2e-k6", None);
     let mut policy = base_policy();
@@ -753,9 +767,10 @@ fn a_node_label_change_updates_the_slurm_features() {
     s.stop_and_verify(&mut l);
 }
 
-#[test]
-fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid() {
-    let s = Scenario::new("rbac");
+fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid(
+    slurm_version: &str,
+) {
+    let s = Scenario::new("rbac", slurm_version);
     let can = |verb: &str, what: &str, ns: Option<&str>| {
         let (resource, sub) = what.split_once('/').unwrap_or((what, ""));
         let subresource = format!("--subresource={sub}");
@@ -807,3 +822,35 @@ fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deploym
         None,
     );
 }
+
+/// `on!(scenario: v22_05 = "22.05", ...)`: the scenario as one test per Slurm
+/// version (`cargo test --test e2e v26_05` runs one version).
+macro_rules! on {
+    ($scenario:ident: $($v:ident = $name:literal),+) => {
+        mod $scenario {
+            $(
+                #[test]
+                fn $v() {
+                    super::$scenario($name);
+                }
+            )+
+        }
+    };
+}
+
+on!(kubectl_cordon_drains_the_slurm_nodes_on_the_node_and_uncordon_resumes_them:
+    v22_05 = "22.05", v24_11 = "24.11", v26_05 = "26.05");
+on!(an_admin_drain_shows_on_the_pod_and_an_uncordon_never_resumes_it:
+    v22_05 = "22.05", v24_11 = "24.11", v26_05 = "26.05");
+on!(a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes:
+    v26_05 = "26.05");
+on!(kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget:
+    v26_05 = "26.05");
+on!(pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down:
+    v26_05 = "26.05");
+on!(the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once:
+    v26_05 = "26.05");
+on!(a_node_label_change_updates_the_slurm_features:
+    v22_05 = "22.05", v24_11 = "24.11", v26_05 = "26.05");
+on!(the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid:
+    v26_05 = "26.05");
