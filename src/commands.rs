@@ -60,8 +60,6 @@ pub fn replay(
     if opts.verify || opts.policy.is_some() {
         replay = replay.verifying();
     }
-    let mut recorded: BTreeMap<String, IssuedAction> = BTreeMap::new();
-    let mut recomputed: BTreeMap<String, IssuedAction> = BTreeMap::new();
     let what_if = opts.policy.is_some();
     let mut damage = None;
     let mut n = 0u64;
@@ -79,17 +77,7 @@ pub fn replay(
         if n.is_multiple_of(4096) {
             progress(n);
         }
-        if what_if {
-            if let Record::Action(a) = &rec {
-                recorded.insert(a.id.0.clone(), a.clone());
-            }
-        }
         if let Step::Applied(ev, output) = replay.feed(&rec) {
-            if what_if {
-                for a in &output.actions {
-                    recomputed.insert(a.id.0.clone(), a.clone());
-                }
-            }
             let productive = !output.transitions.is_empty() || !output.actions.is_empty();
             if opts.json {
                 if productive || opts.all_events {
@@ -111,8 +99,14 @@ pub fn replay(
     } else {
         None
     };
-    if what_if && !opts.json {
-        write_what_if(out, &recorded, &recomputed)?;
+    if what_if {
+        let diff = replay.what_if();
+        if opts.json {
+            serde_json::to_writer(&mut *out, &render::WhatIfRow::new(&diff))?;
+            out.write_all(b"\n")?;
+        } else {
+            out.write_all(render::what_if(&diff).as_bytes())?;
+        }
     }
     Ok(ReplayReport {
         events: totals.events,
@@ -123,49 +117,6 @@ pub fn replay(
         divergence,
         damage,
     })
-}
-
-fn write_what_if(
-    out: &mut dyn Write,
-    recorded: &BTreeMap<String, IssuedAction>,
-    recomputed: &BTreeMap<String, IssuedAction>,
-) -> Result<()> {
-    const SHOWN_MAX: usize = 20;
-    let gone: Vec<_> = recorded
-        .iter()
-        .filter(|(id, a)| recomputed.get(*id) != Some(a))
-        .collect();
-    let new: Vec<_> = recomputed
-        .iter()
-        .filter(|(id, a)| recorded.get(*id) != Some(a))
-        .collect();
-    writeln!(out, "\nwith this policy:")?;
-    writeln!(
-        out,
-        "  {} of {} recorded actions would not have been issued",
-        gone.len(),
-        recorded.len()
-    )?;
-    for (_, a) in gone.iter().take(SHOWN_MAX) {
-        writeln!(
-            out,
-            "  - {}",
-            render::action(a).trim_start().trim_start_matches("=> ")
-        )?;
-    }
-    writeln!(
-        out,
-        "  {} actions would have been issued that were not",
-        new.len()
-    )?;
-    for (_, a) in new.iter().take(SHOWN_MAX) {
-        writeln!(
-            out,
-            "  + {}",
-            render::action(a).trim_start().trim_start_matches("=> ")
-        )?;
-    }
-    Ok(())
 }
 
 /// Describes a divergence for a person.

@@ -51,8 +51,11 @@ enum Command {
         /// and name the first sequence where they differ.
         #[arg(long, conflicts_with = "policy")]
         verify: bool,
-        /// Replay with this policy (JSON) instead of the log's, and show what
-        /// it would have done differently.
+        /// Replay with this policy (JSON) instead of the log's, and list the
+        /// actions that differ: recorded ones it would not have issued, and
+        /// ones it would have issued that were not recorded, matched by kind,
+        /// target and content. It sees the recorded world, which does not
+        /// react to actions that were never carried out.
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
         /// Print only the summary.

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use lockstep_engine::replay::AuditEntry;
+use lockstep_engine::replay::{AuditEntry, WhatIf};
 use lockstep_engine::Transition;
 use lockstep_schemas::{EventRecord, IssuedAction};
 use serde::Serialize;
@@ -95,6 +95,123 @@ impl<'a> TimelineRow<'a> {
             summary: rec.envelope.event.summary(),
             transitions,
             actions,
+        }
+    }
+}
+
+/// What a what-if comparison is, in one place for both renderings.
+pub const WHAT_IF_NOTE: &str = "the what-if run folds the recorded observations: the world in the log does not react to actions that were never carried out, so actions only this policy issues change nothing that follows in it, and the effects of recorded actions it would not have issued stay visible to it. Actions are matched by kind, target and content; what-if actions that only react to such effects, and retries, are not compared";
+
+/// The what-if lists of `replay --policy` (text).
+pub fn what_if(diff: &WhatIf) -> String {
+    const SHOWN_MAX: usize = 20;
+    fn list(s: &mut String, mark: char, actions: &[IssuedAction]) {
+        for a in actions.iter().take(SHOWN_MAX) {
+            let _ = writeln!(s, "  {mark} {}: {}", a.id, a.action.describe());
+        }
+        if actions.len() > SHOWN_MAX {
+            let _ = writeln!(
+                s,
+                "  ... and {} more (--json lists them all)",
+                actions.len() - SHOWN_MAX
+            );
+        }
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nwith this policy, replayed against the recorded observations:"
+    );
+    let _ = writeln!(
+        s,
+        "  (the world in the log does not react to actions that were never carried out:\n   \
+         actions only this policy issues change nothing that follows, and the effects\n   \
+         of recorded actions it would not have issued stay visible to it. Actions are\n   \
+         matched by kind, target and content, not by id or time.)"
+    );
+    let _ = writeln!(
+        s,
+        "  {} of {} recorded actions would not have been issued",
+        diff.not_issued.len(),
+        diff.recorded
+    );
+    list(&mut s, '-', &diff.not_issued);
+    let _ = writeln!(
+        s,
+        "  {} actions would have been issued that were not",
+        diff.issued.len()
+    );
+    list(&mut s, '+', &diff.issued);
+    if !diff.reactions.is_empty() {
+        let _ = writeln!(
+            s,
+            "  {} actions of the what-if run left out: they react to the effects of recorded actions it would not have issued",
+            diff.reactions.len()
+        );
+        list(&mut s, '~', &diff.reactions);
+    }
+    if diff.recorded_retries + diff.what_if_retries > 0 {
+        let _ = writeln!(
+            s,
+            "  retries not compared: {} recorded, {} in the what-if run",
+            diff.recorded_retries, diff.what_if_retries
+        );
+    }
+    s
+}
+
+/// The last JSON Lines row of `replay --policy --json`: the what-if lists.
+#[derive(Serialize)]
+pub struct WhatIfRow<'a> {
+    /// The lists.
+    pub what_if: WhatIfLists<'a>,
+}
+
+/// See [`WhatIfRow`] and [`WhatIf`].
+#[derive(Serialize)]
+pub struct WhatIfLists<'a> {
+    /// [`WHAT_IF_NOTE`].
+    pub note: &'static str,
+    /// Recorded first attempts.
+    pub recorded_actions: u64,
+    /// First attempts of the what-if run.
+    pub what_if_actions: u64,
+    /// Recorded actions the what-if policy would not have issued.
+    pub not_issued: &'a [IssuedAction],
+    /// Actions the what-if policy would have issued that were not recorded.
+    pub issued: &'a [IssuedAction],
+    /// What-if actions left out: reactions to the effects of recorded
+    /// actions it would not have issued.
+    pub reactions: &'a [IssuedAction],
+    /// Retries (attempt > 1), not compared.
+    pub retries_not_compared: Retries,
+}
+
+/// Retry counts of both runs.
+#[derive(Serialize)]
+pub struct Retries {
+    /// In the recorded run.
+    pub recorded: u64,
+    /// In the what-if run.
+    pub what_if: u64,
+}
+
+impl<'a> WhatIfRow<'a> {
+    /// The row for a comparison.
+    pub fn new(diff: &'a WhatIf) -> Self {
+        Self {
+            what_if: WhatIfLists {
+                note: WHAT_IF_NOTE,
+                recorded_actions: diff.recorded,
+                what_if_actions: diff.what_if,
+                not_issued: &diff.not_issued,
+                issued: &diff.issued,
+                reactions: &diff.reactions,
+                retries_not_compared: Retries {
+                    recorded: diff.recorded_retries,
+                    what_if: diff.what_if_retries,
+                },
+            },
         }
     }
 }

@@ -156,33 +156,107 @@ fn a_missing_file_and_a_bad_policy_are_clear_errors() {
     assert!(err.contains("unknown field `on_cordonn`"), "{err}");
 }
 
-#[test]
-fn policy_what_if_shows_what_would_have_changed() {
-    let policy = tmp("no-cordon.json");
-    std::fs::write(&policy, r#"{"drain": {"on_cordon": false}}"#).unwrap();
-    let log = incident("cordon-while-job-runs.jsonl");
-    let out = lockstep(&[
+/// `replay --policy` with this policy document on an incident: (stdout of
+/// the text run, the `what_if` object of the JSON run).
+fn what_if(policy: &str, name: &str) -> (String, serde_json::Value) {
+    let path = tmp(&format!("what-if-{}.json", policy.len()));
+    std::fs::write(&path, policy).unwrap();
+    let log = incident(name);
+    let args = [
         "replay",
         "--policy",
-        policy.to_str().unwrap(),
+        path.to_str().unwrap(),
         log.to_str().unwrap(),
-    ]);
+    ];
+    let out = lockstep(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    let json = lockstep(&[&args[..], &["--json"]].concat());
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let rows: Vec<serde_json::Value> = text(&json.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = rows.last().expect("rows");
     assert!(
-        stdout.contains("2 of 2 recorded actions would not have been issued"),
+        rows[..rows.len() - 1].iter().all(|r| r["seq"].is_u64()),
+        "the timeline rows come first"
+    );
+    (text(&out.stdout), last["what_if"].clone())
+}
+
+fn ids(list: &serde_json::Value) -> Vec<&str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn policy_what_if_lists_exactly_the_actions_that_differ() {
+    // Without drains on cordon, the cordon's drain and its resume were never
+    // needed. The recorded world still shows the drain lockstep set, which
+    // this policy would resume: a reaction to a recorded action, not a
+    // decision of the policy, so it is left out, and so are the retries of
+    // that resume (the log has no outcomes for it).
+    let (stdout, json) = what_if(
+        r#"{"drain": {"on_cordon": false}}"#,
+        "cordon-while-job-runs.jsonl",
+    );
+    assert!(
+        stdout.contains("does not react to actions that were never carried out"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("- 11.slurm_drain.slurm:n1/state"),
+        stdout.contains("2 of 2 recorded actions would not have been issued\n  - 11.slurm_drain.slurm:n1/state: drain slurm node n1 (lockstep: kubernetes node k1 cordoned)\n  - 18.slurm_resume.slurm:n1/state: resume slurm node n1\n  0 actions would have been issued that were not\n"),
         "{stdout}"
     );
-    // The recorded observations still show lockstep's drain, which this
-    // policy has no cause for: it would have resumed it at once.
+    assert!(!stdout.contains("  + "), "{stdout}");
     assert!(
-        stdout.contains("+ 13.slurm_resume.slurm:n1/state"),
+        stdout.contains("left out: they react to the effects of recorded actions it would not have issued\n  ~ 13.slurm_resume.slurm:n1/state"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("retries not compared: 0 recorded, 2 in the what-if run"),
+        "{stdout}"
+    );
+    assert_eq!(
+        ids(&json["not_issued"]),
+        [
+            "11.slurm_drain.slurm:n1/state",
+            "18.slurm_resume.slurm:n1/state"
+        ]
+    );
+    assert!(ids(&json["issued"]).is_empty(), "{json}");
+    assert_eq!(ids(&json["reactions"]), ["13.slurm_resume.slurm:n1/state"]);
+    assert_eq!(json["retries_not_compared"]["what_if"], 2);
+    assert!(json["note"]
+        .as_str()
+        .unwrap()
+        .contains("does not react to actions that were never carried out"));
+
+    // A shorter grace drains during the 20 s blip: one drain more, issued
+    // once (its retries are not compared), and nothing recorded is missing.
+    let (stdout, json) = what_if(
+        r#"{"health": {"not_ready_grace_s": 10}}"#,
+        "not-ready-grace.jsonl",
+    );
+    assert!(
+        stdout.contains("0 of 2 recorded actions would not have been issued\n  1 actions would have been issued that were not\n  + 9.slurm_drain.slurm:n1/state: drain slurm node n1 (lockstep: kubernetes node k1 not ready)\n"),
+        "{stdout}"
+    );
+    assert_eq!(ids(&json["issued"]), ["9.slurm_drain.slurm:n1/state"]);
+    assert!(ids(&json["not_issued"]).is_empty(), "{json}");
+
+    // The same policy as the log's: nothing differs, though the what-if run
+    // issues its actions under its own ids.
+    let (stdout, json) = what_if("{}", "pod-evicted.jsonl");
+    assert!(
+        stdout.contains("0 of 2 recorded actions would not have been issued\n  0 actions would have been issued that were not\n"),
+        "{stdout}"
+    );
+    assert_eq!(json["recorded_actions"], 2);
+    assert_eq!(json["what_if_actions"], 2);
 }
 
 #[test]

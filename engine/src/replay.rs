@@ -4,7 +4,9 @@
 //! Pure like the rest of the crate: records come in as values, the caller
 //! reads files and prints.
 
-use lockstep_schemas::{Event, EventId, EventRecord, IssuedAction, Record, Target};
+use std::collections::HashMap;
+
+use lockstep_schemas::{Action, Event, EventId, EventRecord, IssuedAction, Record, Target};
 
 use crate::{Engine, Output, Transition};
 
@@ -41,27 +43,159 @@ impl Verifier {
         let key = |a: &IssuedAction| (a.seq, a.id.clone());
         self.recorded.sort_by_key(key);
         self.recomputed.sort_by_key(key);
-        let mut a = std::mem::take(&mut self.recorded).into_iter();
-        let mut b = std::mem::take(&mut self.recomputed).into_iter();
+        let mut a = self.recorded.iter();
+        let mut b = self.recomputed.iter();
         loop {
             match (a.next(), b.next()) {
                 (None, None) => return,
                 (Some(x), Some(y)) if x == y => self.matched += 1,
                 (x, y) => {
-                    let seq = match (&x, &y) {
+                    let seq = match (x, y) {
                         (Some(x), Some(y)) => x.seq.min(y.seq),
                         (Some(v), None) | (None, Some(v)) => v.seq,
                         (None, None) => unreachable!("handled above"),
                     };
                     self.divergence = Some(Divergence {
                         seq,
-                        recorded: x,
-                        recomputed: y,
+                        recorded: x.cloned(),
+                        recomputed: y.cloned(),
                     });
                     return;
                 }
             }
         }
+    }
+}
+
+/// How the actions of a what-if run (`lockstep replay --policy`) differ
+/// from the recorded ones.
+///
+/// The what-if run folds the recorded observations: the world it sees is the
+/// one the recorded actions shaped, and it does not react to actions that
+/// were never carried out. So the comparison
+///
+/// - matches actions by what they do (kind, target and content: the
+///   [`Action`] value), not by id, sequence or time: the same drain issued
+///   a few records later is the same decision;
+/// - compares first attempts only: a retry repeats an action already
+///   counted, and the what-if run's retries come from the log holding no
+///   outcomes for actions it alone issued;
+/// - leaves out what-if actions that react to the effect of a recorded
+///   action the what-if run would not have issued (resuming a drain it never
+///   set, scaling back a scale-up it never made): where the recorded run
+///   left a target otherwise than the what-if run would have, an action that
+///   changes it again says nothing about the policy. They are kept apart in
+///   [`WhatIf::reactions`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WhatIf {
+    /// Recorded actions (first attempts) the what-if run would not have issued.
+    pub not_issued: Vec<IssuedAction>,
+    /// Actions (first attempts) the what-if run would have issued that were
+    /// not recorded.
+    pub issued: Vec<IssuedAction>,
+    /// What-if actions left out: reactions to the effect of a recorded action
+    /// the what-if run did not issue.
+    pub reactions: Vec<IssuedAction>,
+    /// Recorded first attempts.
+    pub recorded: u64,
+    /// What-if first attempts.
+    pub what_if: u64,
+    /// Recorded retries (attempt > 1), not compared.
+    pub recorded_retries: u64,
+    /// What-if retries (attempt > 1), not compared.
+    pub what_if_retries: u64,
+}
+
+/// What an action leaves its target as. Resumes, untaints and label
+/// removals return a target to how lockstep found it: equal to never
+/// having acted on it.
+fn effect(action: &Action) -> Option<&Action> {
+    match action {
+        Action::SlurmResume { .. }
+        | Action::KubeUntaintNode { .. }
+        | Action::KubeLabelPod { value: None, .. } => None,
+        other => Some(other),
+    }
+}
+
+impl WhatIf {
+    /// Compares the recorded actions with those of a what-if run.
+    pub fn compare(recorded: &[IssuedAction], what_if: &[IssuedAction]) -> Self {
+        let first = |v: &[IssuedAction]| -> Vec<IssuedAction> {
+            let mut v: Vec<IssuedAction> = v.iter().filter(|a| a.attempt <= 1).cloned().collect();
+            // Stable: actions of one record keep their order.
+            v.sort_by_key(|a| a.seq);
+            v
+        };
+        let (rec, wi) = (first(recorded), first(what_if));
+        let mut diff = Self {
+            recorded: rec.len() as u64,
+            what_if: wi.len() as u64,
+            recorded_retries: (recorded.len() - rec.len()) as u64,
+            what_if_retries: (what_if.len() - wi.len()) as u64,
+            ..Self::default()
+        };
+
+        // Walk both runs in log order, keeping what each left every target
+        // as. At one sequence the what-if actions come first: actions caused
+        // by the same record are simultaneous, and a reaction needs the
+        // world to show an effect, which takes a later record.
+        let mut rec_effect: HashMap<Target, Option<&Action>> = HashMap::new();
+        let mut wi_effect: HashMap<Target, Option<&Action>> = HashMap::new();
+        let mut compared: Vec<&IssuedAction> = Vec::new();
+        let (mut r, mut w) = (0, 0);
+        while r < rec.len() || w < wi.len() {
+            let take_what_if = w < wi.len() && (r == rec.len() || wi[w].seq <= rec[r].seq);
+            if take_what_if {
+                let a = &wi[w];
+                w += 1;
+                let target = a.action.target();
+                let theirs = rec_effect.get(&target).copied().flatten();
+                let ours = wi_effect.get(&target).copied().flatten();
+                let mine = effect(&a.action);
+                // The recorded run left the target otherwise than this run
+                // would have, and this action changes what it left.
+                if theirs.is_some() && theirs != ours && mine != theirs {
+                    diff.reactions.push(a.clone());
+                } else {
+                    wi_effect.insert(target, mine);
+                    compared.push(a);
+                }
+            } else {
+                let a = &rec[r];
+                r += 1;
+                rec_effect.insert(a.action.target(), effect(&a.action));
+            }
+        }
+
+        // Match by content, in log order. (Grouped by target: `Action` has
+        // no hash, and a target sees few actions.)
+        let mut unmatched: HashMap<Target, Vec<Option<&IssuedAction>>> = HashMap::new();
+        for a in &rec {
+            unmatched
+                .entry(a.action.target())
+                .or_default()
+                .push(Some(a));
+        }
+        for a in compared {
+            let slot = unmatched.get_mut(&a.action.target()).and_then(|list| {
+                list.iter_mut()
+                    .find(|r| r.is_some_and(|r| r.action == a.action))
+            });
+            match slot {
+                Some(slot) => *slot = None,
+                None => diff.issued.push(a.clone()),
+            }
+        }
+        diff.not_issued = unmatched
+            .into_values()
+            .flatten()
+            .flatten()
+            .cloned()
+            .collect();
+        diff.not_issued
+            .sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+        diff
     }
 }
 
@@ -148,6 +282,12 @@ impl Replay {
     pub fn divergence(&mut self) -> Option<Divergence> {
         self.verifier.finish();
         self.verifier.divergence.clone()
+    }
+
+    /// How a what-if run's actions differ from the recorded ones, once the
+    /// whole log has been fed (see [`WhatIf`]). Needs [`Replay::verifying`].
+    pub fn what_if(&self) -> WhatIf {
+        WhatIf::compare(&self.verifier.recorded, &self.verifier.recomputed)
     }
 
     /// Recorded actions that matched (after [`Replay::divergence`]).
@@ -281,5 +421,157 @@ impl Audit {
     /// The chain, in log order.
     pub fn entries(&self) -> &[AuditEntry] {
         &self.entries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lockstep_schemas::{ActionId, ScaleTargetRef};
+
+    use super::*;
+
+    fn issued(seq: u64, attempt: u32, action: Action) -> IssuedAction {
+        IssuedAction {
+            id: ActionId::derive(seq, action.kind(), &action.target()),
+            seq,
+            time_ms: seq * 1000,
+            cause: EventId(format!("e{seq}")),
+            rule: "test".into(),
+            attempt,
+            action,
+        }
+    }
+
+    fn drain(node: &str, reason: &str) -> Action {
+        Action::SlurmDrain {
+            node: node.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn resume(node: &str) -> Action {
+        Action::SlurmResume { node: node.into() }
+    }
+
+    fn scale(replicas: u32) -> Action {
+        Action::KubeScale {
+            target: ScaleTargetRef {
+                group: "apps".into(),
+                kind: "StatefulSet".into(),
+                namespace: "slurm".into(),
+                name: "gpu".into(),
+            },
+            replicas,
+        }
+    }
+
+    /// (seq, action) pairs, first attempts.
+    fn run(actions: &[(u64, Action)]) -> Vec<IssuedAction> {
+        actions
+            .iter()
+            .map(|(seq, a)| issued(*seq, 1, a.clone()))
+            .collect()
+    }
+
+    fn seqs(v: &[IssuedAction]) -> Vec<(u64, &'static str)> {
+        v.iter().map(|a| (a.seq, a.action.kind().name())).collect()
+    }
+
+    #[test]
+    fn what_if_compares_actions_by_what_they_do() {
+        let d = || drain("n1", "lockstep: cordoned");
+        // (story, recorded, what-if, not issued, issued, reactions)
+        type Case = (
+            &'static str,
+            Vec<IssuedAction>,
+            Vec<IssuedAction>,
+            Vec<(u64, &'static str)>,
+            Vec<(u64, &'static str)>,
+            Vec<(u64, &'static str)>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "the same drain a few records later is the same decision",
+                run(&[(11, d()), (20, resume("n1"))]),
+                run(&[(14, d()), (25, resume("n1"))]),
+                vec![],
+                vec![],
+                vec![],
+            ),
+            (
+                "no cordon drains: the resume of the recorded drain is a reaction",
+                run(&[(11, d()), (20, resume("n1"))]),
+                run(&[(13, resume("n1"))]),
+                vec![(11, "slurm_drain"), (20, "slurm_resume")],
+                vec![],
+                vec![(13, "slurm_resume")],
+            ),
+            (
+                "another reason is another drain",
+                run(&[(11, d())]),
+                run(&[(11, drain("n1", "lockstep: other"))]),
+                vec![(11, "slurm_drain")],
+                vec![(11, "slurm_drain")],
+                vec![],
+            ),
+            (
+                "once the recorded drain was lifted, a drain of its own counts",
+                run(&[(10, d()), (20, resume("n1"))]),
+                run(&[(100, drain("n1", "lockstep: not ready"))]),
+                vec![(10, "slurm_drain"), (20, "slurm_resume")],
+                vec![(100, "slurm_drain")],
+                vec![],
+            ),
+            (
+                "what it undoes of its own doing counts",
+                vec![],
+                run(&[(10, d()), (30, resume("n1"))]),
+                vec![],
+                vec![(10, "slurm_drain"), (30, "slurm_resume")],
+                vec![],
+            ),
+            (
+                "scaling back a scale-up it never made is a reaction",
+                run(&[(50, scale(3))]),
+                run(&[(50, scale(2)), (60, scale(2))]),
+                vec![(50, "kube_scale")],
+                vec![(50, "kube_scale")],
+                vec![(60, "kube_scale")],
+            ),
+            (
+                "a repeated action needs as many matches",
+                run(&[(10, d()), (20, resume("n1")), (30, d())]),
+                run(&[(10, d()), (20, resume("n1"))]),
+                vec![(30, "slurm_drain")],
+                vec![],
+                vec![],
+            ),
+        ];
+        for (story, recorded, what_if, not_issued, issued, reactions) in cases {
+            let diff = WhatIf::compare(&recorded, &what_if);
+            assert_eq!(seqs(&diff.not_issued), not_issued, "{story}: not issued");
+            assert_eq!(seqs(&diff.issued), issued, "{story}: issued");
+            assert_eq!(seqs(&diff.reactions), reactions, "{story}: reactions");
+        }
+    }
+
+    #[test]
+    fn retries_are_counted_not_compared() {
+        let d = drain("n1", "lockstep: cordoned");
+        let recorded = vec![issued(11, 1, d.clone()), issued(12, 2, d.clone())];
+        let what_if: Vec<_> = (1..=8)
+            .map(|a| issued(10 + u64::from(a), a, d.clone()))
+            .collect();
+        let diff = WhatIf::compare(&recorded, &what_if);
+        assert_eq!(
+            diff,
+            WhatIf {
+                recorded: 1,
+                what_if: 1,
+                recorded_retries: 1,
+                what_if_retries: 7,
+                ..WhatIf::default()
+            }
+        );
     }
 }
