@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
-    KubeScaleTarget, PodCondition, Policy, ScaleTargetRef, SlurmJob, SlurmNode, SlurmPartition,
-    Taint, TaintSpec, Target,
+    KubeScaleTarget, PodCondition, Policy, Removal, ScaleTargetRef, SlurmJob, SlurmNode,
+    SlurmPartition, Taint, TaintSpec, Target,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -19,7 +19,7 @@ use crate::health::{self, min_wake};
 use crate::model::{
     domain_index, pod_key, slurm_name_of_pod, KubeEntry, Model, Origin, PodEntry, Seen,
 };
-use crate::scaling::{self, ScaleCtl, Victim, VictimKind};
+use crate::scaling::{self, PodFacts, ScaleCtl, ScaleIn, Victim, VictimKind};
 use crate::slot::{Flight, Issue, Slot, Step};
 use crate::sorted;
 use crate::stale::{self, ObjectKey, Tombstones};
@@ -964,6 +964,21 @@ impl Engine {
 
     /// Everything of the domain not listed since `SyncStarted` is gone.
     fn finish_sync(&mut self, domain: Domain, ctx: &Ctx<'_>) {
+        if domain == Domain::SlurmNodes {
+            // Level-triggered after every relist (after a restart, a restore,
+            // a lost watch): each drain lockstep owns is looked at again, so
+            // one whose cause no longer holds is resumed even when nothing
+            // else about its node changed.
+            let prefix = &self.policy.drain.reason_prefix;
+            let owned: Vec<String> = self
+                .model
+                .slurm_nodes
+                .iter()
+                .filter(|(_, s)| SlurmSide::of(&s.obs, prefix).owned_out())
+                .map(|(n, _)| n.clone())
+                .collect();
+            self.dirty.extend(owned.into_iter().map(Wake::Slurm));
+        }
         let state = self.model.sync[domain_index(domain)];
         if !state.listing {
             // A log cut in the middle of a listing: we did not see its start,
@@ -1654,12 +1669,13 @@ impl Engine {
                 if desired >= current {
                     let ctl = self.scale.entry(rule.target.clone()).or_default();
                     ctl.desired = Some(desired);
+                    ctl.blocked = None;
                     reconcile_replicas(
                         ctl,
                         rule,
                         current,
                         desired,
-                        0,
+                        None,
                         ctx,
                         &self.policy.actions,
                         &mut wake,
@@ -1669,24 +1685,17 @@ impl Engine {
                 }
             }
             // The target's pods, with what scaling needs to know of each.
-            struct PodInfo<'a> {
-                key: &'a str,
-                uid: &'a str,
-                slurm: &'a str,
-                jobs: u32,
-                busy: bool,
-                known: bool,
-                drained: bool,
-                deleting: bool,
-                revision: Option<&'a str>,
-            }
-            let mut pods: Vec<PodInfo> = Vec::new();
+            let removal = self.policy.scaling.removal_of(&rule.target);
+            let idle_ms = ms(rule.idle_before_scale_down_s);
+            let cost_key = scaling::COST_LABEL;
+            let mut pods: Vec<PodFacts> = Vec::new();
+            let mut idle_at: Vec<u64> = Vec::new();
             for (key, entry) in &self.model.pods {
                 let p = &entry.obs;
                 let owned = p.namespace == rule.target.namespace
                     && p.owner
                         .as_ref()
-                        .is_some_and(|o| o.kind == rule.target.kind && o.name == rule.target.name);
+                        .is_some_and(|o| scaling::owned_by(&rule.target, &o.kind, &o.name));
                 if !owned {
                     continue;
                 }
@@ -1695,20 +1704,36 @@ impl Engine {
                 };
                 let node = self.model.slurm_nodes.get(slurm).map(|n| &n.obs);
                 let jobs = self.model.jobs_on(slurm);
-                pods.push(PodInfo {
+                let busy = jobs > 0 || node.is_some_and(scaling::slurm_busy);
+                let idle_enough = match self.idle_since.get(slurm).copied() {
+                    Some(t) if after_ms(t, idle_ms) <= now => true,
+                    Some(t) => {
+                        if !busy && !self.victims.contains_key(slurm) {
+                            idle_at.push(after_ms(t, idle_ms));
+                        }
+                        false
+                    }
+                    None => false,
+                };
+                pods.push(PodFacts {
                     key,
+                    name: &p.name,
                     uid: &p.uid,
                     slurm,
                     jobs,
-                    busy: jobs > 0 || node.is_some_and(scaling::slurm_busy),
+                    busy,
                     known: node.is_some(),
                     drained: node.is_some_and(|n| scaling::drained(n, jobs)),
                     deleting: p.deleting,
+                    serving: p.running_and_ready() && p.node_name.is_some(),
+                    idle_enough,
+                    cost: p.labels.get(cost_key).map_or(Some(0), |c| c.parse().ok()),
                     revision: p.revision.as_deref(),
                 });
             }
-            // No sort: every decision below is independent of this order
-            // (counts, lookups, and candidates sorted by a total order).
+            // Decisions below must not depend on the hash map's order (it
+            // differs after a restore).
+            pods.sort_unstable_by(|a, b| a.key.cmp(b.key));
             // Busy Slurm nodes, each once even while two pods claim it (a
             // replacement starting beside a terminating pod).
             let busy = pods
@@ -1731,54 +1756,158 @@ impl Engine {
             let desired = scaling::desired(busy, pending, rule.min_replicas, rule.max_replicas);
             let ctl = self.scale.entry(rule.target.clone()).or_default();
             ctl.desired = Some(desired);
+            let mut touched = Vec::new();
 
-            // Settle, cancel or advance the victims.
-            let mine: Vec<String> = self
+            // Rolling replacement victims: settle once their pod is gone,
+            // delete it once DRAINED.
+            let replacing: Vec<String> = self
                 .victims
                 .iter()
-                .filter(|(_, v)| v.target == rule.target)
+                .filter(|(_, v)| v.target == rule.target && v.kind == VictimKind::Replace)
                 .map(|(n, _)| n.clone())
                 .collect();
-            let mut touched = Vec::new();
-            for node in &mine {
+            for node in &replacing {
                 let v = self.victims.get_mut(node).expect("listed above");
-                let pod = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid);
-                let gone = pod.is_none();
-                match v.kind {
-                    VictimKind::ScaleIn if gone => match v.gone_at_replicas {
-                        None => v.gone_at_replicas = Some(current),
-                        Some(at) if current < at => {
-                            self.victims.remove(node);
-                            continue;
-                        }
-                        Some(_) => {}
-                    },
-                    VictimKind::Replace if gone => {
-                        self.victims.remove(node);
-                        touched.push(node.clone());
-                        continue;
-                    }
-                    _ => {}
-                }
-                let Some(pod) = pod else { continue };
-                let deleting = pod.deleting || v.delete_slot.pending().is_some();
-                if v.kind == VictimKind::ScaleIn && desired >= current && !deleting {
-                    // Demand is back: keep the node instead of adding one.
+                let Some(pod) = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid) else {
                     self.victims.remove(node);
                     touched.push(node.clone());
                     continue;
-                }
+                };
                 // Fail closed: delete only what is surely drained and idle.
                 let safe = visible && pod.known && pod.drained && pod.jobs == 0 && !pod.busy;
-                let want = (safe && !pod.deleting).then(|| {
-                    let (namespace, name) = pod
-                        .key
+                let want = (safe && !pod.deleting).then(|| delete_action(pod));
+                let issue = Issue {
+                    seq: ctx.seq,
+                    now_ms: now,
+                    cause: ctx.event,
+                    rule: Rule::Scaling.name(),
+                };
+                let (_, w) =
+                    v.delete_slot
+                        .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
+                if let Some(w) = w {
+                    min_wake(&mut wake, w);
+                }
+            }
+
+            // Scale-in victims whose pods are gone: settled, except that
+            // with `delete_pod` they are counted off `replicas` first.
+            let scale_in: Vec<String> = self
+                .victims
+                .iter()
+                .filter(|(_, v)| v.target == rule.target && v.kind == VictimKind::ScaleIn)
+                .map(|(n, _)| n.clone())
+                .collect();
+            let mut present: Vec<&str> = Vec::new();
+            let mut gone = 0u32;
+            for node in &scale_in {
+                let v = self.victims.get_mut(node).expect("listed above");
+                if let Some(p) = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid) {
+                    present.push(p.slurm);
+                    continue;
+                }
+                let counted = removal == Some(Removal::DeletePod) && desired < current;
+                match v.gone_at_replicas {
+                    _ if !counted => {}
+                    None => {
+                        v.gone_at_replicas = Some(current);
+                        gone += 1;
+                        continue;
+                    }
+                    Some(at) if current >= at => {
+                        gone += 1;
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+                self.victims.remove(node);
+                touched.push(node.clone());
+            }
+            let down_ready_at = ctl
+                .last_down_ms
+                .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
+            let may_pick = now >= down_ready_at;
+            if desired < current && visible && !may_pick {
+                min_wake(&mut wake, down_ready_at);
+            }
+            let mut plan = scaling::plan_scale_in(&ScaleIn {
+                removal,
+                target: &rule.target,
+                current,
+                desired,
+                pods: &pods,
+                victims: &present,
+                gone,
+                may_pick,
+                visible,
+            });
+            if desired < current && visible && may_pick {
+                for at in idle_at {
+                    min_wake(&mut wake, at);
+                }
+            }
+            if let Some(to) = plan.lower_to {
+                if let Err(why) =
+                    scaling::lowering_allowed(removal, &rule.target, &pods, current, to, visible)
+                {
+                    plan.lower_to = None;
+                    plan.blocked = Some((None, why));
+                }
+            }
+            let live: Vec<(String, String, String)> = pods
+                .iter()
+                .map(|p| (p.slurm.to_owned(), p.key.to_owned(), p.uid.to_owned()))
+                .collect();
+            drop(pods);
+
+            // Victims: drop the ones no longer wanted, add the new ones.
+            for node in present.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>() {
+                if !plan.victims.contains(&node) {
+                    self.victims.remove(&node);
+                    touched.push(node);
+                }
+            }
+            let mut picked = false;
+            for node in &plan.victims {
+                if self.victims.contains_key(node) {
+                    continue;
+                }
+                let Some((_, key, uid)) = live.iter().find(|(s, _, _)| s == node) else {
+                    continue;
+                };
+                self.victims.insert(
+                    node.clone(),
+                    Victim {
+                        target: rule.target.clone(),
+                        kind: VictimKind::ScaleIn,
+                        pod_key: key.clone(),
+                        uid: uid.clone(),
+                        gone_at_replicas: None,
+                        delete_slot: Slot::default(),
+                    },
+                );
+                touched.push(node.clone());
+                picked = true;
+            }
+            let ctl = self.scale.get_mut(&rule.target).expect("inserted above");
+            if picked {
+                ctl.last_down_ms = Some(now);
+            }
+            // `delete_pod`: delete each DRAINED victim's pod.
+            for v in self
+                .victims
+                .values_mut()
+                .filter(|v| v.target == rule.target && v.kind == VictimKind::ScaleIn)
+            {
+                let want = plan.delete.contains(&v.pod_key).then(|| {
+                    let (namespace, pod) = v
+                        .pod_key
                         .split_once('/')
                         .expect("pod keys are namespace/name");
                     Action::KubeDeletePod {
                         namespace: namespace.to_owned(),
-                        pod: name.to_owned(),
-                        uid: pod.uid.to_owned(),
+                        pod: pod.to_owned(),
+                        uid: v.uid.clone(),
                     }
                 });
                 let issue = Issue {
@@ -1794,55 +1923,60 @@ impl Engine {
                     min_wake(&mut wake, w);
                 }
             }
-
-            // Pick new scale-in victims among nodes idle long enough.
-            let ctl = self.scale.get_mut(&rule.target).expect("inserted above");
-            let scale_in = self
-                .victims
-                .values()
-                .filter(|v| v.target == rule.target && v.kind == VictimKind::ScaleIn)
-                .count() as u32;
-            let down_ready_at = ctl
-                .last_down_ms
-                .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
-            if desired < current.saturating_sub(scale_in) && visible {
-                if now < down_ready_at {
-                    min_wake(&mut wake, down_ready_at);
-                } else {
-                    let idle_ms = ms(rule.idle_before_scale_down_s);
-                    let mut candidates: Vec<&PodInfo> = pods
-                        .iter()
-                        .filter(|p| {
-                            !self.victims.contains_key(p.slurm) && p.known && !p.busy && !p.deleting
-                        })
-                        .filter(|p| match self.idle_since.get(p.slurm).copied() {
-                            Some(t) if after_ms(t, idle_ms) <= now => true,
-                            Some(t) => {
-                                min_wake(&mut wake, after_ms(t, idle_ms));
-                                false
-                            }
-                            None => false,
-                        })
-                        .collect();
-                    candidates.sort_by(|a, b| {
-                        scaling::victim_order((a.jobs, a.slurm), (b.jobs, b.slurm))
-                    });
-                    let needed = (current - scale_in - desired) as usize;
-                    for p in candidates.into_iter().take(needed) {
-                        self.victims.insert(
-                            p.slurm.to_owned(),
-                            Victim {
-                                target: rule.target.clone(),
-                                kind: VictimKind::ScaleIn,
-                                pod_key: p.key.to_owned(),
-                                uid: p.uid.to_owned(),
-                                gone_at_replicas: None,
-                                delete_slot: Slot::default(),
-                            },
-                        );
-                        touched.push(p.slurm.to_owned());
-                        ctl.last_down_ms = Some(now);
+            // `deletion_cost`: the lowest cost on DRAINED victims, and on no
+            // other pod of the target.
+            let slot_key = format!("label:{cost_key}");
+            for (_, key, _) in &live {
+                let Some(entry) = self.model.pods.get_mut(key) else {
+                    continue;
+                };
+                let has = entry.obs.labels.get(cost_key).map(String::as_str);
+                let marked = plan.mark.contains(key);
+                let value = match (marked, has) {
+                    (true, Some(scaling::VICTIM_COST)) | (false, None) => None,
+                    (true, _) => Some(Some(scaling::VICTIM_COST.to_owned())),
+                    (false, Some(scaling::VICTIM_COST)) => Some(None),
+                    (false, Some(_)) => None,
+                };
+                if value.is_none() && !entry.has_slot(&slot_key) {
+                    continue;
+                }
+                let want = value.map(|value| Action::KubeLabelPod {
+                    namespace: entry.obs.namespace.clone(),
+                    pod: entry.obs.name.clone(),
+                    key: cost_key.to_owned(),
+                    value,
+                });
+                let idx = match entry
+                    .condition_slots
+                    .iter()
+                    .position(|(k, _)| *k == slot_key)
+                {
+                    Some(i) => i,
+                    None => {
+                        entry
+                            .condition_slots
+                            .push((slot_key.clone(), Slot::default()));
+                        entry.condition_slots.len() - 1
                     }
+                };
+                let issue = Issue {
+                    seq: ctx.seq,
+                    now_ms: now,
+                    cause: ctx.event,
+                    rule: Rule::Scaling.name(),
+                };
+                let (_, w) = entry.condition_slots[idx].1.reconcile(
+                    want,
+                    &issue,
+                    &self.policy.actions,
+                    &mut out.actions,
+                );
+                if let Some(w) = w {
+                    min_wake(&mut wake, w);
+                }
+                if entry.condition_slots[idx].1.current.is_none() {
+                    entry.condition_slots.remove(idx);
                 }
             }
 
@@ -1853,42 +1987,86 @@ impl Engine {
                     .values()
                     .filter(|v| v.target == rule.target && v.kind == VictimKind::Replace)
                     .count() as u32;
-                let mut old: Vec<&PodInfo> = pods
-                    .iter()
-                    .filter(|p| p.revision.is_some_and(|r| r != rev))
-                    .filter(|p| !self.victims.contains_key(p.slurm) && p.known && !p.deleting)
-                    .collect();
-                old.sort_by(|a, b| scaling::victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
                 let room = rule.max_unavailable.saturating_sub(replacing) as usize;
-                for p in old.into_iter().take(room) {
+                let mut old: Vec<(u32, String, String, String)> = Vec::new();
+                for (key, entry) in &self.model.pods {
+                    let p = &entry.obs;
+                    let Some((slurm, _, uid)) = live.iter().find(|(_, k, _)| k == key) else {
+                        continue;
+                    };
+                    if p.revision.as_ref().is_none_or(|r| r == rev)
+                        || self.victims.contains_key(slurm)
+                        || p.deleting
+                        || !self.model.slurm_nodes.contains_key(slurm)
+                    {
+                        continue;
+                    }
+                    old.push((
+                        self.model.jobs_on(slurm),
+                        slurm.clone(),
+                        key.clone(),
+                        uid.clone(),
+                    ));
+                }
+                old.sort_by(|a, b| scaling::victim_order((a.0, &a.1), (b.0, &b.1)));
+                for (_, slurm, key, uid) in old.into_iter().take(room) {
                     self.victims.insert(
-                        p.slurm.to_owned(),
+                        slurm.clone(),
                         Victim {
                             target: rule.target.clone(),
                             kind: VictimKind::Replace,
-                            pod_key: p.key.to_owned(),
-                            uid: p.uid.to_owned(),
+                            pod_key: key,
+                            uid,
                             gone_at_replicas: None,
                             delete_slot: Slot::default(),
                         },
                     );
-                    touched.push(p.slurm.to_owned());
+                    touched.push(slurm);
                 }
             }
 
-            // The replica count: up at once (after the cooldown); down by
-            // the victims whose pods are gone.
-            let gone = self
-                .victims
-                .values()
-                .filter(|v| v.target == rule.target && v.gone_at_replicas.is_some())
-                .count() as u32;
+            // Why scale-in stops short, once per change, in the audit trail.
+            let blocked = plan
+                .blocked
+                .filter(|_| desired < current)
+                .map(|(node, why)| {
+                    let detail = format!(
+                        "scale-in of {} from {current} toward {desired} stops: {why}",
+                        rule.target
+                    );
+                    (node, detail)
+                });
+            let ctl = self.scale.get_mut(&rule.target).expect("inserted above");
+            if blocked.as_ref().map(|(_, d)| d) != ctl.blocked.as_ref() {
+                ctl.blocked = blocked.as_ref().map(|(_, d)| d.clone());
+                if let Some((node, detail)) = blocked {
+                    let node = node.unwrap_or_else(|| rule.target.to_string());
+                    let phase = self
+                        .ctl
+                        .get(&node)
+                        .map_or(Phase::Unknown, |c| c.status.phase);
+                    out.transitions.push(Transition {
+                        seq: ctx.seq,
+                        time_ms: now,
+                        node,
+                        from: phase,
+                        to: phase,
+                        rule: Rule::Scaling,
+                        cause: ctx.event.clone(),
+                        detail,
+                    });
+                }
+            }
+
+            // The replica count: up at once (after the cooldown); down as
+            // the plan says, never below the demand of this moment.
+            let ctl = self.scale.get_mut(&rule.target).expect("inserted above");
             reconcile_replicas(
                 ctl,
                 rule,
                 current,
                 desired,
-                gone,
+                plan.lower_to,
                 ctx,
                 &self.policy.actions,
                 &mut wake,
@@ -2012,14 +2190,15 @@ impl Engine {
 }
 
 /// The replica count a scale target should have now: up to `desired` at
-/// once (after the cooldown), down by the victims whose pods are `gone`.
+/// once (after the cooldown), down to `lower_to` (what the scale-in plan
+/// found safe), never below `desired`.
 #[allow(clippy::too_many_arguments)]
 fn reconcile_replicas(
     ctl: &mut ScaleCtl,
     rule: &lockstep_schemas::ScaleRule,
     current: u32,
     desired: u32,
-    gone: u32,
+    lower_to: Option<u32>,
     ctx: &Ctx<'_>,
     policy: &lockstep_schemas::ActionPolicy,
     wake: &mut Option<u64>,
@@ -2036,10 +2215,8 @@ fn reconcile_replicas(
             min_wake(wake, up_ready_at);
             None
         }
-    } else if gone > 0 {
-        Some(current.saturating_sub(gone).max(rule.min_replicas))
     } else {
-        None
+        lower_to.map(|to| to.max(desired).max(rule.min_replicas))
     };
     let want = want
         .filter(|&r| r != current)
@@ -2068,6 +2245,19 @@ fn reconcile_replicas(
 
 const fn yes() -> bool {
     true
+}
+
+/// Deletes a pod, only if its UID is still the one scaling looked at.
+fn delete_action(pod: &PodFacts<'_>) -> Action {
+    let (namespace, name) = pod
+        .key
+        .split_once('/')
+        .expect("pod keys are namespace/name");
+    Action::KubeDeletePod {
+        namespace: namespace.to_owned(),
+        pod: name.to_owned(),
+        uid: pod.uid.to_owned(),
+    }
 }
 
 /// Takes the orphaned slots whose target `key_of` recognises, keyed by what

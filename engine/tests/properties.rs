@@ -16,7 +16,8 @@ use lockstep_schemas::{
 };
 use proptest::prelude::*;
 
-const SLURM: [&str; 4] = ["n1", "n2", "n3", "n4"];
+/// Slurm node names, also the names of their pods: ordinals of StatefulSet `gpu`.
+const SLURM: [&str; 4] = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"];
 const KUBE: [&str; 3] = ["k1", "k2", "k3"];
 const PREFIX: &str = "lockstep:";
 const MIN_REPLICAS: u32 = 1;
@@ -73,7 +74,12 @@ enum Op {
         keep: u8,
     },
     SlurmVisible(bool),
-    HostMode(bool),
+    /// A new policy: host mode, and whether the set's pods are scaled in by
+    /// deleting them (`delete_pod`) rather than by ordinal.
+    Policy {
+        host: bool,
+        delete_pod: bool,
+    },
     /// A job: 0 pending (scalable), 1 pending (held), 2 running, 3 gone.
     Job {
         id: u64,
@@ -101,7 +107,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..4usize, 0..4u8).prop_map(|(pick, result)| Op::Outcome { pick, result }),
         1 => (0..3u8, any::<u8>()).prop_map(|(domain, keep)| Op::Sync { domain, keep }),
         1 => any::<bool>().prop_map(Op::SlurmVisible),
-        1 => prop::bool::weighted(0.3).prop_map(Op::HostMode),
+        1 => (prop::bool::weighted(0.3), prop::bool::weighted(0.3))
+            .prop_map(|(host, delete_pod)| Op::Policy { host, delete_pod }),
         3 => (0..5u64, 0..4u8, any::<u8>(), 1..4u32).prop_map(|(id, state, nodes, count)| Op::Job { id, state, nodes, count }),
         1 => (0..5u32, any::<bool>()).prop_map(|(replicas, revision)| Op::Scale { replicas, revision }),
     ]
@@ -387,7 +394,15 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 visible: *v,
                 detail: String::new(),
             },
-            Op::HostMode(h) => Event::PolicyChanged(Box::new(policy(*h))),
+            Op::Policy { host, delete_pod } => {
+                let mut p = policy(*host);
+                if *delete_pod {
+                    p.scaling
+                        .removal
+                        .insert("StatefulSet".into(), lockstep_schemas::Removal::DeletePod);
+                }
+                Event::PolicyChanged(Box::new(p))
+            }
             Op::Job {
                 id,
                 state,
@@ -659,8 +674,15 @@ proptest! {
         let mut latest: BTreeMap<String, SlurmNode> = BTreeMap::new();
         let mut in_flight: BTreeMap<Target, (String, u64)> = BTreeMap::new();
         let mut jobs: BTreeMap<u64, lockstep_schemas::SlurmJob> = BTreeMap::new();
+        let mut pods: BTreeMap<String, KubePod> = BTreeMap::new();
+        let mut replicas = None;
+        let mut by_ordinal = true;
         for rec in &recs {
             match &rec.envelope.event {
+                Event::KubePod(p) => { pods.insert(p.name.clone(), p.clone()); }
+                Event::KubePodGone { name, .. } => { pods.remove(name); }
+                Event::KubeScaleTarget(t) => replicas = Some(t.replicas),
+                Event::PolicyChanged(p) => by_ordinal = p.scaling.removal.is_empty(),
                 Event::SlurmNode(n) => { latest.insert(n.name.clone(), n.clone()); }
                 Event::SlurmNodeGone { name, .. } => { latest.remove(name); }
                 Event::SlurmJob(j) => { jobs.insert(j.job_id, j.clone()); }
@@ -686,8 +708,24 @@ proptest! {
                         "deleted pod {} whose slurm node is not drained: {:?}", pod, node
                     );
                 }
-                if let Action::KubeScale { replicas, .. } = &a.action {
-                    prop_assert!((MIN_REPLICAS..=MAX_REPLICAS).contains(replicas), "scaled to {}", replicas);
+                if let Action::KubeScale { replicas: to, .. } = &a.action {
+                    prop_assert!((MIN_REPLICAS..=MAX_REPLICAS).contains(to), "scaled to {}", to);
+                    // A StatefulSet removes its highest ordinals when replicas
+                    // drop: each must be a pod lockstep knows whose Slurm node is
+                    // DRAINED and holds no job. Lowering is a removal lockstep causes.
+                    let from = replicas.unwrap_or(0);
+                    if by_ordinal {
+                        for o in *to..from {
+                            let name = format!("gpu-{o}");
+                            let running = jobs.values().any(|j| j.state.holds_nodes() && j.nodes.contains(&name));
+                            let node = latest.get(&name);
+                            let drained = node.is_some_and(|n| n.flags.contains(&SlurmNodeFlag::Drain)
+                                && !n.flags.contains(&SlurmNodeFlag::Completing)
+                                && !matches!(n.state, SlurmBaseState::Allocated | SlurmBaseState::Mixed));
+                            prop_assert!(pods.contains_key(&name), "lowered {} -> {} past {}, a pod not known", from, to, name);
+                            prop_assert!(!running && drained, "lowered {} -> {} past {}: job {} node {:?}", from, to, name, running, node);
+                        }
+                    }
                 }
                 if let Action::SlurmResume { node } = &a.action {
                     let owned = latest.get(node).and_then(|n| n.reason.as_deref()).is_some_and(|r| r.starts_with(PREFIX));
@@ -749,13 +787,38 @@ fn a_log_record_file_of_the_generated_log_is_readable() {
 }
 
 #[test]
-fn the_operations_reach_scale_in_deletes() {
+fn the_operations_reach_scale_in() {
     // Three idle nodes in pods of the set, replicas 3, min 1: after the idle
-    // time two are drained, and once Slurm shows the drains, deleted.
-    let mut ops = vec![Op::Scale {
-        replicas: 3,
-        revision: false,
-    }];
+    // time the top two are drained, and once Slurm shows the drains, the
+    // replicas are lowered past them (by ordinal), or their pods deleted
+    // (`delete_pod`).
+    for delete_pod in [false, true] {
+        let kinds = scale_in_run(delete_pod);
+        let count = |k| kinds.iter().filter(|x| **x == k).count();
+        use lockstep_schemas::ActionKind::{KubeDeletePod, KubeScale};
+        if delete_pod {
+            assert_eq!(count(KubeDeletePod), 2, "{kinds:?}");
+        } else {
+            assert_eq!(
+                (count(KubeDeletePod), count(KubeScale)),
+                (0, 1),
+                "{kinds:?}"
+            );
+        }
+    }
+}
+
+fn scale_in_run(delete_pod: bool) -> Vec<lockstep_schemas::ActionKind> {
+    let mut ops = vec![
+        Op::Policy {
+            host: false,
+            delete_pod,
+        },
+        Op::Scale {
+            replicas: 3,
+            revision: false,
+        },
+    ];
     for node in 0..3 {
         ops.push(Op::Slurm {
             node,
@@ -784,15 +847,7 @@ fn the_operations_reach_scale_in_deletes() {
     ops.push(Op::Advance { s: 2 });
     let recs = build_log(&ops);
     let run = run_once(&recs);
-    let kinds: Vec<_> = run.actions.iter().map(|a| a.action.kind()).collect();
-    assert_eq!(
-        kinds
-            .iter()
-            .filter(|k| **k == lockstep_schemas::ActionKind::KubeDeletePod)
-            .count(),
-        2,
-        "{kinds:?}"
-    );
+    run.actions.iter().map(|a| a.action.kind()).collect()
 }
 
 proptest! {

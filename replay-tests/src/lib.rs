@@ -72,6 +72,23 @@ pub struct SimSet {
     pub nodes: Vec<String>,
     /// Pods created so far (for fresh UIDs).
     pub created: u64,
+    /// How its controller removes pods when `replicas` drops.
+    pub controller: SimController,
+    /// Its Slurm nodes are in slurm.conf: they outlive their pods
+    /// (NOT_RESPONDING while the pod is gone, their state and drain kept)
+    /// instead of leaving Slurm with them.
+    pub static_nodes: bool,
+}
+
+/// The controller of a [`SimSet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimController {
+    /// Pods `<name>-<ordinal>` below `replicas`; the highest ordinals go
+    /// first, a deleted lower one is recreated.
+    StatefulSet,
+    /// Pods `<name>-<n>`; when `replicas` drops, removes pods not Running
+    /// and Ready first, then the lowest `pod-deletion-cost`, then the newest.
+    ReplicaSet,
 }
 
 impl Sim {
@@ -638,17 +655,10 @@ impl Sim {
             Action::KubeDeletePod { pod, uid, .. } => {
                 let key = format!("slurm/{pod}");
                 if self.pods.get(&key).is_some_and(|p| p.uid == *uid) {
+                    let set = self.pods[&key].owner.as_ref().map(|o| o.name.clone());
                     self.pod_change(pod, |p| p.deleting = true);
                     self.remove_pod(pod);
-                    self.slurm.remove(pod.as_str());
-                    self.append(
-                        Source::Slurm,
-                        Event::SlurmNodeGone {
-                            name: pod.clone(),
-                            version: 0,
-                        },
-                    );
-                    let set = pod.rsplit_once('-').map(|(s, _)| s.to_owned());
+                    self.slurmd_gone(pod);
                     if let Some(set) = set.filter(|s| self.sets.contains_key(s)) {
                         self.sync_set(&set);
                     }
@@ -676,12 +686,38 @@ impl Sim {
 impl Sim {
     /// A StatefulSet-like scale target with its pods and their Slurm nodes.
     pub fn add_set(&mut self, name: &str, replicas: u32, nodes: &[&str]) -> &mut Self {
+        self.add_controller(name, SimController::StatefulSet, false, replicas, nodes)
+    }
+
+    /// A StatefulSet whose Slurm nodes are in slurm.conf (see
+    /// [`SimSet::static_nodes`]).
+    pub fn add_static_set(&mut self, name: &str, replicas: u32, nodes: &[&str]) -> &mut Self {
+        self.add_controller(name, SimController::StatefulSet, true, replicas, nodes)
+    }
+
+    /// A ReplicaSet-like scale target with its pods and their Slurm nodes.
+    pub fn add_replica_set(&mut self, name: &str, replicas: u32, nodes: &[&str]) -> &mut Self {
+        self.add_controller(name, SimController::ReplicaSet, false, replicas, nodes)
+    }
+
+    fn add_controller(
+        &mut self,
+        name: &str,
+        controller: SimController,
+        static_nodes: bool,
+        replicas: u32,
+        nodes: &[&str],
+    ) -> &mut Self {
+        let kind = match controller {
+            SimController::StatefulSet => "StatefulSet",
+            SimController::ReplicaSet => "ReplicaSet",
+        };
         self.sets.insert(
             name.to_owned(),
             SimSet {
                 target: ScaleTargetRef {
                     group: "apps".to_owned(),
-                    kind: "StatefulSet".to_owned(),
+                    kind: kind.to_owned(),
                     namespace: "slurm".to_owned(),
                     name: name.to_owned(),
                 },
@@ -689,10 +725,52 @@ impl Sim {
                 revision: "rev-1".to_owned(),
                 nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
                 created: 0,
+                controller,
+                static_nodes,
             },
         );
         self.observe_set(name);
         self.sync_set(name)
+    }
+
+    /// The pod's slurmd is gone: its Slurm node leaves Slurm, or with
+    /// static nodes stays, NOT_RESPONDING, its state and drain kept.
+    fn slurmd_gone(&mut self, pod: &str) {
+        let static_nodes = self
+            .sets
+            .values()
+            .any(|s| s.static_nodes && pod.starts_with(&format!("{}-", s.target.name)));
+        if static_nodes {
+            if self.slurm.contains_key(pod) {
+                self.slurm_change(pod, |n| {
+                    if !n.flags.contains(&SlurmNodeFlag::NotResponding) {
+                        n.flags.push(SlurmNodeFlag::NotResponding);
+                    }
+                });
+            }
+            return;
+        }
+        self.slurm.remove(pod);
+        self.append(
+            Source::Slurm,
+            Event::SlurmNodeGone {
+                name: pod.to_owned(),
+                version: 0,
+            },
+        );
+    }
+
+    /// A new pod's slurmd registers: a new Slurm node, or a static one
+    /// answering again with the state and drain slurmctld kept.
+    fn slurmd_started(&mut self, pod: &str) {
+        if self.slurm.contains_key(pod) {
+            self.slurm_change(pod, |n| {
+                n.flags.retain(|f| *f != SlurmNodeFlag::NotResponding);
+                n.state = SlurmBaseState::Idle;
+            });
+        } else {
+            self.add_slurm_node(pod);
+        }
     }
 
     /// A new revision of the set's pod template.
@@ -719,28 +797,30 @@ impl Sim {
         self
     }
 
-    /// The set's controller: creates missing pods below `replicas` (and
-    /// their Slurm nodes register), removes pods at or above it.
+    /// The set's controller: creates missing pods (and their Slurm nodes
+    /// register), removes pods beyond `replicas` the way its kind does.
     pub fn sync_set(&mut self, name: &str) -> &mut Self {
         let set = self.sets[name].clone();
+        if set.controller == SimController::ReplicaSet {
+            return self.sync_replica_set(name);
+        }
         let ordinals: Vec<u32> = self
             .pods
             .values()
             .filter(|p| p.owner.as_ref().is_some_and(|o| o.name == name))
             .filter_map(|p| p.name.rsplit_once('-').and_then(|(_, o)| o.parse().ok()))
             .collect();
-        for o in ordinals.iter().copied().filter(|&o| o >= set.replicas) {
+        let mut removed: Vec<u32> = ordinals
+            .iter()
+            .copied()
+            .filter(|&o| o >= set.replicas)
+            .collect();
+        removed.sort_unstable_by(|a, b| b.cmp(a));
+        for o in removed {
             let pod = format!("{name}-{o}");
             self.pod_change(&pod, |p| p.deleting = true);
             self.remove_pod(&pod);
-            self.slurm.remove(pod.as_str());
-            self.append(
-                Source::Slurm,
-                Event::SlurmNodeGone {
-                    name: pod,
-                    version: 0,
-                },
-            );
+            self.slurmd_gone(&pod);
         }
         for o in (0..set.replicas).filter(|o| !ordinals.contains(o)) {
             let pod = format!("{name}-{o}");
@@ -750,7 +830,7 @@ impl Sim {
                 s.created += 1;
                 s.created
             };
-            self.add_slurm_node(&pod);
+            self.slurmd_started(&pod);
             self.add_pod(&pod, &node);
             let revision = set.revision.clone();
             self.pod_change(&pod, |p| {
@@ -760,6 +840,59 @@ impl Sim {
                     name: name.to_owned(),
                 });
                 p.revision = Some(revision);
+            });
+        }
+        self.observe_set(name)
+    }
+
+    fn sync_replica_set(&mut self, name: &str) -> &mut Self {
+        let set = self.sets[name].clone();
+        let mine: Vec<KubePod> = self
+            .pods
+            .values()
+            .filter(|p| p.owner.as_ref().is_some_and(|o| o.name == name) && !p.deleting)
+            .cloned()
+            .collect();
+        let excess = mine.len().saturating_sub(set.replicas as usize);
+        let mut ranked = mine.clone();
+        // kube-controller-manager's ranking for a scale-down (all pods here
+        // are assigned): not Ready first, then the lowest deletion cost,
+        // then the newest.
+        let created = |p: &KubePod| -> u64 {
+            p.name
+                .rsplit_once('-')
+                .and_then(|(_, n)| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let cost = |p: &KubePod| -> i64 {
+            p.labels
+                .get("annotation:controller.kubernetes.io/pod-deletion-cost")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0)
+        };
+        ranked.sort_by_key(|p| (p.running_and_ready(), cost(p), std::cmp::Reverse(created(p))));
+        for p in ranked.into_iter().take(excess) {
+            let pod = p.name.clone();
+            self.pod_change(&pod, |p| p.deleting = true);
+            self.remove_pod(&pod);
+            self.slurmd_gone(&pod);
+        }
+        for _ in mine.len()..set.replicas as usize {
+            let n = {
+                let s = self.sets.get_mut(name).expect("known set");
+                s.created += 1;
+                s.created
+            };
+            let pod = format!("{name}-{n}");
+            let node = set.nodes[n as usize % set.nodes.len()].clone();
+            self.slurmd_started(&pod);
+            self.add_pod(&pod, &node);
+            self.pod_change(&pod, |p| {
+                p.uid = format!("uid-{pod_name}", pod_name = p.name);
+                p.owner = Some(OwnerRef {
+                    kind: "ReplicaSet".to_owned(),
+                    name: name.to_owned(),
+                });
             });
         }
         self.observe_set(name)

@@ -83,12 +83,12 @@ pub const ALL: &[Incident] = &[
     },
     Incident {
         name: "idle-scale-in",
-        about: "the queue drains; after the idle time the newest idle nodes are drained, deleted and the replicas lowered",
+        about: "the queue drains; after the idle time the top ordinals are drained, then the replicas lowered so the StatefulSet removes exactly them",
         build: idle_scale_in,
     },
     Incident {
         name: "victim-gets-a-job",
-        about: "a job lands on a scale-in victim before its drain: the pod is deleted only after the job ends",
+        about: "a job lands on a scale-in victim (the top ordinal) before its drain: it is let go, and scaled in only after the job ends",
         build: victim_gets_a_job,
     },
     Incident {
@@ -98,7 +98,7 @@ pub const ALL: &[Incident] = &[
     },
     Incident {
         name: "slurm-invisible-during-scale-in",
-        about: "lockstep loses sight of Slurm during a scale-in: nothing is deleted until it sees again",
+        about: "lockstep loses sight of Slurm during a scale-in: replicas are not lowered until it sees again",
         build: slurm_invisible_during_scale_in,
     },
     Incident {
@@ -135,6 +135,26 @@ pub const ALL: &[Incident] = &[
         name: "kube-node-deleted",
         about: "host mode: a cordoned node is deleted, another vanishes in a relist; both stay drained as deleted until a node of that name is Ready",
         build: kube_node_deleted,
+    },
+    Incident {
+        name: "statefulset-busy-top-ordinal",
+        about: "idle ordinals 1-3 below a busy ordinal 4: no scale-in (a StatefulSet removes its top ordinals) until ordinal 4 is idle; then the top ordinals go",
+        build: statefulset_busy_top_ordinal,
+    },
+    Incident {
+        name: "replicaset-scale-in-by-deletion-cost",
+        about: "a ReplicaSet scales in any idle pods: drained, given the lowest pod-deletion-cost, then replicas lowered; the busy newest pod stays",
+        build: replicaset_scale_in_by_deletion_cost,
+    },
+    Incident {
+        name: "demand-returns-after-pods-gone",
+        about: "demand returns after some victims' pods are gone and others are marked: replicas never drop below it, the rest are let go",
+        build: demand_returns_after_pods_gone,
+    },
+    Incident {
+        name: "recreated-pod-of-settled-victim",
+        about: "static Slurm nodes keep their scale-in drain while their pods are gone; recreated by a scale-up, they are resumed",
+        build: recreated_pod_of_settled_victim,
     },
 ];
 
@@ -358,7 +378,7 @@ fn victim_gets_a_job() -> Sim {
     sim.actuate();
     sim.run_s(300, 30);
     sim.advance_s(1).end_job(31).actuate();
-    sim.run_s(60, 10);
+    sim.run_s(420, 30);
     sim
 }
 
@@ -539,5 +559,88 @@ fn kube_node_deleted() -> Sim {
         .set_ready("gpu-001", ConditionStatus::True)
         .actuate();
     sim.run_s(60, 10);
+    sim
+}
+
+fn statefulset_busy_top_ordinal() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 6), 5);
+    sim.versioned();
+    sim.advance_s(10)
+        .start_job(61, &["gpu-0"])
+        .start_job(62, &["gpu-4"])
+        .actuate();
+    // Ordinals 1-3 idle well past idle_before_scale_down_s: an earlier
+    // lockstep deleted them, and the controller then removed ordinal 4 with
+    // job 62 when replicas dropped.
+    sim.run_s(900, 60);
+    sim.advance_s(1).end_job(62).actuate();
+    sim.run_s(600, 30);
+    sim
+}
+
+/// Scales ReplicaSet `slurm/web` with partition `batch`.
+fn replica_set_policy(min: u32, max: u32) -> Policy {
+    let mut p = scaling_policy(min, max);
+    p.scaling.targets[0].target = ScaleTargetRef {
+        group: "apps".into(),
+        kind: "ReplicaSet".into(),
+        namespace: "slurm".into(),
+        name: "web".into(),
+    };
+    p
+}
+
+fn web_cluster(policy: Policy, replicas: u32) -> Sim {
+    let mut sim = Sim::new(policy);
+    sim.versioned();
+    for k in ["k1", "k2", "k3"] {
+        sim.add_kube_node(k);
+    }
+    sim.add_replica_set("web", replicas, &["k1", "k2", "k3"]);
+    sim
+}
+
+fn replicaset_scale_in_by_deletion_cost() -> Sim {
+    let mut sim = web_cluster(replica_set_policy(1, 6), 4);
+    // The newest pod runs a long job: a ReplicaSet left to itself would
+    // remove it first (newest first).
+    sim.advance_s(10).start_job(71, &["web-4"]).actuate();
+    sim.run_s(600, 30);
+    sim
+}
+
+fn demand_returns_after_pods_gone() -> Sim {
+    let mut sim = web_cluster(replica_set_policy(1, 6), 6);
+    sim.advance_s(10)
+        .start_job(81, &["web-1"])
+        .start_job(82, &["web-2", "web-3"])
+        .actuate();
+    // web-4..6 idle long enough: drained, marked, replicas lowered, gone.
+    sim.run_s(360, 30);
+    sim.advance_s(1).end_job(82).actuate();
+    // web-2 and web-3 idle long enough: drained and marked...
+    sim.run_s(330, 30);
+    // ...and before replicas drop for them, a 4-node job arrives.
+    sim.advance_s(1).submit(83, "batch", 4, "Resources");
+    sim.run_s(120, 10);
+    sim
+}
+
+fn recreated_pod_of_settled_victim() -> Sim {
+    let mut sim = Sim::new(scaling_policy(1, 6));
+    sim.versioned();
+    for k in ["k1", "k2", "k3"] {
+        sim.add_kube_node(k);
+    }
+    sim.add_static_set("gpu", 4, &["k1", "k2", "k3"]);
+    sim.advance_s(10)
+        .submit(91, "batch", 1, "Resources")
+        .schedule(91, &["gpu-0"])
+        .actuate();
+    // gpu-1..3 scaled in: their Slurm nodes stay in slurm.conf, drained.
+    sim.run_s(420, 30);
+    // A 4-node job: scaled up again; the same Slurm nodes come back.
+    sim.advance_s(1).submit(92, "batch", 4, "Resources");
+    sim.run_s(120, 10);
     sim
 }

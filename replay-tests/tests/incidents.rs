@@ -428,41 +428,50 @@ fn a_burst_of_pending_jobs_scales_up_once_counting_only_jobs_nodes_can_help() {
 }
 
 #[test]
-fn an_idle_queue_scales_in_through_drain_then_delete_then_fewer_replicas() {
+fn an_idle_queue_scales_in_the_top_ordinals_through_drain_then_fewer_replicas() {
     let sim = build("idle-scale-in");
-    let mut deleted = deleted_pods(&sim);
-    deleted.sort();
-    assert_eq!(
-        deleted,
-        ["gpu-1", "gpu-2", "gpu-3"],
-        "gpu-0 was busy until recently"
+    assert!(
+        deleted_pods(&sim).is_empty(),
+        "a StatefulSet removes its pods itself when replicas drop"
     );
     assert_eq!(replicas_set(&sim), [1]);
     assert_eq!(sim.sets["gpu"].replicas, 1);
-    // Each delete came after its node showed DRAIN in Slurm.
-    for d in kinds_on(&sim, ActionKind::KubeDeletePod) {
-        let Action::KubeDeletePod { pod, .. } = &d.action else {
-            unreachable!()
-        };
+    let mut drained: Vec<&str> = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+        .into_iter()
+        .filter(|n| !drains_of(&sim, n).is_empty())
+        .collect();
+    drained.sort();
+    assert_eq!(drained, ["gpu-1", "gpu-2", "gpu-3"], "the top ordinals");
+    // Lowered only after each ordinal it removes showed DRAIN in Slurm.
+    let lowered = kinds_on(&sim, ActionKind::KubeScale)[0].seq;
+    for pod in drained {
         let drained_at = event_seq(
             &sim,
-            |e| matches!(e, lockstep_schemas::Event::SlurmNode(n) if n.name == *pod && n.flags.contains(&lockstep_schemas::SlurmNodeFlag::Drain)),
+            |e| matches!(e, lockstep_schemas::Event::SlurmNode(n) if n.name == pod && n.flags.contains(&lockstep_schemas::SlurmNodeFlag::Drain)),
         );
-        assert!(drained_at < d.seq);
+        assert!(drained_at < lowered, "{pod}");
     }
 }
 
 #[test]
-fn a_victim_that_gets_a_job_is_deleted_only_after_the_job_ends() {
+fn a_victim_that_gets_a_job_is_let_go_and_removed_only_after_the_job_ends() {
     let sim = build("victim-gets-a-job");
     let job_end = event_seq(&sim, |e| {
         matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 31, .. })
     });
-    let deletes = kinds_on(&sim, ActionKind::KubeDeletePod);
-    assert!(!deletes.is_empty());
+    assert!(deleted_pods(&sim).is_empty());
+    // Its drain was lifted while the job ran (it is the top ordinal: nothing
+    // can be scaled in below it), and the audit trail says why.
+    let resumed = kinds_on(&sim, ActionKind::SlurmResume);
+    assert!(!resumed.is_empty() && resumed[0].seq < job_end);
+    assert!(sim.transitions.iter().any(|t| t.rule == Rule::Scaling
+        && t.node == "gpu-1"
+        && t.detail.contains("runs 1 job(s)")));
+    let lowered = kinds_on(&sim, ActionKind::KubeScale);
+    assert!(!lowered.is_empty());
     assert!(
-        deletes.iter().all(|d| d.seq > job_end),
-        "no delete while job 31 ran"
+        lowered.iter().all(|d| d.seq > job_end),
+        "replicas not lowered while job 31 ran"
     );
     assert_eq!(sim.sets["gpu"].replicas, 1);
 }
@@ -477,7 +486,7 @@ fn demand_returning_cancels_the_scale_in_instead_of_adding_nodes() {
 }
 
 #[test]
-fn nothing_is_deleted_while_slurm_is_invisible() {
+fn nothing_is_removed_while_slurm_is_invisible() {
     let sim = build("slurm-invisible-during-scale-in");
     let lost = event_seq(&sim, |e| {
         matches!(
@@ -491,9 +500,10 @@ fn nothing_is_deleted_while_slurm_is_invisible() {
             lockstep_schemas::Event::ConnectorStatus { visible: true, .. }
         )
     });
-    let deletes = kinds_on(&sim, ActionKind::KubeDeletePod);
-    assert_eq!(deletes.len(), 1);
-    assert!(deletes[0].seq >= back && !(lost..back).contains(&deletes[0].seq));
+    assert!(deleted_pods(&sim).is_empty());
+    let lowered = kinds_on(&sim, ActionKind::KubeScale);
+    assert_eq!(lowered.len(), 1);
+    assert!(lowered[0].seq >= back && !(lost..back).contains(&lowered[0].seq));
 }
 
 #[test]
@@ -715,4 +725,126 @@ fn a_deleted_kubernetes_node_keeps_its_slurm_node_drained_until_it_is_back() {
         sim.slurm["gpu-002"].reason.as_deref(),
         Some("lockstep: kubernetes node gpu-002 deleted")
     );
+}
+
+fn scale_ins(sim: &Sim) -> Vec<(u64, u32)> {
+    kinds_on(sim, ActionKind::KubeScale)
+        .iter()
+        .map(|a| match a.action {
+            Action::KubeScale { replicas, .. } => (a.seq, replicas),
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_busy_top_ordinal_stops_a_statefulset_scale_in_until_it_is_idle() {
+    let sim = build("statefulset-busy-top-ordinal");
+    let job_end = event_seq(&sim, |e| {
+        matches!(e, lockstep_schemas::Event::SlurmJobGone { job_id: 62, .. })
+    });
+    // Nothing drained or lowered while ordinal 4 ran job 62, and the audit
+    // trail says why.
+    for a in &sim.actions {
+        assert!(a.seq > job_end, "{} before job 62 ended", a.id);
+    }
+    assert!(sim.transitions.iter().any(|t| t.rule == Rule::Scaling
+        && t.node == "gpu-4"
+        && t.seq < job_end
+        && t.detail.contains("highest ordinals")));
+    // Then the top ordinals, and only they, went: by lowering replicas.
+    let mut drained: Vec<String> = kinds_on(&sim, ActionKind::SlurmDrain)
+        .iter()
+        .map(|a| match &a.action {
+            Action::SlurmDrain { node, .. } => node.clone(),
+            _ => unreachable!(),
+        })
+        .collect();
+    drained.sort();
+    assert_eq!(drained, ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]);
+    assert!(deleted_pods(&sim).is_empty());
+    assert_eq!(replicas_set(&sim), [1]);
+    assert!(sim.pods.contains_key("slurm/gpu-0"));
+    assert_eq!(sim.engine().jobs_on("gpu-0"), 1, "job 61 still runs");
+}
+
+#[test]
+fn a_replicaset_scales_in_its_idle_pods_by_deletion_cost() {
+    let sim = build("replicaset-scale-in-by-deletion-cost");
+    let marked: Vec<String> = kinds_on(&sim, ActionKind::KubeLabelPod)
+        .iter()
+        .filter_map(|a| match &a.action {
+            Action::KubeLabelPod {
+                pod, key, value, ..
+            } if key == "annotation:controller.kubernetes.io/pod-deletion-cost"
+                && value.as_deref() == Some("-2147483648") =>
+            {
+                Some(pod.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(marked, ["web-1", "web-2", "web-3"]);
+    assert!(deleted_pods(&sim).is_empty());
+    let lowered = scale_ins(&sim);
+    assert_eq!(lowered.iter().map(|l| l.1).collect::<Vec<_>>(), [1]);
+    // Marked only once drained, lowered only once marked.
+    for pod in ["web-1", "web-2", "web-3"] {
+        let drained = event_seq(
+            &sim,
+            |e| matches!(e, lockstep_schemas::Event::SlurmNode(n) if n.name == pod && n.flags.contains(&lockstep_schemas::SlurmNodeFlag::Drain)),
+        );
+        let mark = kinds_on(&sim, ActionKind::KubeLabelPod)
+            .iter()
+            .find(|a| matches!(&a.action, Action::KubeLabelPod { pod: p, .. } if p == pod))
+            .unwrap()
+            .seq;
+        assert!(drained < mark && mark < lowered[0].0, "{pod}");
+    }
+    // The busy newest pod stayed, with its job.
+    assert_eq!(
+        sim.pods.keys().cloned().collect::<Vec<_>>(),
+        ["slurm/web-4"]
+    );
+    assert_eq!(sim.engine().jobs_on("web-4"), 1);
+}
+
+#[test]
+fn returning_demand_stops_a_scale_in_also_after_victims_are_gone() {
+    let sim = build("demand-returns-after-pods-gone");
+    let demand = event_seq(
+        &sim,
+        |e| matches!(e, lockstep_schemas::Event::SlurmJob(j) if j.job_id == 83),
+    );
+    let scales = scale_ins(&sim);
+    // Lowered once (web-4..6 gone), then up to the demand: never below it.
+    assert_eq!(scales.iter().map(|s| s.1).collect::<Vec<_>>(), [3, 5]);
+    assert!(scales[0].0 < demand && scales[1].0 == demand);
+    // web-2 and web-3 were marked, then let go: unmarked and resumed.
+    for pod in ["web-2", "web-3"] {
+        assert_eq!(count(&sim, ActionKind::SlurmResume, pod), 1, "{pod}");
+        assert!(!sim.pods[&format!("slurm/{pod}")]
+            .labels
+            .contains_key("annotation:controller.kubernetes.io/pod-deletion-cost"));
+        assert_eq!(sim.phase(pod), Phase::InService);
+    }
+    assert_eq!(sim.sets["web"].replicas, 5);
+}
+
+#[test]
+fn no_scale_in_drain_outlives_the_scale_in() {
+    let sim = build("recreated-pod-of-settled-victim");
+    // gpu-1..3 kept their drain while their pods were gone (static nodes),
+    // and were resumed once their pods came back with the scale-up.
+    for n in ["gpu-1", "gpu-2", "gpu-3"] {
+        assert_eq!(
+            drains_of(&sim, n),
+            ["lockstep: scale-in"],
+            "{n}: drained once"
+        );
+        assert_eq!(count(&sim, ActionKind::SlurmResume, n), 1, "{n}");
+        assert_eq!(sim.phase(n), Phase::InService, "{n}");
+        assert_eq!(sim.slurm[n].reason, None, "{n}");
+    }
+    assert_eq!(sim.sets["gpu"].replicas, 5);
 }

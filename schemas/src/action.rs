@@ -69,13 +69,15 @@ pub enum Action {
         /// Taint key.
         key: String,
     },
-    /// Set or remove one label on a pod.
+    /// Set or remove one label on a pod; with a key `annotation:<key>`, one
+    /// annotation (the convention of observed pod and node labels), e.g.
+    /// `controller.kubernetes.io/pod-deletion-cost` on a scale-in victim.
     KubeLabelPod {
         /// Pod namespace.
         namespace: String,
         /// Pod name.
         pod: String,
-        /// Label key.
+        /// Label key, or `annotation:<key>`.
         key: String,
         /// Value to set; `None` removes the label.
         value: Option<String>,
@@ -348,14 +350,18 @@ impl Action {
                 namespace,
                 pod,
                 key,
-                value: Some(v),
-            } => format!("label pod {namespace}/{pod} {key}={v}"),
-            Self::KubeLabelPod {
-                namespace,
-                pod,
-                key,
-                value: None,
-            } => format!("remove label {key} from pod {namespace}/{pod}"),
+                value,
+            } => {
+                let (what, key) = match key.strip_prefix("annotation:") {
+                    Some(a) => ("annotation", a),
+                    None => ("label", key.as_str()),
+                };
+                match value {
+                    Some(v) if what == "label" => format!("label pod {namespace}/{pod} {key}={v}"),
+                    Some(v) => format!("annotate pod {namespace}/{pod} {key}={v}"),
+                    None => format!("remove {what} {key} from pod {namespace}/{pod}"),
+                }
+            }
             Self::KubeDeletePod {
                 namespace,
                 pod,

@@ -25,8 +25,8 @@ pub use event::{
 pub use log::{EventRecord, Record};
 pub use policy::{
     valid_topology_token, ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, LabelFeature,
-    Mapping, MappingMode, Policy, PolicyError, ScaleRule, ScalingPolicy, TaintSpec, TopologyPolicy,
-    COUNT_MAX, DURATION_S_MAX,
+    Mapping, MappingMode, Policy, PolicyError, Removal, ScaleRule, ScalingPolicy, TaintSpec,
+    TopologyPolicy, COUNT_MAX, DURATION_S_MAX,
 };
 
 /// Every event kind's wire name, as [`Event::kind`] gives it.

@@ -5,6 +5,8 @@
 //! field has a default; an empty document is the default policy. Unknown
 //! fields are rejected so a typo is an error, not a silently ignored setting.
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -274,6 +276,77 @@ pub struct ScalingPolicy {
     /// How often scale targets are re-evaluated while anything they depend
     /// on changes (log time); changes within this window are taken together.
     pub evaluate_every_s: u64,
+    /// How the controller of each kind of scale target removes pods when
+    /// `replicas` drops, keyed by kind (`NodeSet`) or by API group and kind
+    /// (`slinky.slurm.net/NodeSet`; this form wins). Scale-in follows it:
+    /// lowering `replicas` makes the controller remove pods, and lockstep
+    /// never lets that remove a pod whose Slurm node runs a job. Kinds not
+    /// named here: `StatefulSet` is `highest_ordinal`, `ReplicaSet` and
+    /// `Deployment` (group `apps`) are `deletion_cost`; any other kind is
+    /// only ever scaled up until its rule is named here.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub removal: BTreeMap<String, Removal>,
+}
+
+/// How a controller removes pods when its replica count drops, and so how
+/// lockstep scales its target in. In every case victims are drained first
+/// and `replicas` is lowered only when each pod it will make the controller
+/// remove has a Slurm node that is DRAINED (DRAIN, not ALLOCATED, MIXED or
+/// COMPLETING) and holds no job; when lockstep cannot tell (Slurm not
+/// visible, a pod or Slurm node not known) it does not scale in.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Removal {
+    /// The controller removes the highest ordinals (pods `<name>-<ordinal>`)
+    /// first, and recreates any lower one that is deleted (StatefulSet).
+    /// lockstep picks only the top ordinals, each idle long enough, as
+    /// victims (a busy one stops the scale-in below it), drains them, and
+    /// lowers `replicas` past an ordinal only once it and every ordinal above
+    /// it are DRAINED. It deletes no pod itself.
+    HighestOrdinal,
+    /// The controller removes, among assigned, Running and Ready pods, the
+    /// ones with the lowest `controller.kubernetes.io/pod-deletion-cost`
+    /// first (ReplicaSet, Deployment). lockstep picks idle pods, drains
+    /// them, gives each DRAINED victim the lowest cost (-2147483648), and
+    /// lowers `replicas` by their number only while every other pod of the
+    /// target is Running, Ready, not being deleted and costs more, so the
+    /// controller has no other choice.
+    DeletionCost,
+    /// The controller removes exactly the pods that are gone when `replicas`
+    /// drops and does not recreate a pod deleted before that (a StatefulSet
+    /// does recreate it: never use this for one). lockstep picks idle pods,
+    /// drains them, deletes each once DRAINED (with its UID as a
+    /// precondition), then lowers `replicas` by the pods gone, and only while
+    /// no more pods exist than the new count.
+    DeletePod,
+    /// The controller drains the Slurm node of each pod it removes and
+    /// deletes the pod only once the node is DRAINED (the Slinky NodeSet
+    /// controller documents this). lockstep drains and deletes nothing; it
+    /// lowers `replicas` by at most the number of pods idle long enough.
+    ControllerDrains,
+}
+
+impl ScalingPolicy {
+    /// The removal rule of a scale target's kind (see [`ScalingPolicy::removal`]);
+    /// `None`: the kind is not known and not configured, so it is never
+    /// scaled in.
+    pub fn removal_of(&self, target: &ScaleTargetRef) -> Option<Removal> {
+        let qualified = format!("{}/{}", target.group, target.kind);
+        if let Some(r) = self
+            .removal
+            .get(&qualified)
+            .or_else(|| self.removal.get(&target.kind))
+        {
+            return Some(*r);
+        }
+        match (target.group.as_str(), target.kind.as_str()) {
+            ("apps", "StatefulSet") => Some(Removal::HighestOrdinal),
+            ("apps", "ReplicaSet" | "Deployment") => Some(Removal::DeletionCost),
+            _ => None,
+        }
+    }
 }
 
 impl Default for ScalingPolicy {
@@ -298,6 +371,7 @@ impl Default for ScalingPolicy {
             .map(str::to_owned)
             .to_vec(),
             evaluate_every_s: 1,
+            removal: BTreeMap::new(),
         }
     }
 }
