@@ -20,7 +20,9 @@ use lockstep_schemas::{
 use serde_json::json;
 
 use super::error::{Error, Result};
-use super::reduce::{condition_status, condition_status_str, taint_effect_str, ScaleKind};
+use super::reduce::{
+    condition_status, condition_status_str, taint_effect_str, ScaleKind, ANNOTATION_PREFIX,
+};
 
 /// The field manager lockstep's writes are recorded under.
 pub const FIELD_MANAGER: &str = "lockstep";
@@ -88,6 +90,21 @@ impl Actuator {
         kube_config.write_timeout = Some(Duration::from_millis(config.request_timeout_ms));
         kube_config.reset_reader_on_write = true;
         let client = Client::try_from(kube_config).map_err(|e| Error::Client(Box::new(e)))?;
+        // The apps/v1 kinds lockstep knows how to scale in are always
+        // scalable, whatever the caller listed.
+        let mut scale_kinds = scale_kinds;
+        for k in [
+            ScaleKind::stateful_set(),
+            ScaleKind::replica_set(),
+            ScaleKind::deployment(),
+        ] {
+            if !scale_kinds
+                .iter()
+                .any(|have| have.group == k.group && have.kind == k.kind)
+            {
+                scale_kinds.push(k);
+            }
+        }
         Ok(Self {
             client,
             scale_kinds,
@@ -259,6 +276,9 @@ impl Actuator {
         }
     }
 
+    /// Sets or removes a pod label, or with a key `annotation:<key>` an
+    /// annotation (`controller.kubernetes.io/pod-deletion-cost` for scale-in),
+    /// as a JSON merge patch (`null` removes).
     async fn label_pod(
         &self,
         namespace: &str,
@@ -271,11 +291,25 @@ impl Actuator {
             .get(name)
             .await
             .map_err(|e| Error::from_kube(format!("get pod {namespace}/{name}"), e))?;
-        let current = pod.metadata.labels.as_ref().and_then(|l| l.get(key));
+        let (field, key, current) = match key.strip_prefix(ANNOTATION_PREFIX) {
+            Some(annotation) => (
+                "annotations",
+                annotation,
+                pod.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(annotation)),
+            ),
+            None => (
+                "labels",
+                key,
+                pod.metadata.labels.as_ref().and_then(|l| l.get(key)),
+            ),
+        };
         if current.map(String::as_str) == value {
             return Ok(Done::Already);
         }
-        let patch = json!({"metadata": {"labels": {key: value}}});
+        let patch = json!({"metadata": {field: {key: value}}});
         api.patch(name, &Self::params(), &Patch::Merge(patch))
             .await
             .map_err(|e| Error::from_kube(format!("label pod {namespace}/{name}"), e))?;

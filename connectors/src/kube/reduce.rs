@@ -13,11 +13,15 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ApiResource, DynamicObject};
 use lockstep_schemas::{
     ConditionStatus, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, PodCondition,
-    PodPhase, Policy, ScaleTargetRef, Taint, TaintEffect,
+    PodPhase, Policy, Removal, ScaleTargetRef, Taint, TaintEffect,
 };
 
 /// Prefix of a `node_labels` entry that names an annotation instead of a label.
 pub const ANNOTATION_PREFIX: &str = "annotation:";
+
+/// The pod deletion cost annotation as a `pod_labels` key: a ReplicaSet
+/// removes the pods with the lowest cost first (see `Removal::DeletionCost`).
+pub const POD_DELETION_COST: &str = "annotation:controller.kubernetes.io/pod-deletion-cost";
 
 /// The label a StatefulSet (or a Slinky NodeSet) puts the pod's revision in.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -68,6 +72,26 @@ impl ScaleKind {
         }
     }
 
+    /// `apps/v1` ReplicaSet.
+    pub fn replica_set() -> Self {
+        Self {
+            kind: "ReplicaSet".to_owned(),
+            plural: "replicasets".to_owned(),
+            update_revision_path: None,
+            ..Self::stateful_set()
+        }
+    }
+
+    /// `apps/v1` Deployment.
+    pub fn deployment() -> Self {
+        Self {
+            kind: "Deployment".to_owned(),
+            plural: "deployments".to_owned(),
+            update_revision_path: None,
+            ..Self::stateful_set()
+        }
+    }
+
     /// The dynamic API resource of this kind.
     pub fn api_resource(&self) -> ApiResource {
         let api_version = if self.group.is_empty() {
@@ -112,7 +136,9 @@ pub struct ObserveSpec {
     pub taint_prefixes: Vec<String>,
     /// Taints with exactly these keys are reported (the policy's taints).
     pub taint_keys: Vec<String>,
-    /// Pod label keys to report (`mapping.node_name_label`, the busy label).
+    /// Pod label keys to report (`mapping.node_name_label`, the busy label);
+    /// `annotation:<key>` reports an annotation (the pod deletion cost of
+    /// targets scaled in by `deletion_cost`).
     pub pod_labels: Vec<String>,
     /// Pod condition types to report (the ones lockstep sets).
     pub pod_conditions: Vec<String>,
@@ -168,9 +194,32 @@ impl ObserveSpec {
                 .iter()
                 .cloned()
                 .chain(non_empty(&policy.scaling.busy_label))
+                .chain(
+                    policy
+                        .scaling
+                        .targets
+                        .iter()
+                        .any(|t| {
+                            policy.scaling.removal_of(&t.target) == Some(Removal::DeletionCost)
+                        })
+                        .then(|| POD_DELETION_COST.to_owned()),
+                )
                 .collect(),
             pod_conditions,
-            scale_kinds: vec![ScaleKind::stateful_set()],
+            scale_kinds: {
+                let mut kinds = vec![ScaleKind::stateful_set()];
+                for t in &policy.scaling.targets {
+                    let kind = match (t.target.group.as_str(), t.target.kind.as_str()) {
+                        ("apps", "ReplicaSet") => ScaleKind::replica_set(),
+                        ("apps", "Deployment") => ScaleKind::deployment(),
+                        _ => continue,
+                    };
+                    if !kinds.contains(&kind) {
+                        kinds.push(kind);
+                    }
+                }
+                kinds
+            },
             scale_selector: None,
         };
         spec.normalize();
@@ -362,7 +411,13 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
     let labels: BTreeMap<String, String> = spec
         .pod_labels
         .iter()
-        .filter_map(|k| Some((k.clone(), all_labels?.get(k)?.clone())))
+        .filter_map(|k| {
+            let value = match k.strip_prefix(ANNOTATION_PREFIX) {
+                Some(annotation) => meta.annotations.as_ref()?.get(annotation),
+                None => all_labels?.get(k),
+            };
+            Some((k.clone(), value?.clone()))
+        })
         .collect();
     let owner = meta
         .owner_references
@@ -617,6 +672,47 @@ mod tests {
                 revision: Some("r-1".to_owned()),
                 version: 42,
             }
+        );
+    }
+
+    #[test]
+    fn deletion_cost_is_watched_for_targets_scaled_in_by_it() {
+        let mut policy = Policy::default();
+        let spec = ObserveSpec::from_policy(&policy, DEFAULT_NODE_LABELS);
+        assert!(!spec.pod_labels.contains(&POD_DELETION_COST.to_owned()));
+        policy.scaling.targets = vec![lockstep_schemas::ScaleRule {
+            target: ScaleTargetRef {
+                group: "apps".to_owned(),
+                kind: "ReplicaSet".to_owned(),
+                namespace: "slurm".to_owned(),
+                name: "web".to_owned(),
+            },
+            partition: "batch".to_owned(),
+            min_replicas: 0,
+            max_replicas: 4,
+            scale_up_cooldown_s: 30,
+            scale_down_cooldown_s: 120,
+            idle_before_scale_down_s: 300,
+            max_unavailable: 1,
+        }];
+        let spec = ObserveSpec::from_policy(&policy, DEFAULT_NODE_LABELS);
+        assert!(spec.pod_labels.contains(&POD_DELETION_COST.to_owned()));
+        assert_eq!(
+            spec.scale_kinds,
+            [ScaleKind::stateful_set(), ScaleKind::replica_set()]
+        );
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "slurm", "name": "web-1",
+                "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-2147483648"},
+                "labels": {"controller.kubernetes.io/pod-deletion-cost": "not this"},
+            },
+        }))
+        .unwrap();
+        let got = pod(&p, &spec).unwrap();
+        assert_eq!(
+            got.labels.get(POD_DELETION_COST).map(String::as_str),
+            Some("-2147483648")
         );
     }
 
