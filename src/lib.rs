@@ -6,6 +6,7 @@
 pub mod commands;
 pub mod config;
 pub mod outfile;
+pub mod policies;
 pub mod render;
 pub mod service;
 pub mod telemetry;

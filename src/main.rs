@@ -140,6 +140,53 @@ enum PolicyCommand {
         /// The policy file (JSON).
         file: PathBuf,
     },
+    /// List the policy changes in a log: sequence, time, who or what file,
+    /// and what each changed against the policy in force before it.
+    History {
+        /// The log: a file, or `nats://HOST:PORT`. Omit it with --config.
+        #[arg(required_unless_present = "config")]
+        log: Option<String>,
+        /// The event log of this configuration (embedded or NATS).
+        #[arg(long, value_name = "FILE", conflicts_with = "log")]
+        config: Option<PathBuf>,
+        /// Print JSON Lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare two policies, field by field. Each is a sequence of the log
+    /// (the policy in force there) or a policy file.
+    Diff {
+        /// The policy before: a sequence or a file.
+        a: String,
+        /// The policy after: a sequence or a file.
+        b: String,
+        /// The log the sequences refer to: a file or `nats://HOST:PORT`.
+        #[arg(long, value_name = "LOG", conflicts_with = "config")]
+        log: Option<String>,
+        /// The event log of this configuration.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put the policy that was in force at SEQ back in force: appends it to
+    /// the configured log as a new policy change, recorded as a rollback of
+    /// SEQ and by whom. The configuration's policy file, if it names one,
+    /// is rewritten with it, so that a restart keeps the rollback.
+    ///
+    /// An embedded log has one user at a time: stop `lockstep run` first (a
+    /// NATS log takes the rollback while lockstep runs).
+    Rollback {
+        /// The sequence whose policy in force to restore.
+        seq: u64,
+        /// The configuration naming the log (and the policy file).
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// Who asks (default: `$USER@hostname`), for the audit trail.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -228,6 +275,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let policy = commands::read_policy(&file)?;
             println!("{}", serde_json::to_string_pretty(&policy)?);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy(PolicyCommand::History { log, config, json }) => {
+            policy_history(&Source::new(log, config.as_deref())?, json)
+        }
+        Command::Policy(PolicyCommand::Diff {
+            a,
+            b,
+            log,
+            config,
+            json,
+        }) => policy_diff(&a, &b, log, config.as_deref(), json),
+        Command::Policy(PolicyCommand::Rollback { seq, config, by }) => {
+            policy_rollback(seq, &config, by)
         }
         Command::Convert { input, output } => convert(&input, &output),
         Command::Run { config } => {
@@ -534,4 +594,137 @@ fn finish(writer: LogWriter<lockstep::outfile::OutFile>, output: &Path) -> Resul
         .with_context(|| format!("writing {}", output.display()))?;
     file.commit()?;
     Ok(())
+}
+
+/// Every policy change of a log; a damaged log is an error here (a history
+/// or a rollback must not silently stop short).
+fn policy_changes(source: &Source) -> Result<Vec<lockstep::policies::PolicyChange>> {
+    let (changes, damage) = lockstep::policies::changes(source.records()?);
+    if let Some(e) = damage {
+        anyhow::bail!("{}: {e}", source.name());
+    }
+    Ok(changes)
+}
+
+fn policy_history(source: &Source, json: bool) -> Result<ExitCode> {
+    let changes = policy_changes(source)?;
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    if json {
+        for row in lockstep::policies::history_rows(&changes) {
+            serde_json::to_writer(&mut out, &row)?;
+            out.write_all(b"\n")?;
+        }
+    } else {
+        out.write_all(lockstep::policies::render_history(&changes).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn policy_diff(
+    a: &str,
+    b: &str,
+    log: Option<String>,
+    config: Option<&Path>,
+    json: bool,
+) -> Result<ExitCode> {
+    // Read the log once, and only when a side names a sequence.
+    let mut changes: Option<Vec<lockstep::policies::PolicyChange>> = None;
+    let mut resolve = |arg: &str| -> Result<(String, Policy)> {
+        if let Ok(seq) = arg.parse::<u64>() {
+            if changes.is_none() {
+                if log.is_none() && config.is_none() {
+                    anyhow::bail!(
+                        "`{arg}` is a sequence: name the log (--log LOG or --config FILE)"
+                    );
+                }
+                changes = Some(policy_changes(&Source::new(log.clone(), config)?)?);
+            }
+            let changes = changes.as_deref().unwrap_or_default();
+            let (set_by, policy) = lockstep::policies::in_force(changes, seq);
+            let what = match set_by {
+                Some(c) => format!("seq {seq} (the policy set at seq {})", c.seq),
+                None => format!("seq {seq} (the default policy: no change before it)"),
+            };
+            return Ok((what, policy));
+        }
+        Ok((
+            format!("file {arg}"),
+            commands::read_policy(Path::new(arg))?,
+        ))
+    };
+    let (what_a, pa) = resolve(a)?;
+    let (what_b, pb) = resolve(b)?;
+    let d = lockstep::policies::diff(&pa, &pb);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"a": what_a, "b": what_b, "changes": d})
+        );
+    } else {
+        println!("policy {what_a} -> {what_b}:");
+        print!("{}", lockstep::policies::render_diff(&d, "  "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn policy_rollback(seq: u64, config: &Path, by: Option<String>) -> Result<ExitCode> {
+    let cfg = load_config(Some(config))?;
+    let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+    rt.block_on(async {
+        let log = lockstep::service::open_log(&cfg).await.with_context(|| {
+            match cfg.log.nats_url {
+                Some(_) => "the rollback goes into the configured event log".to_owned(),
+                None => "the embedded log has one user at a time: is `lockstep run` running with this configuration? Stop it first".to_owned(),
+            }
+        })?;
+        let records = commands::log_records(&log, 1, None).await?;
+        let head = records
+            .iter()
+            .filter_map(|r| match r {
+                lockstep_schemas::Record::Event(e) => Some(e.seq),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let (changes, _) = lockstep::policies::changes(records.into_iter().map(Ok));
+        let by = by.unwrap_or_else(lockstep::policies::who);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let (set_by, target) = lockstep::policies::in_force(&changes, seq);
+        let (_, current) = lockstep::policies::in_force(&changes, head);
+        let Some(env) = lockstep::policies::rollback_envelope(&changes, seq, head, &by, now_ms)?
+        else {
+            println!("the policy in force at seq {seq} is the one in force now: nothing to roll back");
+            return Ok(ExitCode::SUCCESS);
+        };
+        let appended = log.append(&env).await.context("appending the rollback")?;
+        log.flush().await?;
+        let set_at = match set_by {
+            Some(c) => format!("set at seq {}", c.seq),
+            None => "the default policy".to_owned(),
+        };
+        println!(
+            "appended seq {}: rollback to the policy in force at seq {seq} ({set_at}), by {by}",
+            appended.seq
+        );
+        print!(
+            "{}",
+            lockstep::policies::render_diff(&lockstep::policies::diff(&current, &target), "  ")
+        );
+        if let Some(path) = &cfg.policy_file {
+            // So that a restart, which appends the file's policy, keeps the
+            // rollback. The service sees the file change and appends the
+            // same policy again: a change that changes nothing.
+            let mut file = lockstep::outfile::OutFile::create(path)?;
+            serde_json::to_writer_pretty(&mut file, &target)?;
+            file.write_all(b"\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+            file.commit()?;
+            println!("wrote it to the policy file {}", path.display());
+        }
+        Ok(ExitCode::SUCCESS)
+    })
 }

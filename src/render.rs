@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use lockstep_engine::replay::{AuditEntry, WhatIf};
 use lockstep_engine::Transition;
-use lockstep_schemas::{EventRecord, IssuedAction};
+use lockstep_schemas::{EventRecord, IssuedAction, SourceDetail};
 use serde::Serialize;
 
 /// The last instant RFC 3339 can write (9999-12-31T23:59:59.999Z), in ms
@@ -27,13 +27,17 @@ pub fn time(ms: u64) -> String {
 /// The timeline lines for one applied record: the event, then what it caused.
 pub fn timeline(rec: &EventRecord, transitions: &[Transition], actions: &[IssuedAction]) -> String {
     let mut s = String::new();
-    let _ = writeln!(
+    let _ = write!(
         s,
         "{}  seq {:<6} {}",
         time(rec.time_ms),
         rec.seq,
         rec.envelope.event.summary()
     );
+    if !rec.envelope.detail.is_empty() {
+        let _ = write!(s, " ({})", detail(&rec.envelope.detail));
+    }
+    s.push('\n');
     for t in transitions {
         let _ = writeln!(s, "{}", transition(t));
     }
@@ -41,6 +45,26 @@ pub fn timeline(rec: &EventRecord, transitions: &[Transition], actions: &[Issued
         let _ = writeln!(s, "{}", action(a));
     }
     s
+}
+
+/// An envelope's [`SourceDetail`] for a person: `file policy.json`,
+/// `rollback to the policy in force at seq 12, by ops@host`; empty when
+/// there is none.
+pub fn detail(d: &SourceDetail) -> String {
+    let mut parts = Vec::new();
+    if !d.file.is_empty() {
+        parts.push(format!("file {}", d.file));
+    }
+    if d.rollback_to_seq > 0 {
+        parts.push(format!(
+            "rollback to the policy in force at seq {}",
+            d.rollback_to_seq
+        ));
+    }
+    if !d.by.is_empty() {
+        parts.push(format!("by {}", d.by));
+    }
+    parts.join(", ")
 }
 
 /// `    n1: in_service -> draining [drain.cordon] kubernetes node k1 cordoned`
@@ -74,6 +98,9 @@ pub struct TimelineRow<'a> {
     pub kind: &'static str,
     /// Event summary.
     pub summary: String,
+    /// The envelope's source detail (absent when empty).
+    #[serde(skip_serializing_if = "SourceDetail::is_empty")]
+    pub detail: &'a SourceDetail,
     /// Transitions it caused.
     pub transitions: &'a [Transition],
     /// Actions it caused.
@@ -93,6 +120,7 @@ impl<'a> TimelineRow<'a> {
             event_id: &rec.envelope.id.0,
             kind: rec.envelope.event.kind(),
             summary: rec.envelope.event.summary(),
+            detail: &rec.envelope.detail,
             transitions,
             actions,
         }

@@ -746,10 +746,16 @@ async fn watch_policy(log: EventLog, path: std::path::PathBuf, poll_ms: u64) {
         match std::fs::read_to_string(&path) {
             Ok(text) if last.as_deref() != Some(text.as_str()) => match read_policy(&path) {
                 Ok(policy) => {
-                    let env = Envelope::new(
+                    // The file it came from, for `lockstep policy history`.
+                    let detail = lockstep_schemas::SourceDetail {
+                        file: path.display().to_string(),
+                        ..Default::default()
+                    };
+                    let env = Envelope::with_detail(
                         Source::Lockstep,
                         now_ms(),
                         Event::PolicyChanged(Box::new(policy)),
+                        detail,
                     );
                     match log.append(&env).await {
                         Ok(a) => {

@@ -57,6 +57,39 @@ impl std::fmt::Display for EventId {
     }
 }
 
+/// Where an event came from beyond its [`Source`], for the audit trail: the
+/// file a policy was read from, who asked for it, whether it rolls a policy
+/// back. The reducer never reads it; the event id covers it (when it is not
+/// empty), so it cannot be altered unnoticed and an event with it is another
+/// event than the same without it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SourceDetail {
+    /// The file the event was read from (a policy file), as the service
+    /// names it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub file: String,
+    /// Who asked for it: `user@host` of the command that appended it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub by: String,
+    /// A policy rollback: this `PolicyChanged` publishes again the policy
+    /// that was in force at this sequence. 0: not a rollback.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rollback_to_seq: u64,
+}
+
+impl SourceDetail {
+    /// Nothing to say: the envelope carries no detail (every envelope
+    /// written before details existed).
+    pub fn is_empty(&self) -> bool {
+        self.file.is_empty() && self.by.is_empty() && self.rollback_to_seq == 0
+    }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// An event with its metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Envelope {
@@ -71,32 +104,65 @@ pub struct Envelope {
     pub observed_ms: u64,
     /// What happened.
     pub event: Event,
+    /// Where it came from beyond `source` (policy file, who, rollback).
+    /// Absent in envelopes written before it existed, and when empty.
+    #[serde(default, skip_serializing_if = "SourceDetail::is_empty")]
+    pub detail: SourceDetail,
 }
 
 impl Envelope {
     /// Wraps an event, deriving its id.
     pub fn new(source: Source, observed_ms: u64, event: Event) -> Self {
-        let id = content_id(SCHEMA_VERSION, source, observed_ms, &event);
+        Self::with_detail(source, observed_ms, event, SourceDetail::default())
+    }
+
+    /// Wraps an event with a [`SourceDetail`], deriving its id over both.
+    pub fn with_detail(
+        source: Source,
+        observed_ms: u64,
+        event: Event,
+        detail: SourceDetail,
+    ) -> Self {
+        let id = content_id(SCHEMA_VERSION, source, observed_ms, &event, &detail);
         Self {
             v: SCHEMA_VERSION,
             id,
             source,
             observed_ms,
             event,
+            detail,
         }
     }
 
     /// Whether `id` is the content id of the other fields.
     pub fn id_matches(&self) -> bool {
-        content_id(self.v, self.source, self.observed_ms, &self.event) == self.id
+        content_id(
+            self.v,
+            self.source,
+            self.observed_ms,
+            &self.event,
+            &self.detail,
+        ) == self.id
     }
 }
 
-fn content_id(v: u32, source: Source, observed_ms: u64, event: &Event) -> EventId {
+fn content_id(
+    v: u32,
+    source: Source,
+    observed_ms: u64,
+    event: &Event,
+    detail: &SourceDetail,
+) -> EventId {
     // The named MessagePack encoding is deterministic for these types: maps
-    // are BTreeMaps and lists are kept sorted by the connectors.
-    let bytes = rmp_serde::to_vec_named(&(v, source, observed_ms, event))
-        .expect("events always encode to MessagePack");
+    // are BTreeMaps and lists are kept sorted by the connectors. Without a
+    // detail the id is that of the four-tuple, as before details existed, so
+    // every id ever written stays valid.
+    let bytes = if detail.is_empty() {
+        rmp_serde::to_vec_named(&(v, source, observed_ms, event))
+    } else {
+        rmp_serde::to_vec_named(&(v, source, observed_ms, event, detail))
+    }
+    .expect("events always encode to MessagePack");
     id_of_parts(&[&bytes])
 }
 

@@ -16,7 +16,7 @@ mod policy;
 pub mod schema;
 
 pub use action::{Action, ActionId, ActionKind, IssuedAction, Target};
-pub use envelope::{Envelope, EventId, Source, SCHEMA_VERSION};
+pub use envelope::{Envelope, EventId, Source, SourceDetail, SCHEMA_VERSION};
 pub use event::{
     ActionOutcome, ConditionStatus, Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget,
     NodeCondition, OutcomeResult, OwnerRef, PodCondition, PodPhase, ScaleTargetRef, SlurmBaseState,

@@ -902,6 +902,10 @@ mod id {
     #[derive(serde::Deserialize)]
     pub(super) struct RawEnvelope {
         pub(super) event: Raw,
+        /// The envelope's detail, when it has one (it is then covered by
+        /// the id, see `Envelope::with_detail`).
+        #[serde(default)]
+        pub(super) detail: Option<Raw>,
     }
 
     /// Whether the id of the event in a JSON record verifies over its JSON
@@ -910,7 +914,7 @@ mod id {
         let Ok(raw) = serde_json::from_str::<RawRecord>(text) else {
             return false;
         };
-        let raw = raw.event.envelope.event;
+        let raw = raw.event.envelope;
         raw_id(&raw, ev).is_some_and(|id| id == ev.envelope.id) || same_content_reordered(&raw, ev)
     }
 
@@ -921,25 +925,31 @@ mod id {
             return true;
         }
         match rmp_serde::from_slice::<RawRecord>(bytes) {
-            Ok(raw) => same_content_reordered(&raw.event.envelope.event, ev),
+            Ok(raw) => same_content_reordered(&raw.event.envelope, ev),
             Err(_) => false,
         }
     }
 
     /// The id over a JSON event as read: its value encoded as the writer
     /// encodes, keys in the order read.
-    pub(super) fn raw_id(raw_event: &Raw, ev: &EventRecord) -> Option<EventId> {
+    pub(super) fn raw_id(raw: &RawEnvelope, ev: &EventRecord) -> Option<EventId> {
         let env = &ev.envelope;
-        let bytes =
-            rmp_serde::to_vec_named(&(env.v, env.source, env.observed_ms, raw_event)).ok()?;
+        let bytes = match &raw.detail {
+            None => rmp_serde::to_vec_named(&(env.v, env.source, env.observed_ms, &raw.event)),
+            Some(detail) => {
+                rmp_serde::to_vec_named(&(env.v, env.source, env.observed_ms, &raw.event, detail))
+            }
+        }
+        .ok()?;
         Some(id_of_parts(&[&bytes]))
     }
 
     /// The id over a MessagePack record's bytes.
     pub(super) fn msgpack_id(bytes: &[u8]) -> Option<EventId> {
         // The id is the hash of the named MessagePack encoding of the tuple
-        // (v, source, observed_ms, event): an array marker, then the four
-        // values exactly as the writer encoded them inside the record.
+        // (v, source, observed_ms, event), or with the detail when there is
+        // one: an array marker, then the values exactly as the writer
+        // encoded them inside the record.
         let env = map_get(map_get(bytes, "event")?, "envelope")?;
         let [v, source, observed_ms, event] = [
             map_get(env, "v")?,
@@ -947,17 +957,27 @@ mod id {
             map_get(env, "observed_ms")?,
             map_get(env, "event")?,
         ];
-        Some(id_of_parts(&[&[0x94], v, source, observed_ms, event]))
+        Some(match map_get(env, "detail") {
+            None => id_of_parts(&[&[0x94], v, source, observed_ms, event]),
+            Some(detail) => id_of_parts(&[&[0x95], v, source, observed_ms, event, detail]),
+        })
     }
 
     /// The fallback: the known content verifies and the event as read holds
     /// nothing else, only in another key order.
-    fn same_content_reordered(raw_event: &Raw, ev: &EventRecord) -> bool {
+    fn same_content_reordered(raw: &RawEnvelope, ev: &EventRecord) -> bool {
         // serde_json's maps are sorted by key: equal values are equal
         // content whatever the order the keys were read in.
-        let read = serde_json::to_value(raw_event);
+        let read = serde_json::to_value(&raw.event);
         let known = serde_json::to_value(&ev.envelope.event);
-        matches!((read, known), (Ok(a), Ok(b)) if a == b) && ev.envelope.id_matches()
+        let read_detail = match &raw.detail {
+            Some(d) => serde_json::to_value(d),
+            None => Ok(serde_json::json!({})),
+        };
+        let known_detail = serde_json::to_value(&ev.envelope.detail);
+        matches!((read, known), (Ok(a), Ok(b)) if a == b)
+            && matches!((read_detail, known_detail), (Ok(a), Ok(b)) if a == b)
+            && ev.envelope.id_matches()
     }
 
     /// The encoded value of `key` in the MessagePack map at the start of
@@ -1593,7 +1613,7 @@ mod tests {
                     unreachable!()
                 };
                 let raw = serde_json::from_str::<id::RawRecord>(line).unwrap();
-                let json_id = id::raw_id(&raw.event.envelope.event, &ev);
+                let json_id = id::raw_id(&raw.event.envelope, &ev);
                 assert_eq!(
                     json_id.as_ref(),
                     Some(&ev.envelope.id),

@@ -299,3 +299,76 @@ fn blank_lines_are_skipped_and_counted() {
     let err = decode_lines(&lines).1.unwrap();
     assert_eq!(err.position(), Some(Position::Line(6)));
 }
+
+/// A policy rollback as `lockstep policy rollback` appends it.
+fn rollback(seq: u64) -> Record {
+    let detail = lockstep_schemas::SourceDetail {
+        file: String::new(),
+        by: "ops@host".into(),
+        rollback_to_seq: 3,
+    };
+    Record::Event(EventRecord {
+        seq,
+        time_ms: 1_000 * seq,
+        envelope: Envelope::with_detail(
+            Source::Lockstep,
+            1_000 * seq,
+            Event::PolicyChanged(Box::default()),
+            detail,
+        ),
+    })
+}
+
+#[test]
+fn a_source_detail_is_covered_by_the_id_and_absent_when_empty() {
+    let plain = Envelope::new(Source::Lockstep, 7, Event::PolicyChanged(Box::default()));
+    let empty = Envelope::with_detail(
+        Source::Lockstep,
+        7,
+        Event::PolicyChanged(Box::default()),
+        lockstep_schemas::SourceDetail::default(),
+    );
+    assert_eq!(plain, empty, "an empty detail is no detail: ids stay");
+    let json = serde_json::to_value(&plain).unwrap();
+    assert!(json.get("detail").is_none(), "{json}");
+
+    let mut recs = records();
+    recs.push(rollback(5));
+    for format in [Format::JsonLines, Format::MessagePack] {
+        let (got, err) = decode(&encode(format, &recs));
+        assert!(err.is_none(), "{format:?}: {err:?}");
+        assert_eq!(got, recs, "{format:?}");
+    }
+    let Record::Event(rb) = rollback(5) else {
+        unreachable!()
+    };
+    assert_ne!(rb.envelope.id, plain.id);
+    assert!(rb.envelope.id_matches());
+
+    // Altering the detail, or dropping it, is caught like any other edit.
+    for edit in [
+        (|v: &mut serde_json::Value| {
+            v["event"]["envelope"]["detail"]["rollback_to_seq"] = 2.into();
+        }) as fn(&mut serde_json::Value),
+        |v| {
+            v["event"]["envelope"]
+                .as_object_mut()
+                .unwrap()
+                .remove("detail");
+        },
+    ] {
+        let mut lines: Vec<String> = String::from_utf8(encode(Format::JsonLines, &recs))
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let mut v: serde_json::Value = serde_json::from_str(&lines[5]).unwrap();
+        edit(&mut v);
+        lines[5] = v.to_string();
+        let err = decode_lines(&lines).1.unwrap();
+        assert!(
+            matches!(err, DecodeError::IdMismatch { seq: 5, .. }),
+            "{err}"
+        );
+    }
+}
