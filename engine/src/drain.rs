@@ -9,8 +9,12 @@
 //! | 4   | pod mode, row 2, 3 or 4 held before (or the pod went without a `deleting` phase: a force delete, a relist that no longer lists it) and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
 //!
 //! Health rows follow in `health`. The first row that holds names the drain.
-//! A drain is lockstep's own when its reason starts with the policy's reason
-//! prefix; lockstep resumes only those, never anybody else's.
+//!
+//! Ownership ([`Ownership::owns`]): a drain or down is lockstep's own when
+//! Slurm says lockstep's Slurm user (`drain.slurm_user`) set its reason; when
+//! that user is not configured or Slurm does not say who set it, when its
+//! reason starts with the policy's reason prefix or one lockstep used under
+//! an earlier policy. lockstep resumes only those, never anybody else's.
 
 use lockstep_schemas::{
     DrainPolicy, KubePod, MappingMode, SlurmBaseState, SlurmNode, SlurmNodeFlag,
@@ -126,6 +130,34 @@ pub(crate) fn causes(
     }
 }
 
+/// How lockstep tells its own drains (module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ownership<'a> {
+    /// The policy's reason prefix.
+    pub prefix: &'a str,
+    /// Prefixes lockstep used under earlier policies.
+    pub earlier_prefixes: &'a [String],
+    /// `drain.slurm_user`.
+    pub slurm_user: Option<&'a str>,
+}
+
+impl Ownership<'_> {
+    /// Whether lockstep set the node's reason (the node's drain or down is
+    /// its own if it has one).
+    pub fn owns(&self, node: &SlurmNode) -> bool {
+        if let (Some(me), Some(by)) = (self.slurm_user, node.reason_user.as_deref()) {
+            return by == me;
+        }
+        node.reason.as_deref().is_some_and(|r| {
+            r.starts_with(self.prefix)
+                || self
+                    .earlier_prefixes
+                    .iter()
+                    .any(|p| r.starts_with(p.as_str()))
+        })
+    }
+}
+
 /// What Slurm shows, from lockstep's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlurmSide {
@@ -133,21 +165,17 @@ pub(crate) struct SlurmSide {
     pub drained: bool,
     /// Base state DOWN.
     pub down: bool,
-    /// The drain or down carries lockstep's reason prefix.
+    /// The drain or down is lockstep's ([`Ownership::owns`]).
     pub owned: bool,
     /// Slurm reports DOWN, NOT_RESPONDING or FAIL, and not by lockstep's doing.
     pub unhealthy: bool,
 }
 
 impl SlurmSide {
-    pub fn of(node: &SlurmNode, prefix: &str) -> Self {
+    pub fn of(node: &SlurmNode, own: &Ownership<'_>) -> Self {
         let drained = node.has(&SlurmNodeFlag::Drain);
         let down = node.state == SlurmBaseState::Down;
-        let owned = (drained || down)
-            && node
-                .reason
-                .as_deref()
-                .is_some_and(|r| r.starts_with(prefix));
+        let owned = (drained || down) && own.owns(node);
         let unhealthy = !owned
             && (down || node.has(&SlurmNodeFlag::NotResponding) || node.has(&SlurmNodeFlag::Fail));
         Self {
@@ -291,6 +319,41 @@ mod tests {
     }
 
     #[test]
+    fn ownership_by_user_and_earlier_prefixes_table() {
+        let earlier = vec!["ls:".to_owned()];
+        // (slurm_user, reason, reason_user) -> owned
+        let rows: &[(Option<&str>, &str, Option<&str>, bool)] = &[
+            (None, "lockstep: cordoned", None, true),
+            (None, "lockstep: cordoned", Some("root"), true),
+            (None, "ls: cordoned", None, true), // an earlier prefix
+            (None, "admin: dimm", None, false),
+            // The user decides when configured and reported.
+            (Some("slurm-ls"), "ls-old: cordoned", Some("slurm-ls"), true),
+            (
+                Some("slurm-ls"),
+                "lockstep: typed by hand",
+                Some("root"),
+                false,
+            ),
+            (Some("slurm-ls"), "admin: dimm", Some("root"), false),
+            // Not reported (scontrol without the user): the prefix decides.
+            (Some("slurm-ls"), "lockstep: cordoned", None, true),
+            (Some("slurm-ls"), "admin: dimm", None, false),
+        ];
+        for (user, reason, by, want) in rows {
+            let own = Ownership {
+                prefix: "lockstep:",
+                earlier_prefixes: &earlier,
+                slurm_user: *user,
+            };
+            let mut n = node(SlurmBaseState::Idle, &[SlurmNodeFlag::Drain], Some(reason));
+            n.reason_user = by.map(str::to_owned);
+            assert_eq!(own.owns(&n), *want, "{user:?} {reason:?} {by:?}");
+            assert_eq!(SlurmSide::of(&n, &own).owned, *want);
+        }
+    }
+
+    #[test]
     fn ownership_table() {
         use SlurmBaseState::*;
         use SlurmNodeFlag::*;
@@ -343,7 +406,12 @@ mod tests {
             ),
         ];
         for (state, flags, reason, want) in rows {
-            let s = SlurmSide::of(&node(state.clone(), flags, *reason), "lockstep:");
+            let own = Ownership {
+                prefix: "lockstep:",
+                earlier_prefixes: &[],
+                slurm_user: None,
+            };
+            let s = SlurmSide::of(&node(state.clone(), flags, *reason), &own);
             assert_eq!(
                 (s.drained, s.down, s.owned, s.unhealthy),
                 *want,

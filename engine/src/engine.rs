@@ -14,11 +14,12 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::drain::{self, Cause, SlurmSide};
+use crate::drain::{self, Cause, Ownership, SlurmSide};
 use crate::health::{self, min_wake};
 use crate::model::{
     domain_index, pod_key, slurm_name_of_pod, KubeEntry, Model, Origin, PodEntry, Seen,
 };
+use crate::retired::{self, Retired};
 use crate::scaling::{self, PodFacts, ScaleCtl, ScaleIn, Victim, VictimKind};
 use crate::slot::{Flight, Issue, Slot, Step};
 use crate::sorted;
@@ -26,6 +27,11 @@ use crate::stale::{self, ObjectKey, Tombstones};
 use crate::topology::{self, TopologyWant};
 use crate::transition::{Phase, Rule, Transition};
 use crate::units::{after_ms, after_s, ms};
+
+// `Engine::stats`: counts for metrics, read-only (a child module, so that it
+// reads the private state without widening it).
+#[path = "stats.rs"]
+mod stats;
 
 /// What applying records produced. Reuse one across calls; [`Output::clear`]
 /// between batches.
@@ -132,6 +138,10 @@ pub struct Engine {
     /// older observation re-delivered later does not bring them back.
     #[serde(default, skip_serializing_if = "Tombstones::is_empty")]
     tombstones: Tombstones,
+    /// Names earlier policies made lockstep set that the current one does
+    /// not: cleaned up, and drains under old prefixes still owned.
+    #[serde(default, skip_serializing_if = "Retired::is_empty")]
+    retired: Retired,
     // Derived, for scaling's fast path: rebuilt after a restore (the first
     // evaluation then scans), so neither serialized nor hashed.
     /// Slurm nodes that run or finish a job.
@@ -188,6 +198,7 @@ impl Engine {
             idle_since: FxHashMap::default(),
             scale_wake: None,
             tombstones: Tombstones::default(),
+            retired: Retired::default(),
             busy_nodes: rustc_hash::FxHashSet::default(),
             scale_busy: Vec::new(),
             scale_rollout: Vec::new(),
@@ -209,6 +220,14 @@ impl Engine {
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    fn ownership(&self) -> Ownership<'_> {
+        Ownership {
+            prefix: &self.policy.drain.reason_prefix,
+            earlier_prefixes: &self.retired.prefixes,
+            slurm_user: self.policy.drain.slurm_user.as_deref(),
+        }
     }
 
     /// Sequence of the last applied record (0 before the first).
@@ -490,9 +509,13 @@ impl Engine {
                         // all the time; no rule reads that, so such a change
                         // only updates the model.
                         let relevant = drain::decision_differs(&seen.obs, node);
+                        let own = Ownership {
+                            prefix: &self.policy.drain.reason_prefix,
+                            earlier_prefixes: &self.retired.prefixes,
+                            slurm_user: self.policy.drain.slurm_user.as_deref(),
+                        };
                         let side_changed =
-                            SlurmSide::of(&seen.obs, &self.policy.drain.reason_prefix)
-                                != SlurmSide::of(node, &self.policy.drain.reason_prefix);
+                            SlurmSide::of(&seen.obs, &own) != SlurmSide::of(node, &own);
                         let busy_changed =
                             scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
                         seen.obs.clone_from(node);
@@ -572,6 +595,7 @@ impl Engine {
                             not_ready_since: None,
                             taint_slots,
                             wake_ms: None,
+                            unseen_labels: Vec::new(),
                         },
                     );
                 }
@@ -583,10 +607,14 @@ impl Engine {
                 entry.gen = gen;
                 let ready = node.ready == ConditionStatus::True;
                 let spell_changed = ready == entry.not_ready_since.is_some();
+                // Observed with every label the policy reads: the ones it
+                // started to read are usable now.
+                let labels_seen = !entry.unseen_labels.is_empty();
+                entry.unseen_labels.clear();
                 // A node seen for the first time is news even though its
                 // entry was just made from it: the Slurm nodes on it must
                 // be looked at with its labels and cordon.
-                if !new && entry.obs.same_but_version(node) && !spell_changed {
+                if !new && entry.obs.same_but_version(node) && !spell_changed && !labels_seen {
                     entry.obs.version = node.version;
                     return;
                 }
@@ -716,7 +744,18 @@ impl Engine {
                 if self.pinned || **policy == self.policy {
                     return;
                 }
-                self.policy = (**policy).clone();
+                let old = std::mem::replace(&mut self.policy, (**policy).clone());
+                self.retired.policy_changed(&old, &self.policy);
+                let added = retired::newly_read_labels(&old, &self.policy);
+                if !added.is_empty() {
+                    for entry in self.model.kube_nodes.values_mut() {
+                        for l in &added {
+                            if !entry.unseen_labels.contains(l) {
+                                entry.unseen_labels.push(l.clone());
+                            }
+                        }
+                    }
+                }
                 self.model.rebuild_indexes(&self.policy);
                 self.rebuild_busy();
                 self.touch_all();
@@ -969,12 +1008,12 @@ impl Engine {
             // a lost watch): each drain lockstep owns is looked at again, so
             // one whose cause no longer holds is resumed even when nothing
             // else about its node changed.
-            let prefix = &self.policy.drain.reason_prefix;
+            let own = self.ownership();
             let owned: Vec<String> = self
                 .model
                 .slurm_nodes
                 .iter()
-                .filter(|(_, s)| SlurmSide::of(&s.obs, prefix).owned_out())
+                .filter(|(_, s)| SlurmSide::of(&s.obs, &own).owned_out())
                 .map(|(n, _)| n.clone())
                 .collect();
             self.dirty.extend(owned.into_iter().map(Wake::Slurm));
@@ -1220,7 +1259,14 @@ impl Engine {
             self.scratch_causes = causes;
             return;
         };
-        let side = SlurmSide::of(slurm, &policy.drain.reason_prefix);
+        let side = SlurmSide::of(
+            slurm,
+            &Ownership {
+                prefix: &policy.drain.reason_prefix,
+                earlier_prefixes: &self.retired.prefixes,
+                slurm_user: policy.drain.slurm_user.as_deref(),
+            },
+        );
         if !self.ctl.contains_key(name) {
             let mut ctl = NodeCtl::default();
             if let Some(slot) = self.orphans.remove(&Target::SlurmNodeState {
@@ -1441,13 +1487,18 @@ impl Engine {
         // Features and topology from the labels of the node under it.
         if self.model.slurm_visible {
             let kube_obs = view.kube.map(|k| &k.obs);
-            let features =
-                topology::features_want(slurm, kube_obs, &policy.topology).map(|features| {
-                    Action::SlurmSetFeatures {
-                        node: name.to_owned(),
-                        features,
-                    }
-                });
+            let unseen = view.kube.map_or(&[][..], |k| &k.unseen_labels);
+            let features = topology::features_want(
+                slurm,
+                kube_obs,
+                &policy.topology,
+                unseen,
+                &self.retired.feature_prefixes,
+            )
+            .map(|features| Action::SlurmSetFeatures {
+                node: name.to_owned(),
+                features,
+            });
             let issue = Issue {
                 seq: ctx.seq,
                 now_ms: now,
@@ -1462,7 +1513,7 @@ impl Engine {
             }
             let kube_named = view.kube_name.zip(kube_obs);
             let (topology, issue_now) =
-                match topology::topology_want(slurm, kube_named, &policy.topology) {
+                match topology::topology_want(slurm, kube_named, &policy.topology, unseen) {
                     TopologyWant::Leave => (None, None),
                     TopologyWant::Set(topology) => (
                         Some(Action::SlurmSetTopology {
@@ -1564,6 +1615,43 @@ impl Engine {
                             value,
                         });
                         pod_wants.push((slot_key, want, Rule::Busy.name()));
+                    }
+                }
+                // What lockstep set under names the policy no longer has. A
+                // condition cannot be removed (the actions set conditions),
+                // so it says Unknown: lockstep no longer keeps it current.
+                for ty in &self.retired.conditions {
+                    let present = pod.obs.conditions.iter().find(|c| c.type_ == *ty);
+                    let want = present
+                        .filter(|c| {
+                            !(c.status == ConditionStatus::Unknown && c.reason == NOT_MANAGED)
+                        })
+                        .map(|_| {
+                            set(PodCondition {
+                                type_: ty.clone(),
+                                status: ConditionStatus::Unknown,
+                                reason: NOT_MANAGED.to_owned(),
+                                message: "lockstep no longer manages this condition".to_owned(),
+                            })
+                        });
+                    if want.is_some() || pod.has_slot(ty) {
+                        pod_wants.push((ty.clone(), want, Rule::Retired.name()));
+                    }
+                }
+                for label in &self.retired.labels {
+                    let slot_key = format!("label:{label}");
+                    let want = pod
+                        .obs
+                        .labels
+                        .contains_key(label)
+                        .then(|| Action::KubeLabelPod {
+                            namespace: pod.obs.namespace.clone(),
+                            pod: pod.obs.name.clone(),
+                            key: label.clone(),
+                            value: None,
+                        });
+                    if want.is_some() || pod.has_slot(&slot_key) {
+                        pod_wants.push((slot_key, want, Rule::Retired.name()));
                     }
                 }
                 if !pod_wants.is_empty() {
@@ -2107,7 +2195,14 @@ impl Engine {
         let (mut unhealthy, mut foreign) = (false, false);
         for n in &names {
             if let Some(s) = self.model.slurm_nodes.get(n) {
-                let side = SlurmSide::of(&s.obs, &policy.drain.reason_prefix);
+                let side = SlurmSide::of(
+                    &s.obs,
+                    &Ownership {
+                        prefix: &policy.drain.reason_prefix,
+                        earlier_prefixes: &self.retired.prefixes,
+                        slurm_user: policy.drain.slurm_user.as_deref(),
+                    },
+                );
                 unhealthy |= side.unhealthy;
                 foreign |= side.foreign_drain();
             }
@@ -2126,6 +2221,23 @@ impl Engine {
             ),
         ];
         let mut wants: Vec<(String, Option<Action>, Rule)> = Vec::new();
+        // Taints lockstep set under keys the policy no longer has.
+        for key in &self.retired.taints {
+            if rows
+                .iter()
+                .any(|(s, _, _)| s.is_some_and(|s| s.key == *key))
+            {
+                continue;
+            }
+            let present = entry.obs.taints.iter().any(|t| t.key == *key);
+            let want = present.then(|| Action::KubeUntaintNode {
+                node: name.to_owned(),
+                key: key.clone(),
+            });
+            if want.is_some() || entry.taint_slots.iter().any(|(k, _)| k == key) {
+                wants.push((key.clone(), want, Rule::Retired));
+            }
+        }
         for (spec, needed, rule) in rows {
             let Some(spec) = spec else { continue };
             let present = entry.obs.taints.iter().find(|t| t.key == spec.key);
@@ -2246,6 +2358,10 @@ fn reconcile_replicas(
 const fn yes() -> bool {
     true
 }
+
+/// The reason of a pod condition lockstep set under a type the policy no
+/// longer names, once it is left: Unknown, no longer kept current.
+const NOT_MANAGED: &str = "LockstepNotManaged";
 
 /// Deletes a pod, only if its UID is still the one scaling looked at.
 fn delete_action(pod: &PodFacts<'_>) -> Action {
@@ -2421,8 +2537,11 @@ fn detail(
         Rule::Observed => format!("slurm shows {}", slurm_state()),
         Rule::Gone => "slurm no longer reports the node".to_owned(),
         Rule::GaveUp => "gave up".to_owned(),
-        Rule::Features | Rule::Topology | Rule::TopologyInvalid | Rule::Busy | Rule::Scaling => {
-            String::new()
-        }
+        Rule::Features
+        | Rule::Topology
+        | Rule::TopologyInvalid
+        | Rule::Busy
+        | Rule::Scaling
+        | Rule::Retired => String::new(),
     }
 }

@@ -141,6 +141,7 @@ mod tests {
             not_ready_since: not_ready_since.map(origin),
             taint_slots: vec![],
             wake_ms: None,
+            unseen_labels: vec![],
         }
     }
 

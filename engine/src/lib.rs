@@ -20,6 +20,7 @@ mod engine;
 mod health;
 mod model;
 pub mod replay;
+mod retired;
 mod scaling;
 mod slot;
 mod sorted;

@@ -10,7 +10,12 @@
 //!
 //! An empty or invalid topology never goes to Slurm: it makes slurmd
 //! register as INVALID_REG. Features lockstep does not manage (no configured
-//! prefix) are kept as they are.
+//! prefix) are kept as they are; features with the prefix of a label
+//! feature an earlier policy had are removed (lockstep set them). A label
+//! the policy has just started to read, and that the Kubernetes node has
+//! not been observed with yet (`unseen`), is not acted on: its features and
+//! the topology stay as they are (absent there means "not seen yet", not
+//! "not set").
 
 use lockstep_schemas::{valid_topology_token, KubeNode, SlurmNode, TopologyPolicy};
 
@@ -20,19 +25,35 @@ pub(crate) fn features_want(
     slurm: &SlurmNode,
     kube: Option<&KubeNode>,
     policy: &TopologyPolicy,
+    unseen: &[String],
+    retired_prefixes: &[String],
 ) -> Option<Vec<String>> {
-    if policy.features.is_empty() {
+    if policy.features.is_empty() && retired_prefixes.is_empty() {
         return None;
     }
     let kube = kube?;
-    let managed = |f: &str| policy.features.iter().any(|lf| f.starts_with(&lf.prefix));
+    let waiting = |f: &str| {
+        policy
+            .features
+            .iter()
+            .any(|lf| unseen.contains(&lf.label) && f.starts_with(&lf.prefix))
+    };
+    let managed = |f: &str| {
+        !waiting(f)
+            && (policy.features.iter().any(|lf| f.starts_with(&lf.prefix))
+                || retired_prefixes.iter().any(|p| f.starts_with(p.as_str())))
+    };
     let mut want: Vec<String> = slurm
         .features
         .iter()
         .filter(|f| !managed(f))
         .cloned()
         .collect();
-    for lf in &policy.features {
+    for lf in policy
+        .features
+        .iter()
+        .filter(|lf| !unseen.contains(&lf.label))
+    {
         if let Some(value) = kube.labels.get(&lf.label) {
             let feature = format!("{}{value}", lf.prefix);
             if valid_topology_token(&feature) {
@@ -61,10 +82,14 @@ pub(crate) fn topology_want(
     slurm: &SlurmNode,
     kube: Option<(&str, &KubeNode)>,
     policy: &TopologyPolicy,
+    unseen: &[String],
 ) -> TopologyWant {
     let Some(label) = &policy.unit_label else {
         return TopologyWant::Leave;
     };
+    if unseen.contains(label) {
+        return TopologyWant::Leave;
+    }
     let Some((kube_name, kube)) = kube else {
         return TopologyWant::Leave;
     };
@@ -152,14 +177,39 @@ mod tests {
             ),
         ];
         for (now, k, want) in rows {
-            let got = features_want(&slurm(now, None), Some(k), &p);
+            let got = features_want(&slurm(now, None), Some(k), &p, &[], &[]);
             let want = want.map(|w| w.iter().map(|f| (*f).to_owned()).collect::<Vec<_>>());
             assert_eq!(got, want, "{now:?} {:?}", k.labels);
         }
         assert_eq!(
-            features_want(&slurm(&["gpu"], None), None, &p),
+            features_want(&slurm(&["gpu"], None), None, &p, &[], &[]),
             None,
             "labels unseen: leave"
+        );
+        // A label the policy just started to read, not yet observed on the
+        // node: its features stay (a job may be running on them).
+        let unseen = ["topology.kubernetes.io/zone".to_owned()];
+        assert_eq!(
+            features_want(
+                &slurm(&["gpu", "zone-b"], None),
+                Some(&kube(&[])),
+                &p,
+                &unseen,
+                &[]
+            ),
+            None
+        );
+        // Features of a label feature an earlier policy had: removed.
+        let retired = ["rack-".to_owned()];
+        assert_eq!(
+            features_want(
+                &slurm(&["gpu", "rack-7", "zone-a"], None),
+                Some(&zone_a),
+                &p,
+                &[],
+                &retired
+            ),
+            Some(vec!["gpu".to_owned(), "zone-a".to_owned()])
         );
     }
 
@@ -169,25 +219,36 @@ mod tests {
         let k = |v: &str| kube(&[("nvidia.com/gpu.clique", v)]);
         use TopologyWant::*;
         assert_eq!(
-            topology_want(&slurm(&[], None), Some(("k1", &k("c7"))), &p),
+            topology_want(&slurm(&[], None), Some(("k1", &k("c7"))), &p, &[]),
             Set("nvl:c7".into())
         );
         assert_eq!(
-            topology_want(&slurm(&[], Some("nvl:c7")), Some(("k1", &k("c7"))), &p),
+            topology_want(&slurm(&[], Some("nvl:c7")), Some(("k1", &k("c7"))), &p, &[]),
             Leave
         );
         assert!(matches!(
-            topology_want(&slurm(&[], None), Some(("k1", &k(""))), &p),
+            topology_want(&slurm(&[], None), Some(("k1", &k(""))), &p, &[]),
             Invalid(_)
         ));
         assert!(matches!(
-            topology_want(&slurm(&[], None), Some(("k1", &k("a:b"))), &p),
+            topology_want(&slurm(&[], None), Some(("k1", &k("a:b"))), &p, &[]),
             Invalid(_)
         ));
         assert!(matches!(
-            topology_want(&slurm(&[], None), Some(("k1", &kube(&[]))), &p),
+            topology_want(&slurm(&[], None), Some(("k1", &kube(&[]))), &p, &[]),
             Invalid(_)
         ));
-        assert_eq!(topology_want(&slurm(&[], None), None, &p), Leave);
+        assert_eq!(topology_want(&slurm(&[], None), None, &p, &[]), Leave);
+        // The unit label not observed yet since the policy started to read it.
+        let unseen = ["nvidia.com/gpu.clique".to_owned()];
+        assert_eq!(
+            topology_want(
+                &slurm(&[], Some("nvl:c1")),
+                Some(("k1", &kube(&[]))),
+                &p,
+                &unseen
+            ),
+            Leave
+        );
     }
 }

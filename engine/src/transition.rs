@@ -101,6 +101,9 @@ pub enum Rule {
     Busy,
     /// scaling: replica count changes and pod deletions.
     Scaling,
+    /// A taint, pod condition or label lockstep set under a name the policy
+    /// no longer has is cleaned up.
+    Retired,
 }
 
 impl Rule {
@@ -132,6 +135,7 @@ impl Rule {
             Self::TopologyInvalid => "topology.invalid",
             Self::Busy => "scaling.busy",
             Self::Scaling => "scaling",
+            Self::Retired => "policy.retired",
         }
     }
 }

@@ -54,6 +54,9 @@ pub struct Sim {
     revision: u64,
     /// The Slurm observer's last poll generation.
     generation: u64,
+    /// Kubernetes node labels the connector reports (see
+    /// [`Sim::change_policy`]); `None`: all of them.
+    label_filter: Option<Vec<String>>,
     out: Output,
 }
 
@@ -110,6 +113,7 @@ impl Sim {
             versioned: false,
             revision: 0,
             generation: 0,
+            label_filter: None,
             out: Output::default(),
         };
         sim.append(Source::Lockstep, Event::PolicyChanged(Box::new(policy)));
@@ -375,8 +379,38 @@ impl Sim {
         self.observe_kube(name)
     }
 
+    /// The policy changes. From now on Kubernetes node observations carry
+    /// only the labels a connector built from the policy in force reports
+    /// (the topology labels it reads and the default zone label), as the
+    /// real one does; it reports the new ones on its next observation of
+    /// each node (a relist, after the observer restarts with the policy).
+    pub fn change_policy(&mut self, policy: Policy) -> &mut Self {
+        let mut labels: Vec<String> = policy
+            .topology
+            .features
+            .iter()
+            .map(|f| f.label.clone())
+            .chain(policy.topology.unit_label.iter().cloned())
+            .chain(["topology.kubernetes.io/zone".to_owned()])
+            .collect();
+        labels.sort();
+        labels.dedup();
+        self.label_filter = Some(labels);
+        self.append(Source::Lockstep, Event::PolicyChanged(Box::new(policy)));
+        self
+    }
+
+    /// A Kubernetes node as the connector reports it.
+    fn kube_observation(&self, name: &str) -> KubeNode {
+        let mut node = self.kube[name].clone();
+        if let Some(watched) = &self.label_filter {
+            node.labels.retain(|k, _| watched.contains(k));
+        }
+        node
+    }
+
     fn observe_kube(&mut self, name: &str) -> &mut Self {
-        let node = self.kube[name].clone();
+        let node = self.kube_observation(name);
         self.append(Source::Kubernetes, Event::KubeNode(node));
         self
     }
@@ -406,7 +440,7 @@ impl Sim {
     pub fn relist_kube_nodes(&mut self) -> &mut Self {
         let domain = lockstep_schemas::Domain::KubeNodes;
         self.append(Source::Kubernetes, Event::SyncStarted { domain });
-        let nodes: Vec<KubeNode> = self.kube.values().cloned().collect();
+        let nodes: Vec<KubeNode> = self.kube.keys().map(|k| self.kube_observation(k)).collect();
         for n in nodes {
             self.append(Source::Kubernetes, Event::KubeNode(n));
         }
@@ -870,7 +904,13 @@ impl Sim {
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0)
         };
-        ranked.sort_by_key(|p| (p.running_and_ready(), cost(p), std::cmp::Reverse(created(p))));
+        ranked.sort_by_key(|p| {
+            (
+                p.running_and_ready(),
+                cost(p),
+                std::cmp::Reverse(created(p)),
+            )
+        });
         for p in ranked.into_iter().take(excess) {
             let pod = p.name.clone();
             self.pod_change(&pod, |p| p.deleting = true);

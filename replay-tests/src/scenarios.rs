@@ -156,6 +156,16 @@ pub const ALL: &[Incident] = &[
         about: "static Slurm nodes keep their scale-in drain while their pods are gone; recreated by a scale-up, they are resumed",
         build: recreated_pod_of_settled_victim,
     },
+    Incident {
+        name: "policy-change-cleans-up",
+        about: "a policy change turns the unhealthy taint off and renames the prefix, the health condition and the busy label: what lockstep set under the old names goes, its old drains stay its own",
+        build: policy_change_cleans_up,
+    },
+    Incident {
+        name: "policy-adds-feature-label",
+        about: "a policy starts to read a rack label: the rack features (two nodes running jobs on them) are left alone until the nodes are observed with it",
+        build: policy_adds_feature_label,
+    },
 ];
 
 /// The incident with this name.
@@ -642,5 +652,67 @@ fn recreated_pod_of_settled_victim() -> Sim {
     // A 4-node job: scaled up again; the same Slurm nodes come back.
     sim.advance_s(1).submit(92, "batch", 4, "Resources");
     sim.run_s(120, 10);
+    sim
+}
+
+fn policy_change_cleans_up() -> Sim {
+    let mut policy = Policy::default();
+    policy.scaling.busy_label = "lockstep.io/busy".into();
+    let mut sim = versioned_cluster(policy.clone(), 3);
+    sim.advance_s(10).slurmd_not_responding("n1").actuate();
+    sim.advance_s(10).cordon("k2").actuate();
+    sim.advance_s(10).start_job(5, &["n3"]).actuate();
+    sim.run_s(120, 60);
+    let mut next = policy;
+    next.health.unhealthy_taint = None;
+    next.drain.reason_prefix = "ls:".into();
+    next.health.slurm_health_condition = "SlurmHealthy".into();
+    next.scaling.busy_label = "lockstep.io/slurm-busy".into();
+    sim.advance_s(10).change_policy(next).actuate();
+    sim.run_s(120, 60);
+    // The drain made under "lockstep:" is still lockstep's to lift.
+    sim.advance_s(10).uncordon("k2").actuate();
+    sim.run_s(60, 30);
+    sim
+}
+
+fn policy_adds_feature_label() -> Sim {
+    let zone = LabelFeature {
+        label: "topology.kubernetes.io/zone".into(),
+        prefix: "zone-".into(),
+    };
+    let mut policy = Policy::default();
+    policy.topology.features = vec![zone.clone()];
+    let mut sim = Sim::new(policy.clone());
+    sim.versioned().change_policy(policy.clone());
+    for i in 1..=3 {
+        let (n, k) = (format!("n{i}"), format!("k{i}"));
+        // Rack features from provisioning; jobs ask for them.
+        let feature = format!("rack-r{i}");
+        sim.add_slurm_node(&n)
+            .slurm_change(&n, |s| s.features = vec![feature, "zone-a".into()]);
+        sim.add_kube_node(&k)
+            .label_node(&k, "topology.kubernetes.io/zone", Some("a"))
+            .label_node(&k, "example.com/rack", Some(&format!("r{i}")))
+            .add_pod(&n, &k);
+    }
+    sim.actuate();
+    sim.advance_s(10).start_job(7, &["n1", "n2"]).actuate();
+    let mut next = policy;
+    next.topology.features = vec![
+        zone,
+        LabelFeature {
+            label: "example.com/rack".into(),
+            prefix: "rack-".into(),
+        },
+    ];
+    sim.advance_s(60).change_policy(next).actuate();
+    sim.run_s(60, 20);
+    // The observer restarted with the new policy and lists the nodes again.
+    sim.advance_s(5).relist_kube_nodes().actuate();
+    // A rack label changes: now lockstep acts on it.
+    sim.advance_s(30)
+        .label_node("k3", "example.com/rack", Some("r9"))
+        .actuate();
     sim
 }

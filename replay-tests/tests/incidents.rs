@@ -848,3 +848,81 @@ fn no_scale_in_drain_outlives_the_scale_in() {
     }
     assert_eq!(sim.sets["gpu"].replicas, 5);
 }
+
+#[test]
+fn a_policy_change_removes_what_lockstep_set_under_the_old_names() {
+    let sim = build("policy-change-cleans-up");
+    let changed = event_seq(
+        &sim,
+        |e| matches!(e, lockstep_schemas::Event::PolicyChanged(p) if p.drain.reason_prefix == "ls:"),
+    );
+    // The unhealthy taint lockstep put on k1 is gone.
+    assert!(sim.kube["k1"].taints.is_empty());
+    assert!(kinds_on(&sim, ActionKind::KubeUntaintNode)
+        .iter()
+        .any(|a| a.seq == changed));
+    // The old health condition is left Unknown, the new one carries the news.
+    let n1 = &sim.pods["slurm/n1"];
+    let old = n1
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "SlurmNodeHealthy")
+        .unwrap();
+    assert_eq!(
+        (old.status, old.reason.as_str()),
+        (
+            lockstep_schemas::ConditionStatus::Unknown,
+            "LockstepNotManaged"
+        )
+    );
+    let new = n1
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "SlurmHealthy")
+        .unwrap();
+    assert_eq!(new.status, lockstep_schemas::ConditionStatus::False);
+    // The busy label moved to its new name.
+    let n3 = &sim.pods["slurm/n3"].labels;
+    assert!(!n3.contains_key("lockstep.io/busy"));
+    assert_eq!(
+        n3.get("lockstep.io/slurm-busy").map(String::as_str),
+        Some("true")
+    );
+    // The drain made under the old prefix was still lockstep's: resumed.
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n2"), 1);
+    assert_eq!(sim.phase("n2"), Phase::InService);
+    // The cleanup actions name the rule that wanted them.
+    assert!(sim
+        .actions
+        .iter()
+        .any(|a| a.seq == changed && a.rule == "policy.retired"));
+}
+
+#[test]
+fn a_label_the_policy_starts_to_read_is_not_acted_on_until_observed() {
+    let sim = build("policy-adds-feature-label");
+    let relist = event_seq(&sim, |e| {
+        matches!(
+            e,
+            lockstep_schemas::Event::SyncDone {
+                domain: lockstep_schemas::Domain::KubeNodes
+            }
+        )
+    });
+    let sets: Vec<_> = kinds_on(&sim, ActionKind::SlurmSetFeatures)
+        .iter()
+        .map(|a| match &a.action {
+            Action::SlurmSetFeatures { node, features } => (a.seq, node.clone(), features.clone()),
+            _ => unreachable!(),
+        })
+        .collect();
+    // Nothing stripped the rack features before or after the relist; only
+    // the label that changed afterwards changed one.
+    assert_eq!(sets.len(), 1, "{sets:?}");
+    assert!(sets[0].0 > relist);
+    assert_eq!(sets[0].1, "n3");
+    assert_eq!(sets[0].2, ["rack-r9", "zone-a"]);
+    for (n, rack) in [("n1", "rack-r1"), ("n2", "rack-r2")] {
+        assert!(sim.slurm[n].features.contains(&rack.to_owned()), "{n}");
+    }
+}

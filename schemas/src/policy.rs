@@ -92,6 +92,16 @@ pub struct DrainPolicy {
     /// has a drain set by someone else.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub foreign_drain_taint: Option<TaintSpec>,
+    /// The Slurm user lockstep's drains are set by (the user its Slurm
+    /// actuator runs `scontrol` or slurmrestd as). When set, and Slurm
+    /// reports who set a node's reason (`reason_set_by_user`), that decides
+    /// whether a drain is lockstep's, whatever its reason says: a drain
+    /// lockstep made under an earlier `reason_prefix` stays its own, and one
+    /// somebody else wrote with lockstep's prefix is not. Unset, or not
+    /// reported: the reason prefix decides (the current one, or one lockstep
+    /// used under an earlier policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_user: Option<String>,
 }
 
 impl Default for DrainPolicy {
@@ -102,6 +112,7 @@ impl Default for DrainPolicy {
             on_pod_disruption: true,
             foreign_drain_condition: "SlurmNodeDrained".to_owned(),
             foreign_drain_taint: None,
+            slurm_user: None,
         }
     }
 }
