@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 

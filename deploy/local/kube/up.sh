@@ -55,14 +55,19 @@ fi
 # certificate that is a CA ("invalid peer certificate: ... CaUsedAsEndEntity"),
 # and `openssl req -x509` makes CA:TRUE certificates by default.  Go accepts
 # both.  A CA:TRUE one left by an older up.sh is replaced.
+# It also names the `kubernetes` Service IP (the first address of the service
+# range), as a real cluster's does: pods on a real node (node-up.sh) reach the
+# API server through it.
+SERVICE_IP=$(awk -F'[./]' '{printf "%d.%d.%d.%d", $1, $2, $3, $4 + 1}' <<< "$SERVICE_CIDR")
 serving_is_ca() { openssl x509 -in "$PKI/serving.crt" -noout -ext basicConstraints 2>/dev/null | grep -q 'CA:TRUE'; }
+serving_lacks_service_ip() { ! openssl x509 -in "$PKI/serving.crt" -noout -ext subjectAltName 2>/dev/null | grep -q "IP Address:$SERVICE_IP\b"; }
 new_cert=0
-if [[ ! -s $PKI/serving.crt || ! -s $PKI/serving.key ]] || serving_is_ca; then
-  log "generating self-signed serving certificate for 127.0.0.1/localhost"
+if [[ ! -s $PKI/serving.crt || ! -s $PKI/serving.key ]] || serving_is_ca || serving_lacks_service_ip; then
+  log "generating self-signed serving certificate for 127.0.0.1/localhost/$SERVICE_IP"
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 \
     -keyout "$PKI/serving.key" -out "$PKI/serving.crt" \
     -subj "/CN=lockstep-local-kube-apiserver" \
-    -addext "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
+    -addext "subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
     -addext "basicConstraints=critical,CA:FALSE" \
     -addext "keyUsage=critical,digitalSignature,keyEncipherment" \
     -addext "extendedKeyUsage=serverAuth" 2>/dev/null
