@@ -151,11 +151,13 @@ fn read_policy(path: &Path) -> Result<Policy> {
 /// supervisor restarts it as a candidate.
 pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     let health = Arc::new(Health::default());
+    // `/why` questions, answered by this loop, which owns the engine.
+    let (queries_tx, mut queries) = tokio::sync::mpsc::channel(telemetry::QUERIES_WAITING_MAX);
     if let Some(addr) = cfg.telemetry.listen {
         let handle = telemetry::install_metrics()?;
         let health = health.clone();
         tokio::spawn(async move {
-            if let Err(e) = telemetry::serve(addr, handle, health).await {
+            if let Err(e) = telemetry::serve(addr, handle, health, queries_tx).await {
                 error!(error = format!("{e:#}"), "telemetry endpoint failed");
             }
         });
@@ -179,6 +181,7 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
 
     let last_activity = Arc::new(std::sync::atomic::AtomicU64::new(now_ms()));
     let mut out = Output::default();
+    let mut sync = telemetry::SyncMetrics::default();
     let mut since_checkpoint = (0u64, Instant::now());
     let read_wait = Duration::from_millis(cfg.service.read_wait_ms);
     let mut backoff = Duration::from_millis(100);
@@ -232,11 +235,22 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
                 &health,
             )
             .await?;
+            sync.applied(&batch, &out, health.ready.load(Ordering::Relaxed));
             if let Some(a) = &acting {
                 // Then act.
                 dispatch(&store, &log, &a.actuators, out.actions.clone(), |_| true).await?;
+                sync.published(&batch, &out.actions);
             }
         }
+        if sync.stats_due() {
+            // Also while busy: the lag must be current when it is large.
+            if let Ok(head) = log.head().await {
+                health.head_seq.store(head, Ordering::Relaxed);
+                telemetry::record_lag(head, next - 1);
+            }
+            sync.publish_stats(&engine, &health);
+        }
+        telemetry::answer_queries(&mut queries, &engine, &store);
         // Caught up? Checked when idle, or after a short batch until this
         // instance acts (a busy log may never give an empty read).
         let look =

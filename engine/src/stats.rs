@@ -1,0 +1,254 @@
+//! Counts of what the model holds, for metrics a site scales and alerts on:
+//! Slurm nodes by state and partition, pending demand per partition, phases,
+//! drains by owner and rule, nodes held by health damping, actions in
+//! flight. Read-only: it never changes the engine, so it changes no state
+//! hash, and it reads only what the log already brought (no extra load on
+//! Slurm).
+//!
+//! A child of `engine` so that it can read the engine's private state; it
+//! owns no state of its own and must never decide anything.
+
+use std::collections::{BTreeMap, HashMap};
+
+use lockstep_schemas::{SlurmBaseState, SlurmJobState, SlurmNode, SlurmNodeFlag};
+
+use super::Engine;
+use crate::slot::Slot;
+use crate::transition::{Phase, Rule};
+
+/// Counts of the model at one moment; see [`Engine::stats`].
+///
+/// Label-like keys come from small fixed sets (states, phases, rules,
+/// action kinds) except partition names, which are the site's own (few).
+/// No key is ever a node name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Slurm nodes by (partition, state); a node in several partitions
+    /// counts in each, as in `sinfo`; one in none under partition `""`.
+    /// States: see [`slurm_state`].
+    pub slurm_nodes: BTreeMap<(String, &'static str), u64>,
+    /// Pending jobs by partition.
+    pub pending_jobs: BTreeMap<String, u64>,
+    /// Nodes wanted by pending jobs that more nodes can help, by partition:
+    /// what scaling follows, and what an autoscaler would scale a NodeSet on.
+    pub pending_nodes: BTreeMap<String, u64>,
+    /// Slurm nodes by lockstep phase ([`Phase::name`]).
+    pub phases: BTreeMap<&'static str, u64>,
+    /// Drains in force by (owner, rule): owner `lockstep` (phases draining,
+    /// drained, resuming; rule: what keeps it so) or `other` (a foreign
+    /// drain, rule `drain.foreign`).
+    pub drains: BTreeMap<(&'static str, &'static str), u64>,
+    /// Nodes that health damping holds: the cluster-wide drain rate bound
+    /// (`health.rate_limited`), flap hold, resume delay.
+    pub health_held: BTreeMap<&'static str, u64>,
+    /// Actions sent and not answered yet, by kind.
+    pub in_flight: BTreeMap<&'static str, u64>,
+    /// The longest a node has been in phase draining: lockstep wants it out
+    /// and Slurm does not show it yet (ms of log time; 0: none draining).
+    pub draining_oldest_ms: u64,
+    /// Whether lockstep sees Slurm.
+    pub slurm_visible: bool,
+    /// Whether lockstep sees Kubernetes.
+    pub kube_visible: bool,
+    /// The log's clock: the largest append time applied (ms).
+    pub now_ms: u64,
+}
+
+/// Every state [`slurm_state`] gives but `other`, in a fixed order.
+#[cfg(test)]
+const SLURM_STATES: [&str; 12] = [
+    "idle",
+    "mixed",
+    "allocated",
+    "completing",
+    "draining",
+    "drained",
+    "down",
+    "not_responding",
+    "fail",
+    "error",
+    "future",
+    "unknown",
+];
+
+/// A Slurm node's state as `sinfo` would sum it up, from a fixed set
+/// ([`SLURM_STATES`], plus `other` for a base state this build does not
+/// know): down, fail and error first, then not responding, then drain
+/// (`draining` while jobs hold it, `drained` once none do), then the base
+/// state.
+pub fn slurm_state(n: &SlurmNode) -> &'static str {
+    let busy = matches!(n.state, SlurmBaseState::Allocated | SlurmBaseState::Mixed)
+        || n.has(&SlurmNodeFlag::Completing);
+    match &n.state {
+        SlurmBaseState::Down => return "down",
+        SlurmBaseState::Error => return "error",
+        _ => {}
+    }
+    if n.has(&SlurmNodeFlag::Fail) {
+        return "fail";
+    }
+    if n.has(&SlurmNodeFlag::NotResponding) {
+        return "not_responding";
+    }
+    if n.has(&SlurmNodeFlag::Drain) {
+        return if busy { "draining" } else { "drained" };
+    }
+    if n.has(&SlurmNodeFlag::Completing) {
+        return "completing";
+    }
+    match &n.state {
+        SlurmBaseState::Idle => "idle",
+        SlurmBaseState::Mixed => "mixed",
+        SlurmBaseState::Allocated => "allocated",
+        SlurmBaseState::Future => "future",
+        SlurmBaseState::Unknown => "unknown",
+        _ => "other",
+    }
+}
+
+impl Engine {
+    /// Counts of the model for metrics (see [`Stats`]). One pass over the
+    /// nodes, jobs and action slots: call it at a bounded rate (the service
+    /// does once a second), not per record.
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats {
+            slurm_visible: self.model.slurm_visible,
+            kube_visible: self.model.kube_visible,
+            now_ms: self.now_ms,
+            ..Stats::default()
+        };
+        // Borrowed keys while counting: no allocation per node.
+        let mut by_state: HashMap<(&str, &'static str), u64> = HashMap::new();
+        for seen in self.model.slurm_nodes.values() {
+            let state = slurm_state(&seen.obs);
+            if seen.obs.partitions.is_empty() {
+                *by_state.entry(("", state)).or_default() += 1;
+            }
+            for p in &seen.obs.partitions {
+                *by_state.entry((p.as_str(), state)).or_default() += 1;
+            }
+        }
+        s.slurm_nodes = by_state
+            .into_iter()
+            .map(|((p, st), n)| ((p.to_owned(), st), n))
+            .collect();
+
+        let mut pending: HashMap<&str, u64> = HashMap::new();
+        for job in self.model.jobs.values() {
+            if job.obs.state == SlurmJobState::Pending {
+                *pending.entry(job.obs.partition.as_str()).or_default() += 1;
+            }
+        }
+        for p in self
+            .model
+            .partitions
+            .keys()
+            .map(String::as_str)
+            .chain(pending.keys().copied())
+        {
+            s.pending_nodes
+                .insert(p.to_owned(), self.model.pending_nodes(p));
+        }
+        for p in self.model.partitions.keys() {
+            s.pending_jobs.insert(p.clone(), 0);
+        }
+        s.pending_jobs
+            .extend(pending.into_iter().map(|(p, n)| (p.to_owned(), n)));
+
+        for ctl in self.ctl.values() {
+            let st = &ctl.status;
+            *s.phases.entry(st.phase.name()).or_default() += 1;
+            match st.phase {
+                Phase::Draining | Phase::Drained | Phase::Resuming => {
+                    *s.drains.entry(("lockstep", st.rule.name())).or_default() += 1;
+                }
+                Phase::ForeignDrain => {
+                    *s.drains
+                        .entry(("other", Rule::ForeignDrain.name()))
+                        .or_default() += 1;
+                }
+                _ => {}
+            }
+            if matches!(
+                st.rule,
+                Rule::RateLimited | Rule::FlapHold | Rule::ResumeDelayed
+            ) {
+                *s.health_held.entry(st.rule.name()).or_default() += 1;
+            }
+            if st.phase == Phase::Draining {
+                let since = ctl.causes.iter().map(|(_, o)| o.ms).min();
+                if let Some(since) = since {
+                    s.draining_oldest_ms =
+                        s.draining_oldest_ms.max(self.now_ms.saturating_sub(since));
+                }
+            }
+        }
+
+        let mut count = |slot: &Slot| {
+            if let Some(f) = slot.pending() {
+                *s.in_flight.entry(f.action.kind().name()).or_default() += 1;
+            }
+        };
+        for c in self.ctl.values() {
+            count(&c.state_slot);
+            count(&c.features_slot);
+            count(&c.topology_slot);
+        }
+        for p in self.model.pods.values() {
+            p.condition_slots.iter().for_each(|(_, slot)| count(slot));
+        }
+        for k in self.model.kube_nodes.values() {
+            k.taint_slots.iter().for_each(|(_, slot)| count(slot));
+        }
+        self.orphans.values().for_each(&mut count);
+        self.victims.values().for_each(|v| count(&v.delete_slot));
+        self.scale.values().for_each(|c| count(&c.slot));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(state: &str, flags: &[SlurmNodeFlag]) -> SlurmNode {
+        SlurmNode {
+            name: "n1".into(),
+            state: SlurmBaseState::parse(state),
+            flags: flags.to_vec(),
+            reason: None,
+            reason_user: None,
+            features: vec![],
+            topology: None,
+            partitions: vec![],
+            version: 0,
+        }
+    }
+
+    #[test]
+    fn a_slurm_state_sums_up_base_state_and_flags_as_sinfo_would() {
+        use SlurmNodeFlag::{Completing, Drain, Fail, NotResponding};
+        // (base state, flags, state)
+        let cases: &[(&str, &[SlurmNodeFlag], &str)] = &[
+            ("IDLE", &[], "idle"),
+            ("MIXED", &[], "mixed"),
+            ("ALLOCATED", &[], "allocated"),
+            ("IDLE", &[Completing], "completing"),
+            ("ALLOCATED", &[Drain], "draining"),
+            ("IDLE", &[Completing, Drain], "draining"),
+            ("IDLE", &[Drain], "drained"),
+            ("DOWN", &[Drain], "down"),
+            ("IDLE", &[NotResponding], "not_responding"),
+            ("IDLE", &[Drain, NotResponding], "not_responding"),
+            ("MIXED", &[Fail], "fail"),
+            ("ERROR", &[], "error"),
+            ("FUTURE", &[], "future"),
+            ("UNKNOWN", &[], "unknown"),
+            ("SOMETHING_NEW", &[], "other"),
+        ];
+        for (state, flags, want) in cases {
+            assert_eq!(slurm_state(&node(state, flags)), *want, "{state} {flags:?}");
+            assert!(*want == "other" || SLURM_STATES.contains(want), "{want}");
+        }
+    }
+}
