@@ -19,6 +19,9 @@ cleanup() {
   for v in 22.05 24.11 26.05; do
     [ -x deploy/local/slurm/down.sh ] && LOCKSTEP_SLURM_VERSION=$v deploy/local/slurm/down.sh >/dev/null 2>&1 || true
   done
+  # The Slurm that the service's NATS cluster tests act on (tests/common/soak.rs).
+  [ -x deploy/local/slurm/down.sh ] && LOCKSTEP_SLURM_STATE_DIR=/tmp/lockstep-soak-slurm \
+    deploy/local/slurm/down.sh >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -56,6 +59,18 @@ for i in "${!root_pids[@]}"; do
   fi
 done
 cat /tmp/lockstep-slurm-root-*.log
+
+# Each fuzz target for 30 s (fuzz/run.sh: AFL++ through cargo-afl), only
+# when the instrumented build is cached on this machine (building it from
+# nothing takes longer than the rest of this script). Adds about 3.5 min:
+# 6 targets x 30 s, and an incremental rebuild of lockstep's own crates.
+step "fuzz: each target for 30 s"
+fuzz_cache=${LOCKSTEP_FUZZ_TARGET_DIR:-$HOME/.cache/lockstep/fuzz-target}/release
+if cargo afl --version >/dev/null 2>&1 && [ -x "$fuzz_cache/slurm_rest" ]; then
+  LOCKSTEP_FUZZ_OUT=$(mktemp -d /tmp/lockstep-fuzz.XXXXXX) fuzz/run.sh all 30
+else
+  echo "not run: no cached fuzz build in $fuzz_cache (fuzz/run.sh TARGET SECONDS builds it)"
+fi
 
 step "cargo test --workspace"
 cargo test --workspace 2>&1 | tee /tmp/lockstep-test.log
