@@ -2,7 +2,8 @@
 //! node arrive in, once they have all arrived the reducer wants the same
 //! thing. Every permutation of the events that make a Slurm node want a
 //! feature (and its Kubernetes node cordoned) must end with the action
-//! issued.
+//! issued, once the node has been observed under the policy (the relist a
+//! policy change brings).
 
 use std::collections::BTreeMap;
 
@@ -101,6 +102,17 @@ fn every_arrival_order_ends_with_the_feature_and_the_drain_wanted() {
             engine.apply(&rec, &mut out);
             actions.extend(out.actions.iter().map(|a| a.action.clone()));
         }
+        // The Kubernetes observer restarts with the policy and lists the
+        // node again: a label the policy started to read after the node was
+        // observed is acted on only from this observation on.
+        let relist = EventRecord {
+            seq: order.len() as u64 + 1,
+            time_ms: 2_000,
+            envelope: Envelope::new(Source::Test, 2_000, events[4].clone()),
+        };
+        out.clear();
+        engine.apply(&relist, &mut out);
+        actions.extend(out.actions.iter().map(|a| a.action.clone()));
         let features = actions.iter().any(
             |a| matches!(a, Action::SlurmSetFeatures { features, .. } if features == &["gpu-h100"]),
         );
