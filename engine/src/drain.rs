@@ -167,7 +167,9 @@ pub(crate) struct SlurmSide {
     pub down: bool,
     /// The drain or down is lockstep's ([`Ownership::owns`]).
     pub owned: bool,
-    /// Slurm reports DOWN, NOT_RESPONDING or FAIL, and not by lockstep's doing.
+    /// Slurm reports NOT_RESPONDING or FAIL, or DOWN not by lockstep's own
+    /// `state=DOWN` (a drain lockstep made that Slurm then took DOWN is
+    /// unhealthy: slurmd stopped answering under it).
     pub unhealthy: bool,
 }
 
@@ -176,8 +178,10 @@ impl SlurmSide {
         let drained = node.has(&SlurmNodeFlag::Drain);
         let down = node.state == SlurmBaseState::Down;
         let owned = (drained || down) && own.owns(node);
-        let unhealthy = !owned
-            && (down || node.has(&SlurmNodeFlag::NotResponding) || node.has(&SlurmNodeFlag::Fail));
+        let own_down = down && owned && !drained;
+        let unhealthy = node.has(&SlurmNodeFlag::NotResponding)
+            || node.has(&SlurmNodeFlag::Fail)
+            || (down && !own_down);
         Self {
             drained,
             down,
@@ -392,6 +396,19 @@ mod tests {
                 (false, true, false, true),
             ),
             (Idle, &[NotResponding], None, (false, false, false, true)),
+            // lockstep's drain, and then slurmd stopped answering.
+            (
+                Idle,
+                &[Drain, NotResponding],
+                Some("lockstep: kubernetes node k cordoned"),
+                (true, false, true, true),
+            ),
+            (
+                Down,
+                &[Drain],
+                Some("lockstep: kubernetes node k cordoned"),
+                (true, true, true, true),
+            ),
             (
                 Mixed,
                 &[Fail],

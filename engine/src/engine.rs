@@ -89,6 +89,9 @@ struct NodeCtl {
     health_drains: VecDeque<u64>,
     /// Whether the last drain cause was a health cause (resume hysteresis).
     last_cause_health: bool,
+    /// Slurm -> Kubernetes health damping.
+    #[serde(default, skip_serializing_if = "health::SlurmHealth::is_default")]
+    slurm_health: health::SlurmHealth,
     /// When and by which event the last cause cleared (resume hysteresis,
     /// and the cause of the resume in the audit trail).
     cleared: Option<Origin>,
@@ -122,6 +125,10 @@ pub struct Engine {
     timers: BTreeSet<(u64, Wake)>,
     /// Log times of recent health drains, cluster-wide (rate bound).
     health_drains: VecDeque<u64>,
+    /// Log times of nodes recently shown unhealthy in Kubernetes,
+    /// cluster-wide (rate bound of the Slurm -> Kubernetes direction).
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    slurm_marks: VecDeque<u64>,
     /// Slots whose object vanished while their action was in flight. Kept
     /// until the outcome or the timeout, so an object that comes back does
     /// not get a second action racing the first.
@@ -192,6 +199,7 @@ impl Engine {
             ctl: FxHashMap::default(),
             timers: BTreeSet::new(),
             health_drains: VecDeque::new(),
+            slurm_marks: VecDeque::new(),
             orphans: BTreeMap::new(),
             scale: BTreeMap::new(),
             victims: BTreeMap::new(),
@@ -384,6 +392,16 @@ impl Engine {
                 Wake::Slurm(n) => self.eval_slurm(n, &ctx, out),
                 Wake::Kube(n) => self.eval_kube(n, &ctx, out),
                 Wake::Scale => self.eval_scaling(&ctx, out),
+            }
+        }
+        // Kubernetes nodes whose Slurm nodes changed what lockstep shows of
+        // them while being evaluated just now.
+        let mut later = std::mem::take(&mut self.dirty);
+        later.sort_unstable();
+        later.dedup();
+        for wake in &later {
+            if let Wake::Kube(n) = wake {
+                self.eval_kube(n, &ctx, out);
             }
         }
         dirty.clear();
@@ -1278,6 +1296,22 @@ impl Engine {
         }
         let ctl = self.ctl.get_mut(name).expect("inserted above");
 
+        // Slurm -> Kubernetes: what lockstep shows of Slurm's health, damped
+        // like the other direction (health::slurm_health_step).
+        let shown_before = ctl.slurm_health.shown;
+        if self.model.slurm_visible {
+            if let Some(at) = health::slurm_health_step(
+                &mut ctl.slurm_health,
+                side.unhealthy,
+                now,
+                &policy.health,
+                &mut self.slurm_marks,
+            ) {
+                min_wake(&mut wake, at);
+            }
+        }
+        let shown = ctl.slurm_health.shown;
+
         // Causes keep their origin while they hold.
         let had_causes = !ctl.causes.is_empty();
         if !ctl.causes.iter().map(|(c, _)| c).eq(causes.iter()) {
@@ -1585,13 +1619,31 @@ impl Engine {
                 }
                 let hc = policy.health.slurm_health_condition.as_str();
                 if !hc.is_empty() {
-                    let wanted = side.unhealthy.then(|| {
-                        (
+                    // While shown after Slurm recovered (hysteresis, flap
+                    // hold), the condition keeps what it said.
+                    let kept = pod
+                        .obs
+                        .conditions
+                        .iter()
+                        .find(|c| c.type_ == hc && c.status == ConditionStatus::False)
+                        .map(|c| {
+                            (
+                                ConditionStatus::False,
+                                c.reason.as_str(),
+                                c.message.as_str(),
+                            )
+                        });
+                    let wanted = match (shown, side.unhealthy) {
+                        (false, _) => None,
+                        (true, true) => Some((
                             ConditionStatus::False,
                             drain::unhealthy_reason(slurm),
                             slurm.reason.as_deref().unwrap_or(""),
-                        )
-                    });
+                        )),
+                        // Held, not newly shown (a new pod of a node that
+                        // recovered meanwhile shows nothing).
+                        (true, false) => kept,
+                    };
                     let want = condition_want_health(&pod.obs.conditions, hc, wanted);
                     if want.is_some() || pod.has_slot(hc) {
                         pod_wants.push((hc.to_owned(), want.map(set), Rule::SlurmUnhealthy.name()));
@@ -1703,6 +1755,12 @@ impl Engine {
         set_timer(&mut self.timers, &mut ctl.wake_ms, wake, || {
             Wake::Slurm(name.to_owned())
         });
+        if shown != shown_before {
+            // The taint of the Kubernetes node under it follows.
+            if let Some(k) = self.model.placement(name, &self.policy) {
+                self.dirty.push(Wake::Kube(k.to_owned()));
+            }
+        }
     }
 
     /// Re-evaluates every scale target: desired replicas, scale-up, picking,
@@ -2192,7 +2250,7 @@ impl Engine {
         let mut names = std::mem::take(&mut self.scratch_names);
         names.clear();
         self.model.slurm_nodes_on(name, policy, &mut names);
-        let (mut unhealthy, mut foreign) = (false, false);
+        let (mut unhealthy, mut held, mut foreign) = (false, false, false);
         for n in &names {
             if let Some(s) = self.model.slurm_nodes.get(n) {
                 let side = SlurmSide::of(
@@ -2203,11 +2261,25 @@ impl Engine {
                         slurm_user: policy.drain.slurm_user.as_deref(),
                     },
                 );
-                unhealthy |= side.unhealthy;
+                if self.ctl.get(n).is_some_and(|c| c.slurm_health.shown) {
+                    // Shown and still unhealthy; or shown, recovered, and
+                    // held by the hysteresis: that keeps a taint, never
+                    // puts one on.
+                    unhealthy |= side.unhealthy;
+                    held |= !side.unhealthy;
+                }
                 foreign |= side.foreign_drain();
             }
         }
         self.scratch_names = names;
+        if held && !unhealthy {
+            let key = policy
+                .health
+                .unhealthy_taint
+                .as_ref()
+                .map(|t| t.key.as_str());
+            unhealthy = entry.obs.taints.iter().any(|t| Some(t.key.as_str()) == key);
+        }
         let rows: [(Option<&TaintSpec>, bool, Rule); 2] = [
             (
                 policy.health.unhealthy_taint.as_ref(),

@@ -19,13 +19,24 @@
 //! drains within `flap_window_s` is held drained for `flap_hold_s`
 //! (`health.flap_hold`).
 //!
-//! Slurm -> Kubernetes: a Slurm node that is DOWN, NOT_RESPONDING or FAIL
-//! (not by lockstep's doing) sets the pod condition `slurm_health_condition`
-//! to False, and the Kubernetes node under it gets `unhealthy_taint`.
+//! Slurm -> Kubernetes: a Slurm node that is NOT_RESPONDING or FAIL, or DOWN
+//! not by lockstep's own `state=DOWN` (a node lockstep drained that then
+//! stops answering included), sets the pod condition
+//! `slurm_health_condition` to False, and the Kubernetes node under it gets
+//! `unhealthy_taint`. Damped the same way ([`slurm_health_step`]):
+//!
+//! | row | holds when                                                     | shown |
+//! |-----|----------------------------------------------------------------|-------|
+//! | 1   | unhealthy for less than `slurm_unhealthy_grace_s`               | no (wake at the grace) |
+//! | 2   | unhealthy past the grace, the cluster-wide bound of `slurm_unhealthy_per_minute_max` reached | no (wake when a slot frees) |
+//! | 3   | unhealthy past the grace, within the bound                      | yes |
+//! | 4   | healthy again, for less than `slurm_healthy_after_s`, or flapping (more than `flaps_max` shown within `flap_window_s`, until `flap_hold_s` after the last) | still yes |
+//! | 5   | healthy again past both                                        | no |
 
 use std::collections::VecDeque;
 
 use lockstep_schemas::{ConditionStatus, HealthPolicy};
+use serde::{Deserialize, Serialize};
 
 use crate::drain::Cause;
 use crate::model::NodeView;
@@ -55,6 +66,75 @@ pub(crate) fn causes(
         if cond.status == ConditionStatus::True && policy.node_conditions.contains(&cond.type_) {
             out.push(Cause::NodeCondition(cond.type_.clone()));
         }
+    }
+}
+
+/// Slurm -> Kubernetes damping state of one Slurm node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SlurmHealth {
+    /// Since when Slurm reports it unhealthy, in this spell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_since: Option<u64>,
+    /// Since when Slurm reports it healthy again, while still shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy_since: Option<u64>,
+    /// Whether lockstep shows it unhealthy in Kubernetes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shown: bool,
+    /// Log times it was newly shown, for flap damping (bounded).
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub marks: VecDeque<u64>,
+}
+
+impl SlurmHealth {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// One step of the Slurm -> Kubernetes damping (rows 1-5 of the second
+/// table): updates whether the node is shown unhealthy; returns when to
+/// look again. `cluster` holds the log times of recent marks, cluster-wide.
+pub(crate) fn slurm_health_step(
+    st: &mut SlurmHealth,
+    unhealthy: bool,
+    now_ms: u64,
+    policy: &HealthPolicy,
+    cluster: &mut VecDeque<u64>,
+) -> Option<u64> {
+    let per_minute_max = policy.slurm_unhealthy_per_minute_max.max(1);
+    if unhealthy {
+        st.healthy_since = None;
+        let since = *st.unhealthy_since.get_or_insert(now_ms);
+        if st.shown {
+            return None;
+        }
+        let due = after_s(since, policy.slurm_unhealthy_grace_s);
+        if now_ms < due {
+            return Some(due);
+        }
+        if let Some(at) = rate_limited(cluster, now_ms, per_minute_max) {
+            return Some(at);
+        }
+        st.shown = true;
+        record(cluster, now_ms, 60_000, per_minute_max as usize);
+        let bound = policy.flaps_max as usize + 1;
+        record(&mut st.marks, now_ms, ms(policy.flap_window_s), bound);
+        None
+    } else {
+        st.unhealthy_since = None;
+        if !st.shown {
+            return None;
+        }
+        let since = *st.healthy_since.get_or_insert(now_ms);
+        let clear_at = after_s(since, policy.slurm_healthy_after_s);
+        let until = flap_hold(&st.marks, now_ms, policy).map_or(clear_at, |u| u.max(clear_at));
+        if now_ms < until {
+            return Some(until);
+        }
+        st.shown = false;
+        st.healthy_since = None;
+        None
     }
 }
 
@@ -143,6 +223,56 @@ mod tests {
             wake_ms: None,
             unseen_labels: vec![],
         }
+    }
+
+    #[test]
+    fn slurm_health_damping_table() {
+        let p = HealthPolicy {
+            slurm_unhealthy_grace_s: 60,
+            slurm_unhealthy_per_minute_max: 2,
+            slurm_healthy_after_s: 30,
+            flaps_max: 1,
+            flap_window_s: 3600,
+            flap_hold_s: 600,
+            ..HealthPolicy::default()
+        };
+        // One node: (time s, Slurm says unhealthy) -> (shown, wake s)
+        let steps: &[(u64, bool, bool, Option<u64>)] = &[
+            (0, true, false, Some(60)), // row 1: within the grace
+            (45, false, false, None),   // a blip: nothing shown, nothing held
+            (100, true, false, Some(160)),
+            (160, true, true, None),       // row 3
+            (200, false, true, Some(230)), // row 4: hysteresis
+            (230, false, false, None),     // row 5
+            (300, true, false, Some(360)),
+            (360, true, true, None),       // second mark: flapping now
+            (400, false, true, Some(960)), // held for flap_hold_s
+            (960, false, false, None),
+        ];
+        let (mut st, mut cluster) = (SlurmHealth::default(), VecDeque::new());
+        for (at, unhealthy, shown, wake) in steps {
+            let got = slurm_health_step(&mut st, *unhealthy, at * 1000, &p, &mut cluster);
+            assert_eq!(
+                (st.shown, got),
+                (*shown, wake.map(|w| w * 1000)),
+                "at {at}s"
+            );
+        }
+        // Row 2: the cluster-wide bound defers the third node in a minute.
+        let mut cluster = VecDeque::new();
+        let mut nodes = vec![SlurmHealth::default(); 3];
+        for n in &mut nodes {
+            slurm_health_step(n, true, 0, &p, &mut cluster);
+        }
+        let got: Vec<_> = nodes
+            .iter_mut()
+            .map(|n| slurm_health_step(n, true, 60_000, &p, &mut cluster))
+            .collect();
+        assert_eq!(got, [None, None, Some(120_000)]);
+        assert_eq!(
+            nodes.iter().map(|n| n.shown).collect::<Vec<_>>(),
+            [true, true, false]
+        );
     }
 
     #[test]

@@ -321,6 +321,23 @@ impl Sim {
         })
     }
 
+    /// slurmctld stops hearing from slurmd: NOT_RESPONDING, its state,
+    /// drain and reason kept (before `SlurmdTimeout` takes it DOWN).
+    pub fn slurmd_silent(&mut self, name: &str) -> &mut Self {
+        self.slurm_change(name, |n| {
+            if !n.flags.contains(&SlurmNodeFlag::NotResponding) {
+                n.flags.push(SlurmNodeFlag::NotResponding);
+            }
+        })
+    }
+
+    /// slurmctld hears from slurmd again (after [`Sim::slurmd_silent`]).
+    pub fn slurmd_heard(&mut self, name: &str) -> &mut Self {
+        self.slurm_change(name, |n| {
+            n.flags.retain(|f| *f != SlurmNodeFlag::NotResponding);
+        })
+    }
+
     /// slurmd answers again and slurmctld returns the node to service.
     pub fn slurmd_back(&mut self, name: &str) -> &mut Self {
         self.slurm_change(name, |n| {

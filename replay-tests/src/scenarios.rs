@@ -43,7 +43,7 @@ pub const ALL: &[Incident] = &[
     },
     Incident {
         name: "slurm-not-responding",
-        about: "slurmd stops answering: pod condition and node taint, both cleared when it answers again",
+        about: "slurmd stops answering: pod condition and node taint once past the grace period, both cleared once it has answered again long enough",
         build: slurm_not_responding,
     },
     Incident {
@@ -166,6 +166,11 @@ pub const ALL: &[Incident] = &[
         about: "a policy starts to read a rack label: the rack features (two nodes running jobs on them) are left alone until the nodes are observed with it",
         build: policy_adds_feature_label,
     },
+    Incident {
+        name: "slurm-blip-damped",
+        about: "Slurm -> Kubernetes is damped: a 45 s NOT_RESPONDING blip on all nodes writes nothing, an outage is marked at a bounded rate, a flapping node is held, and a drained node that stops answering shows unhealthy",
+        build: slurm_blip_damped,
+    },
 ];
 
 /// The incident with this name.
@@ -230,7 +235,10 @@ fn not_ready_grace() -> Sim {
 fn slurm_not_responding() -> Sim {
     let mut sim = cluster(Policy::default(), 2);
     sim.advance_s(30).slurmd_not_responding("n2").actuate();
-    sim.advance_s(300).slurmd_back("n2").actuate();
+    // Ticks while the log is quiet: the grace period runs out on one.
+    sim.run_s(300, 30);
+    sim.advance_s(1).slurmd_back("n2").actuate();
+    sim.run_s(60, 10);
     sim
 }
 
@@ -714,5 +722,46 @@ fn policy_adds_feature_label() -> Sim {
     sim.advance_s(30)
         .label_node("k3", "example.com/rack", Some("r9"))
         .actuate();
+    sim
+}
+
+fn slurm_blip_damped() -> Sim {
+    let mut policy = Policy::default();
+    policy.health.slurm_unhealthy_per_minute_max = 4;
+    policy.health.flaps_max = 2;
+    policy.health.flap_hold_s = 600;
+    let mut sim = versioned_cluster(policy, 8);
+    let all: Vec<String> = (1..=8).map(|i| format!("n{i}")).collect();
+    // slurmctld loses its nodes for 45 s (its own network blip).
+    sim.advance_s(30);
+    for n in &all {
+        sim.slurmd_silent(n);
+    }
+    sim.idle_s(45, 15);
+    for n in &all {
+        sim.slurmd_heard(n);
+    }
+    sim.run_s(120, 30);
+    // A real outage of six nodes: marked after the grace, four a minute.
+    for n in &all[..6] {
+        sim.slurmd_silent(n);
+    }
+    sim.run_s(300, 15);
+    for n in &all[..6] {
+        sim.slurmd_heard(n);
+    }
+    sim.run_s(120, 15);
+    // n7 is drained for its cordon, then its slurmd stops answering.
+    sim.advance_s(10).cordon("k7").actuate();
+    sim.advance_s(10).slurmd_silent("n7");
+    sim.run_s(120, 15);
+    // n8 flaps: out 90 s, back 60 s, three times; held after the third.
+    for _ in 0..3 {
+        sim.slurmd_silent("n8");
+        sim.run_s(90, 15);
+        sim.slurmd_heard("n8");
+        sim.run_s(60, 15);
+    }
+    sim.run_s(600, 60);
     sim
 }

@@ -926,3 +926,74 @@ fn a_label_the_policy_starts_to_read_is_not_acted_on_until_observed() {
         assert!(sim.slurm[n].features.contains(&rack.to_owned()), "{n}");
     }
 }
+
+#[test]
+fn slurm_to_kubernetes_is_damped_and_a_drained_node_that_stops_answering_shows_unhealthy() {
+    let sim = build("slurm-blip-damped");
+    let health_writes = |pod: &str| {
+        kinds_on(&sim, ActionKind::KubeSetPodCondition)
+            .iter()
+            .filter(|a| matches!(&a.action, Action::KubeSetPodCondition { pod: p, .. } if p == pod))
+            .count()
+    };
+    // The 45 s blip on all eight nodes wrote nothing: the first writes come
+    // with the outage, after its grace period.
+    let outage = sim
+        .records()
+        .iter()
+        .filter_map(|r| match r {
+            lockstep_schemas::Record::Event(e) => Some(e),
+            _ => None,
+        })
+        .filter(|e| matches!(&e.envelope.event, lockstep_schemas::Event::SlurmNode(n) if n.name == "n1" && n.flags.contains(&lockstep_schemas::SlurmNodeFlag::NotResponding)))
+        .nth(1)
+        .unwrap()
+        .clone();
+    let first = sim.actions.iter().map(|a| a.time_ms).min().unwrap();
+    assert_eq!(first - outage.time_ms, 60_000, "after the grace period");
+    // Six nodes out: marked at most four a minute.
+    let taints: Vec<u64> = kinds_on(&sim, ActionKind::KubeTaintNode)
+        .iter()
+        .map(|a| a.time_ms)
+        .collect();
+    for w in taints.windows(5) {
+        assert!(w[4] - w[0] >= 60_000, "{taints:?}");
+    }
+    for n in ["n1", "n2", "n3", "n4", "n5", "n6"] {
+        assert_eq!(health_writes(n), 2, "{n}: unhealthy, then healthy");
+    }
+    // n7, drained by lockstep, then silent: shown unhealthy.
+    let n7 = sim.pods["slurm/n7"]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "SlurmNodeHealthy")
+        .unwrap();
+    assert_eq!(
+        (n7.status, n7.reason.as_str()),
+        (
+            lockstep_schemas::ConditionStatus::False,
+            "SlurmNotResponding"
+        )
+    );
+    assert!(!sim.kube["k7"].taints.is_empty());
+    // n8 flapped: the third time it stayed shown for the flap hold.
+    let n8: Vec<_> = kinds_on(&sim, ActionKind::KubeUntaintNode)
+        .iter()
+        .filter(|a| matches!(&a.action, Action::KubeUntaintNode { node, .. } if node == "k8"))
+        .map(|a| a.time_ms)
+        .collect();
+    let back = sim
+        .last_seq_where(|e| matches!(e, lockstep_schemas::Event::SlurmNode(n) if n.name == "n8"))
+        .unwrap();
+    let back_ms = sim
+        .records()
+        .iter()
+        .find_map(|r| match r {
+            lockstep_schemas::Record::Event(e) if e.seq == back => Some(e.time_ms),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(n8.len(), 3);
+    assert!(n8[2] - back_ms >= 600_000, "held for flap_hold_s");
+    assert!(sim.kube["k8"].taints.is_empty());
+}

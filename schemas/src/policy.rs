@@ -171,6 +171,57 @@ pub struct HealthPolicy {
     /// out would turn "no taint" into the default taint when read back, and
     /// a replay would not do what the live service did.)
     pub unhealthy_taint: Option<TaintSpec>,
+    /// Slurm -> Kubernetes: how long Slurm must report a node DOWN,
+    /// NOT_RESPONDING or FAIL before lockstep shows it (the pod condition
+    /// `slurm_health_condition`, the taint `unhealthy_taint`). Shorter blips
+    /// (a slurmctld restart, a network hiccup between slurmctld and its
+    /// nodes) show nothing. Like `not_ready_grace_s` in the other direction.
+    /// (Left out when written at its default, as are the next two: a policy
+    /// written by this version reads the same in it, and stays readable
+    /// where the field is not known yet.)
+    #[serde(skip_serializing_if = "is_default_slurm_unhealthy_grace_s")]
+    pub slurm_unhealthy_grace_s: u64,
+    /// Slurm -> Kubernetes, cluster-wide bound: at most this many nodes newly
+    /// shown unhealthy per minute of log time; more wait their turn, so an
+    /// outage seen by slurmctld alone does not rewrite every pod and node of
+    /// the cluster at once. Like `drains_per_minute_max` in the other
+    /// direction. 0 counts as 1.
+    #[serde(skip_serializing_if = "is_default_slurm_unhealthy_per_minute_max")]
+    pub slurm_unhealthy_per_minute_max: u32,
+    /// Slurm -> Kubernetes: once Slurm reports a node healthy again, how long
+    /// it must stay so before lockstep clears what it shows (hysteresis, like
+    /// `resume_after_s`). A node shown unhealthy more than `flaps_max` times
+    /// within `flap_window_s` stays shown for `flap_hold_s` after the last
+    /// time, as flap damping does in the other direction.
+    #[serde(skip_serializing_if = "is_default_slurm_healthy_after_s")]
+    pub slurm_healthy_after_s: u64,
+}
+
+const fn default_slurm_unhealthy_grace_s() -> u64 {
+    60
+}
+
+const fn default_slurm_unhealthy_per_minute_max() -> u32 {
+    10
+}
+
+const fn default_slurm_healthy_after_s() -> u64 {
+    30
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_default_slurm_unhealthy_grace_s(v: &u64) -> bool {
+    *v == default_slurm_unhealthy_grace_s()
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_default_slurm_unhealthy_per_minute_max(v: &u32) -> bool {
+    *v == default_slurm_unhealthy_per_minute_max()
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_default_slurm_healthy_after_s(v: &u64) -> bool {
+    *v == default_slurm_healthy_after_s()
 }
 
 impl Default for HealthPolicy {
@@ -190,6 +241,9 @@ impl Default for HealthPolicy {
                 value: String::new(),
                 effect: TaintEffect::NoSchedule,
             }),
+            slurm_unhealthy_grace_s: default_slurm_unhealthy_grace_s(),
+            slurm_unhealthy_per_minute_max: default_slurm_unhealthy_per_minute_max(),
+            slurm_healthy_after_s: default_slurm_healthy_after_s(),
         }
     }
 }
