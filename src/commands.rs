@@ -242,3 +242,166 @@ pub fn read_policy(path: &std::path::Path) -> Result<Policy> {
         .with_context(|| format!("reading policy {}", path.display()))?;
     Policy::from_json(&text).with_context(|| format!("in policy {}", path.display()))
 }
+
+/// Where a replay, an audit or a history reads its records: a log file, or
+/// the event log of a configuration (embedded or NATS) or a NATS URL.
+pub enum RecordSource {
+    /// A log file (JSON Lines or MessagePack).
+    File(std::path::PathBuf),
+    /// A configured event log, and the name to show for it.
+    Log(Box<crate::config::Config>, String),
+}
+
+impl RecordSource {
+    /// From a `LOG` argument (a file or `nats://`) or `--config`.
+    pub fn new(log: Option<String>, config: Option<&std::path::Path>) -> Result<Self> {
+        match (log, config) {
+            (Some(url), _) if url.starts_with("nats://") => {
+                let mut cfg = crate::config::Config::default();
+                cfg.log.nats_url = Some(url.clone());
+                Ok(Self::Log(Box::new(cfg), url))
+            }
+            (Some(path), _) => Ok(Self::File(std::path::PathBuf::from(path))),
+            (None, Some(cfg)) => Ok(Self::Log(
+                Box::new(crate::config::Config::load(cfg)?),
+                cfg.display().to_string(),
+            )),
+            (None, None) => anyhow::bail!("name a log file, a nats:// URL, or --config"),
+        }
+    }
+
+    /// For messages.
+    pub fn name(&self) -> String {
+        match self {
+            Self::File(p) => p.display().to_string(),
+            Self::Log(_, name) => name.clone(),
+        }
+    }
+
+    /// The records, in order.
+    pub fn records(&self) -> Result<Records> {
+        self.records_with_progress(None)
+    }
+
+    /// The records, with a progress bar labelled `what` on a terminal (by
+    /// bytes for a file, by records for a configured log); none when
+    /// stderr is not a terminal.
+    pub fn records_with_progress(&self, what: Option<&'static str>) -> Result<Records> {
+        match self {
+            Self::File(path) => {
+                let name = path.display().to_string();
+                let reader = lockstep_schemas::log::open(path)
+                    .with_context(|| format!("opening log {}", path.display()))?
+                    .on_warning(move |w| eprintln!("warning: {name}: {w}"));
+                let len = std::fs::metadata(path).map_or(0, |m| m.len());
+                let bar = what.and_then(|w| progress_bar(len, true, w));
+                Ok(Box::new(Tracked { reader, bar, n: 0 }))
+            }
+            Self::Log(cfg, _) => {
+                let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+                let records = rt.block_on(async {
+                    let log = crate::service::open_log(cfg).await?;
+                    log_records(&log, 1, None).await
+                })?;
+                let bar = what.and_then(|w| progress_bar(records.len() as u64, false, w));
+                Ok(Box::new(Counted {
+                    inner: records.into_iter(),
+                    bar,
+                    n: 0,
+                }))
+            }
+        }
+    }
+}
+
+/// Records as a source hands them out.
+pub type Records = Box<dyn Iterator<Item = Result<Record, DecodeError>>>;
+
+/// Records between two updates of a progress bar.
+const PROGRESS_EVERY_RECORDS: u64 = 4096;
+
+/// A progress bar on stderr when it is a terminal; `None` when piped or
+/// redirected (a log file or a pipe gets no control characters).
+pub fn progress_bar(len: u64, bytes: bool, what: &'static str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let template = if bytes {
+        "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)"
+    } else {
+        "{msg} [{bar:40}] {pos}/{len} records ({per_sec}, {eta} left)"
+    };
+    let bar = indicatif::ProgressBar::new(len.max(1));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(template)
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what);
+    Some(bar)
+}
+
+/// A log file's records, moving a bar by the bytes read.
+struct Tracked<R: std::io::BufRead> {
+    reader: lockstep_schemas::log::LogReader<R>,
+    bar: Option<indicatif::ProgressBar>,
+    n: u64,
+}
+
+impl<R: std::io::BufRead> Iterator for Tracked<R> {
+    type Item = Result<Record, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.reader.next();
+        if let Some(bar) = &self.bar {
+            self.n += 1;
+            if item.is_none() {
+                bar.finish_and_clear();
+            } else if self.n.is_multiple_of(PROGRESS_EVERY_RECORDS) {
+                bar.set_position(self.reader.bytes_read());
+            }
+        }
+        item
+    }
+}
+
+impl<R: std::io::BufRead> Drop for Tracked<R> {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Records in memory, moving a bar by their count.
+struct Counted {
+    inner: std::vec::IntoIter<Record>,
+    bar: Option<indicatif::ProgressBar>,
+    n: u64,
+}
+
+impl Iterator for Counted {
+    type Item = Result<Record, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.inner.next();
+        if let Some(bar) = &self.bar {
+            self.n += 1;
+            if item.is_none() {
+                bar.finish_and_clear();
+            } else if self.n.is_multiple_of(PROGRESS_EVERY_RECORDS) {
+                bar.set_position(self.n);
+            }
+        }
+        item.map(Ok)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -5,6 +5,8 @@
 
 pub mod commands;
 pub mod config;
+pub mod html;
+pub mod kubectl;
 pub mod outfile;
 pub mod policies;
 pub mod render;

@@ -1,6 +1,6 @@
 //! The `lockstep` command.
 
-use std::io::{BufWriter, IsTerminal, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -74,8 +74,42 @@ enum Command {
         #[arg(long, value_name = "FILE", conflicts_with = "log")]
         config: Option<PathBuf>,
         /// Print JSON Lines.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "html")]
         json: bool,
+        /// Write the node's timeline and causal chain as one self-contained
+        /// HTML file (phase bands, events, actions and outcomes; each
+        /// cause on hover and click), from a replay of the log.
+        #[arg(long, value_name = "OUT.html")]
+        html: Option<PathBuf>,
+    },
+    /// Write the timelines of several Slurm nodes, or of a part of the log,
+    /// as one self-contained HTML file.
+    Timeline {
+        /// The log: a file, or `nats://HOST:PORT`. Omit it with --config.
+        #[arg(required_unless_present = "config")]
+        log: Option<String>,
+        /// The event log of this configuration (embedded or NATS).
+        #[arg(long, value_name = "FILE", conflicts_with = "log")]
+        config: Option<PathBuf>,
+        /// The HTML file to write.
+        #[arg(long, value_name = "OUT.html")]
+        html: PathBuf,
+        /// These Slurm nodes (comma-separated; default: every node with a
+        /// transition in the range, at most 200).
+        #[arg(long, value_name = "NODES", value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// First sequence shown.
+        #[arg(long, value_name = "SEQ")]
+        from: Option<u64>,
+        /// Last sequence shown.
+        #[arg(long, value_name = "SEQ")]
+        to: Option<u64>,
+    },
+    /// Print a shell completion script: `lockstep completions bash >
+    /// /etc/bash_completion.d/lockstep`.
+    Completions {
+        /// bash, zsh or fish.
+        shell: clap_complete::Shell,
     },
     /// Policy documents.
     #[command(subcommand)]
@@ -190,6 +224,11 @@ enum PolicyCommand {
 }
 
 fn main() -> ExitCode {
+    // Installed as `kubectl-lockstep` (a symlink), the same binary is the
+    // kubectl plugin.
+    if lockstep::kubectl::invoked_as_plugin() {
+        return lockstep::kubectl::main();
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
@@ -225,7 +264,48 @@ fn run(cli: Cli) -> Result<ExitCode> {
             node,
             log,
             config,
+            json: _,
+            html: Some(out),
+        } => {
+            let scope = lockstep::html::Scope {
+                nodes: vec![node.clone()],
+                ..Default::default()
+            };
+            write_html(
+                &Source::new(log, config.as_deref())?,
+                &scope,
+                format!("lockstep audit of Slurm node {node}"),
+                &out,
+            )
+        }
+        Command::Timeline {
+            log,
+            config,
+            html,
+            nodes,
+            from,
+            to,
+        } => {
+            let scope = lockstep::html::Scope {
+                nodes,
+                from_seq: from,
+                to_seq: to,
+            };
+            let source = Source::new(log, config.as_deref())?;
+            let title = format!("lockstep timeline of {}", source.name());
+            write_html(&source, &scope, title, &html)
+        }
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "lockstep", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Audit {
+            node,
+            log,
+            config,
             json,
+            html: None,
         } => {
             if let (Some(cfg), false) = (&config, json) {
                 let cfg = load_config(Some(cfg))?;
@@ -382,7 +462,11 @@ async fn export(
     let mut writer = LogWriter::new(file, Format::from_path(output), written_by)
         .with_context(|| format!("writing {}", output.display()))?;
     let (mut events, mut actions) = (0u64, 0u64);
-    for rec in records.iter().skip(1) {
+    let bar = commands::progress_bar(records.len() as u64, false, "exporting");
+    for (i, rec) in records.iter().enumerate().skip(1) {
+        if let Some(b) = bar.as_ref().filter(|_| i % 4096 == 0) {
+            b.set_position(i as u64);
+        }
         match rec {
             lockstep_schemas::Record::Event(_) => events += 1,
             lockstep_schemas::Record::Action(_) => actions += 1,
@@ -391,6 +475,9 @@ async fn export(
         writer
             .write(rec)
             .with_context(|| format!("writing {}", output.display()))?;
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
     finish(writer, output)?;
     eprintln!(
@@ -432,84 +519,16 @@ fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-fn open(path: &Path) -> Result<log::LogReader<std::io::BufReader<std::fs::File>>> {
-    let name = path.display().to_string();
-    Ok(log::open(path)
-        .with_context(|| format!("opening log {}", path.display()))?
-        .on_warning(move |w| eprintln!("warning: {name}: {w}")))
-}
-
 /// Where a replay or audit reads its records.
-enum Source {
-    File(PathBuf),
-    Log(Box<lockstep::config::Config>, String),
-}
-
-impl Source {
-    fn new(log: Option<String>, config: Option<&Path>) -> Result<Self> {
-        match (log, config) {
-            (Some(url), _) if url.starts_with("nats://") => {
-                let mut cfg = lockstep::config::Config::default();
-                cfg.log.nats_url = Some(url.clone());
-                Ok(Self::Log(Box::new(cfg), url))
-            }
-            (Some(path), _) => Ok(Self::File(PathBuf::from(path))),
-            (None, Some(cfg)) => Ok(Self::Log(
-                Box::new(load_config(Some(cfg))?),
-                cfg.display().to_string(),
-            )),
-            (None, None) => anyhow::bail!("name a log file, a nats:// URL, or --config"),
-        }
-    }
-
-    fn name(&self) -> String {
-        match self {
-            Self::File(p) => p.display().to_string(),
-            Self::Log(_, name) => name.clone(),
-        }
-    }
-
-    fn records(
-        &self,
-    ) -> Result<Box<dyn Iterator<Item = Result<lockstep_schemas::Record, log::DecodeError>>>> {
-        match self {
-            Self::File(path) => Ok(Box::new(open(path)?)),
-            Self::Log(cfg, _) => {
-                let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
-                let records = rt.block_on(async {
-                    let log = lockstep::service::open_log(cfg).await?;
-                    commands::log_records(&log, 1, None).await
-                })?;
-                Ok(Box::new(records.into_iter().map(Ok)))
-            }
-        }
-    }
-}
+type Source = commands::RecordSource;
 
 fn replay(source: &Source, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode> {
-    let records = source.records()?;
-    let bar = if std::io::stderr().is_terminal() && !opts.json {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} {pos} records ({per_sec})")
-                .expect("static template"),
-        );
-        Some(bar)
-    } else {
-        None
-    };
+    let records = source.records_with_progress(Some("replaying"))?;
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut sink = std::io::sink();
     let target: &mut dyn Write = if quiet { &mut sink } else { &mut out };
-    let report = commands::replay(records, opts, target, &mut |n| {
-        if let Some(b) = &bar {
-            b.set_position(n);
-        }
-    })?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    let report = commands::replay(records, opts, target, &mut |_| {})?;
     out.flush()?;
     let summary = format!(
         "replayed {} events: {} transitions, {} actions ({} recorded in the log); state hash {}",
@@ -543,7 +562,7 @@ fn replay(source: &Source, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode
 }
 
 fn convert(input: &Path, output: &Path) -> Result<ExitCode> {
-    let reader = open(input)?;
+    let reader = Source::File(input.to_owned()).records_with_progress(Some("converting"))?;
     // Written next to the output and renamed over it at the end: converting
     // a file onto itself reads all of it first, and a failure on the way
     // leaves the output as it was.
@@ -727,4 +746,40 @@ fn policy_rollback(seq: u64, config: &Path, by: Option<String>) -> Result<ExitCo
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `audit --html` and `timeline --html`: replays, draws, writes the file
+/// (through a temporary file, like every output).
+fn write_html(
+    source: &Source,
+    scope: &lockstep::html::Scope,
+    title: String,
+    out: &Path,
+) -> Result<ExitCode> {
+    let mut scope = scope.clone();
+    if scope.nodes.is_empty() {
+        scope.nodes = lockstep::html::nodes_in(source.records()?, &scope);
+    }
+    let records = source.records_with_progress(Some("replaying"))?;
+    let (page, damage) = lockstep::html::collect(records, &scope, title);
+    let mut file = lockstep::outfile::OutFile::create(out)?;
+    file.write_all(lockstep::html::render(&page).as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    file.commit()?;
+    let (bands, ticks, arrows) = page.nodes.iter().fold((0, 0, 0), |(b, t, a), n| {
+        (b + n.bands.len(), t + n.events.len(), a + n.actions.len())
+    });
+    eprintln!(
+        "wrote {}: {} Slurm node(s), {bands} phase bands, {ticks} events, {arrows} actions",
+        out.display(),
+        page.nodes.len()
+    );
+    if let Some(e) = damage {
+        eprintln!(
+            "error: {}: {e} (the page covers the log up to there)",
+            source.name()
+        );
+        return Ok(ExitCode::from(2));
+    }
+    Ok(ExitCode::SUCCESS)
 }
