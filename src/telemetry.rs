@@ -401,6 +401,9 @@ fn rule_label(rule: &str) -> String {
     }
 }
 
+/// One gauge sample: metric name, labels, value.
+type GaugeSample = (&'static str, Vec<(&'static str, String)>, f64);
+
 impl SyncMetrics {
     /// Creates the counters an alert reads at 0, so that their series exist
     /// before the first failure.
@@ -527,7 +530,7 @@ impl SyncMetrics {
     pub fn publish_stats(&mut self, engine: &Engine, health: &Health) {
         self.last_stats = Some(Instant::now());
         let stats = engine.stats();
-        let mut set: Vec<(&'static str, Vec<(&'static str, String)>, f64)> = Vec::new();
+        let mut set: Vec<GaugeSample> = Vec::new();
 
         // The site's partitions, bounded: the first by name, the rest summed.
         let mut partitions: Vec<&str> = stats
