@@ -312,11 +312,14 @@ fn other_sites_recorded_nodes_parse_to_the_states_they_show() {
     }
 }
 
+/// Job id, state, nodes, node count, pending reason.
+type JobSummary = (u64, J, Vec<String>, u32, Option<String>);
+
 #[test]
 fn other_sites_recorded_jobs_parse_to_what_they_show() {
     let file = "fixtures/slurm-web/25.11/0.0.44/slurm-jobs.json";
     let l = parse::jobs(&read_bytes(file)).unwrap();
-    let got: Vec<(u64, J, Vec<String>, u32, Option<String>)> = l
+    let got: Vec<JobSummary> = l
         .items
         .iter()
         .map(|j| {
