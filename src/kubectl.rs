@@ -239,15 +239,20 @@ pub fn render_why(node: &str, a: &serde_json::Value) -> String {
             let _ = writeln!(out, "  no transition in the audit index");
         }
         for t in &transitions {
+            let Ok(t) = serde_json::from_value::<lockstep_engine::Transition>(t.clone()) else {
+                let _ = writeln!(out, "  {t}");
+                continue;
+            };
             let _ = writeln!(
                 out,
-                "  {}  seq {:<6} {} -> {} [{}] {}",
-                crate::render::time(t["time_ms"].as_u64().unwrap_or(0)),
-                t["seq"],
-                t["from"].as_str().unwrap_or("?"),
-                t["to"].as_str().unwrap_or("?"),
-                t["rule"].as_str().unwrap_or("?"),
-                t["detail"].as_str().unwrap_or("")
+                "  {}  seq {:<6} {} -> {} [{}] {} (cause event {})",
+                crate::render::time(t.time_ms),
+                t.seq,
+                t.from,
+                t.to,
+                t.rule,
+                t.detail,
+                t.cause
             );
         }
         if let Some(e) = n["audit_error"].as_str() {

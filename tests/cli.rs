@@ -602,3 +602,237 @@ fn another_schema_version_in_the_header_is_named() {
     );
     assert!(out.stdout.is_empty(), "nothing replayed");
 }
+
+#[test]
+fn completions_are_scripts_for_each_shell() {
+    let out = lockstep(&["completions", "bash"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let script = text(&out.stdout);
+    for word in ["_lockstep", "timeline", "rollback", "completions"] {
+        assert!(
+            script.contains(word),
+            "{word} missing from the bash completion"
+        );
+    }
+    let file = tmp("lockstep.bash");
+    std::fs::write(&file, &script).unwrap();
+    let syntax = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+    assert!(syntax.status.success(), "{}", text(&syntax.stderr));
+    for shell in ["zsh", "fish"] {
+        let out = lockstep(&["completions", shell]);
+        assert!(out.status.success());
+        assert!(text(&out.stdout).contains("timeline"), "{shell}");
+    }
+    assert!(!lockstep(&["completions", "tcsh"]).status.success());
+}
+
+/// A log of `events` records from the benchmark generator (a steady-state
+/// mix over 40 nodes), for the commands whose progress shows.
+fn big_log(name: &str, events: usize) -> PathBuf {
+    use lockstep_schemas::log::{Format, LogWriter};
+    let path = tmp(name);
+    let mut g = lockstep_benches::Generator::new(lockstep_benches::Shape::plain(40, 4), 7);
+    g.steady_state(events);
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = LogWriter::new(
+        std::io::BufWriter::new(file),
+        Format::from_path(&path),
+        "cli test",
+    )
+    .unwrap();
+    for rec in g.into_records() {
+        w.write(&lockstep_schemas::Record::Event(rec)).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+/// Runs `lockstep ARGS` on a pseudo-terminal (util-linux `script`):
+/// everything it wrote to the terminal.
+fn on_a_terminal(args: &[&str]) -> String {
+    let cmd = std::iter::once(env!("CARGO_BIN_EXE_lockstep"))
+        .chain(args.iter().copied())
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", &format!("{cmd} >/dev/null"), "/dev/null"])
+        .env("TERM", "xterm")
+        .output()
+        .expect("util-linux script runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn long_commands_show_progress_on_a_terminal_and_none_when_piped() {
+    let log = big_log("big.msgpack", 120_000);
+    let log = log.to_str().unwrap();
+    let jsonl = tmp("big.jsonl");
+    let jsonl = jsonl.to_str().unwrap();
+    // (command, what the bar says)
+    let cases: [(&[&str], &str); 2] = [
+        (&["replay", "--quiet", log], "replaying"),
+        (&["convert", log, jsonl], "converting"),
+    ];
+    for (args, label) in cases {
+        let piped = lockstep(args);
+        assert!(piped.status.success(), "{}", text(&piped.stderr));
+        let err = text(&piped.stderr);
+        assert!(
+            !err.contains(label) && !err.contains('\u{1b}') && !err.contains('\r'),
+            "piped: {err:?}"
+        );
+        let tty = on_a_terminal(args);
+        assert!(
+            tty.contains(label) && tty.contains('['),
+            "{args:?} on a terminal: {tty:?}"
+        );
+    }
+}
+
+/// `kubectl-lockstep`, as kubectl finds plugins: a link on PATH.
+fn plugin_dir() -> PathBuf {
+    let dir = tmp("plugin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("kubectl-lockstep");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_lockstep"), &link).unwrap();
+    dir
+}
+
+fn plugin(args: &[&str]) -> Output {
+    Command::new(plugin_dir().join("kubectl-lockstep"))
+        .args(args)
+        .env_remove("LOCKSTEP_URL")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn kubectl_lockstep_why_tells_the_chain_of_the_slurm_nodes_on_a_node_from_a_log() {
+    let log = incident("not-ready-grace.jsonl");
+    let out = plugin(&["why", "k2", "--log", log.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("1 Slurm node(s): n2"), "{said}");
+    assert!(
+        said.contains("in_service -> draining [health.not_ready] kubernetes node k2 not ready"),
+        "{said}"
+    );
+    assert!(
+        said.contains("because of seq 12: kubernetes node k2 Ready=False"),
+        "{said}"
+    );
+    // A Slurm node by name works too; a node with nothing on it says so.
+    assert!(
+        text(&plugin(&["why", "n2", "--log", log.to_str().unwrap()]).stdout)
+            .contains("Slurm node(s): n2")
+    );
+    let none = plugin(&["why", "k9", "--log", log.to_str().unwrap()]);
+    assert!(text(&none.stdout).contains("no Slurm node is k9"));
+    // Help names the plugin as kubectl shows it.
+    assert!(text(&plugin(&["--help"]).stdout).contains("kubectl lockstep"));
+    // Nothing running and no log: the way to reach lockstep is named.
+    let out = plugin(&["status", "--url", "http://127.0.0.1:9"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("port-forward"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn kubectl_finds_the_plugin_and_it_asks_the_running_service() {
+    // The project's kubectl (deploy/local/kube/build.sh; cached after the
+    // first build).
+    let build = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/kube/build.sh");
+    let built = Command::new(&build).output().unwrap();
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    let bin = Command::new(&build)
+        .arg("--print-bin-dir")
+        .output()
+        .unwrap();
+    let kubectl = PathBuf::from(text(&bin.stdout).trim()).join("kubectl");
+    assert!(kubectl.exists(), "{}", kubectl.display());
+
+    // lockstep run on an embedded log holding an incident: k1 cordoned, its
+    // Slurm node n1 drained.
+    let dir = tmp("why-service");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data/log")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let log = lockstep_store::EventLog::open_embedded(&dir.join("data/log")).unwrap();
+        for rec in lockstep_schemas::log::open(&incident("cordon-while-job-runs.jsonl")).unwrap() {
+            if let lockstep_schemas::Record::Event(ev) = rec.unwrap() {
+                log.append(&ev.envelope).await.unwrap();
+            }
+        }
+        log.flush().await.unwrap();
+    });
+    let port = lockstep_store::testing::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    std::fs::write(
+        dir.join("lockstep.toml"),
+        format!("data_dir = \"data\"\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["run", "--config"])
+        .arg(dir.join("lockstep.toml"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let kubectl_lockstep = |args: &[&str]| -> Output {
+        Command::new(&kubectl)
+            .arg("lockstep")
+            .args(args)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    plugin_dir().display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("LOCKSTEP_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        let out = kubectl_lockstep(&["status"]);
+        let said = text(&out.stdout);
+        if out.status.success() && said.contains("leader, ready") {
+            break said;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("lockstep did not get ready: {said} {}", text(&out.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(status.contains("slurm nodes: "), "{status}");
+    let out = kubectl_lockstep(&["why", "k1"]);
+    let json = kubectl_lockstep(&["why", "k1", "--json"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(
+        said.contains("slurm node n1 on k1, pod slurm/n1:"),
+        "{said}"
+    );
+    assert!(
+        said.contains("[drain.cordon] kubernetes node k1 cordoned"),
+        "{said}"
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let n1 = &answer["slurm_nodes"][0];
+    assert_eq!(n1["slurm_node"], "n1", "{answer}");
+    assert_eq!(n1["kube_node"], "k1", "{answer}");
+    assert!(n1["transitions"].as_array().unwrap().len() >= 2, "{answer}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
