@@ -36,9 +36,17 @@ struct Args {
     /// Do not save a failing schedule under incidents/world/.
     #[arg(long)]
     no_save: bool,
+    /// Shrink for the first violation whose message contains this text
+    /// (default: the first violation).
+    #[arg(long)]
+    follow: Option<String>,
     /// Print the minimal failing schedule's log as a timeline.
     #[arg(long)]
     timeline: bool,
+    /// Check determinism by folding the log again only (as the test does),
+    /// not by running the whole world twice.
+    #[arg(long)]
+    replay_only: bool,
     /// Do not stop at the first failure: print one line per failing
     /// schedule and a count per property at the end (no shrinking).
     #[arg(long)]
@@ -61,6 +69,11 @@ fn main() {
     );
     let tty = std::io::stderr().is_terminal();
     let cfg = WorldConfig::default();
+    let determinism = if args.replay_only {
+        Determinism::Replay
+    } else {
+        Determinism::RerunWorld
+    };
     let start = Instant::now();
     let mut last_shown = Instant::now();
     let (mut steps, mut events, mut records) = (0u64, 0u64, 0u64);
@@ -69,7 +82,7 @@ fn main() {
         let case_seed = seed.wrapping_add(i);
         let tree = search::tree(case_seed, bounds);
         let schedule = tree.current();
-        let report = check_with(&schedule, &cfg, Determinism::RerunWorld);
+        let report = check_with(&schedule, &cfg, determinism);
         steps += report.steps as u64;
         events += report.world_events;
         records += report.records as u64;
@@ -107,10 +120,24 @@ fn main() {
                 .find(|v| v.property.name() == props[0])
                 .expect("listed");
             println!("seed {case_seed} [{}]: {}", props.join(","), first.message);
+            for v in &report.violations {
+                println!("    {v}");
+            }
             continue;
         }
         if tty {
             eprintln!();
+        }
+        let mut report = report;
+        if let Some(text) = &args.follow {
+            if let Some(i) = report
+                .violations
+                .iter()
+                .position(|v| v.message.contains(text.as_str()))
+            {
+                let v = report.violations.remove(i);
+                report.violations.insert(0, v);
+            }
         }
         let first = report.violations[0].clone();
         eprintln!(
@@ -118,12 +145,8 @@ fn main() {
             first.property
         );
         eprintln!("shrinking ...");
-        let (small, small_report, tried) = search::shrink(
-            tree,
-            report,
-            args.shrink_iterations_max,
-            Determinism::RerunWorld,
-        );
+        let (small, small_report, tried) =
+            search::shrink(tree, report, args.shrink_iterations_max, determinism);
         println!("seed: {case_seed}");
         println!("property broken: {}", small_report.violations[0].property);
         println!("minimal story ({tried} schedules tried while shrinking):");

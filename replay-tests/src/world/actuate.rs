@@ -23,6 +23,8 @@ use lockstep_schemas::{
 };
 
 use super::check::{Property, Violation};
+use super::kube::DELETION_COST;
+use super::observe::ANNOTATION_PREFIX;
 use super::schedule::{LOCKSTEP_USER, NAMESPACE};
 use super::{Actor, Ms, World, EPOCH_MS};
 
@@ -158,9 +160,11 @@ impl World {
                 OutcomeResult::Succeeded
             }
             Action::KubeTaintNode { node, taint } => {
-                let Some(n) = self.kube.nodes.get_mut(node) else {
+                if !self.kube.nodes.contains_key(node) {
                     return failed(false, "node not found");
-                };
+                }
+                self.check_taint(node, taint, issued_ms);
+                let n = self.kube.nodes.get_mut(node).expect("checked");
                 let same: Vec<&Taint> = n
                     .taints
                     .iter()
@@ -195,16 +199,37 @@ impl World {
                 let Some(p) = self.pod_in(namespace, pod) else {
                     return failed(false, "pod not found");
                 };
-                if p.labels.get(key).map(|(v, _)| v) == value.as_ref() {
+                // `annotation:<key>` is an annotation (the pod deletion cost).
+                let (annotation, key) = match key.strip_prefix(ANNOTATION_PREFIX) {
+                    Some(k) => (true, k),
+                    None => (false, key.as_str()),
+                };
+                let map = if annotation {
+                    &p.annotations
+                } else {
+                    &p.labels
+                };
+                if map.get(key).map(|(v, _)| v) == value.as_ref() {
                     return OutcomeResult::AlreadyDone;
                 }
+                if annotation
+                    && key == DELETION_COST
+                    && value.as_ref().is_some_and(|v| v.parse::<i32>().is_err())
+                {
+                    return failed(false, "pod-deletion-cost must be an int32");
+                }
                 let p = self.kube.pods.get_mut(pod).expect("found");
+                let map = if annotation {
+                    &mut p.annotations
+                } else {
+                    &mut p.labels
+                };
                 match value {
                     Some(v) => {
-                        p.labels.insert(key.clone(), (v.clone(), by.clone()));
+                        map.insert(key.to_owned(), (v.clone(), by.clone()));
                     }
                     None => {
-                        p.labels.remove(key);
+                        map.remove(key);
                     }
                 }
                 self.pod_written(pod);
@@ -245,6 +270,47 @@ impl World {
                 OutcomeResult::Succeeded
             }
         }
+    }
+
+    /// lockstep's unhealthy taint goes only on a node one of whose Slurm
+    /// nodes is (or was, as far as lockstep could see) DOWN or
+    /// NOT_RESPONDING: a blip on one node taints that node, not the cluster.
+    fn check_taint(&mut self, node: &str, taint: &Taint, issued_ms: Ms) {
+        let Some(spec) = &self.policy.health.unhealthy_taint else {
+            return;
+        };
+        if spec.key != taint.key || self.policy_edited_since(issued_ms) {
+            return;
+        }
+        let since = issued_ms.saturating_sub(self.cfg.observation_lag_ms);
+        let wanted = self
+            .kube
+            .pods
+            .values()
+            .filter(|p| p.node.as_deref() == Some(node))
+            .filter_map(|p| self.slurm.nodes.get(&p.name))
+            .any(|n| n.unhealthy_since(since));
+        if !wanted {
+            let unhealthy: Vec<&str> = self
+                .slurm
+                .nodes
+                .values()
+                .filter(|n| n.unhealthy_since(since))
+                .map(|n| n.name.as_str())
+                .collect();
+            let msg = format!(
+                "lockstep tainted {node} {} although none of its Slurm nodes was DOWN or NOT_RESPONDING (unhealthy elsewhere: {unhealthy:?})",
+                taint.key
+            );
+            self.violation(Property::NothingUnwantedSet, msg);
+        }
+    }
+
+    fn policy_edited_since(&self, issued_ms: Ms) -> bool {
+        self.facts
+            .policy_edits_ms
+            .iter()
+            .any(|&t| t + self.cfg.observation_lag_ms >= issued_ms)
     }
 
     fn pod_in(&self, namespace: &str, pod: &str) -> Option<&super::kube::Pod> {

@@ -3,9 +3,11 @@
 //! reducer believes.
 //!
 //! Online (checked as the world runs, see `actuate`): lockstep never
-//! replaces or lifts a drain it did not set ([`Property::ForeignDrainsUntouched`])
-//! and never lifts its own drain while the cause it drained for has held
-//! all along ([`Property::DrainHeldWhileCauseHolds`]).
+//! replaces or lifts a drain it did not set ([`Property::ForeignDrainsUntouched`]),
+//! never lifts its own drain while the cause it drained for has held all
+//! along ([`Property::DrainHeldWhileCauseHolds`]), and puts its unhealthy
+//! taint only on a node with an unhealthy Slurm node
+//! ([`Property::NothingUnwantedSet`]).
 //!
 //! After the run: no job was killed by anything lockstep did, directly or
 //! through a controller; once the world has been quiet for
@@ -25,11 +27,11 @@ use std::collections::BTreeMap;
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{
     ConditionStatus, Envelope, Event, EventRecord, IssuedAction, Record, SlurmBaseState,
-    SlurmJobState,
+    SlurmJobState, Taint, TaintEffect,
 };
 use serde::{Deserialize, Serialize};
 
-use super::kube::{Host, Pod, WorkloadKind};
+use super::kube::{Host, Pod, WorkloadKind, DELETION_COST};
 use super::schedule::Schedule;
 use super::slurm::{DownWhy, SNode};
 use super::{Actor, Ms, World, WorldConfig};
@@ -50,6 +52,9 @@ pub enum Property {
     UsableNodesConverge,
     /// Nothing lockstep set remains that the policy in force does not want.
     NoLeftovers,
+    /// lockstep sets no mark the policy does not want when it sets it (its
+    /// unhealthy taint only on a node with an unhealthy Slurm node).
+    NothingUnwantedSet,
     /// A stale or duplicate observation appended to the log changes nothing.
     StaleObservationChangesNothing,
     /// The same schedule gives the same log and state hash.
@@ -58,13 +63,14 @@ pub enum Property {
 
 impl Property {
     /// Every property.
-    pub const ALL: [Property; 8] = [
+    pub const ALL: [Property; 9] = [
         Self::NoJobKilledByLockstep,
         Self::ForeignDrainsUntouched,
         Self::DrainHeldWhileCauseHolds,
         Self::NoDrainOutlivesCause,
         Self::UsableNodesConverge,
         Self::NoLeftovers,
+        Self::NothingUnwantedSet,
         Self::StaleObservationChangesNothing,
         Self::Deterministic,
     ];
@@ -78,6 +84,7 @@ impl Property {
             Self::NoDrainOutlivesCause => "no_drain_outlives_cause",
             Self::UsableNodesConverge => "usable_nodes_converge",
             Self::NoLeftovers => "no_leftovers",
+            Self::NothingUnwantedSet => "nothing_unwanted_set",
             Self::StaleObservationChangesNothing => "stale_observation_changes_nothing",
             Self::Deterministic => "deterministic",
         }
@@ -157,12 +164,12 @@ pub fn check_with(schedule: &Schedule, cfg: &WorldConfig, determinism: Determini
         world_events += again.facts.world_events;
         v.extend(rerun(&world, &again));
     }
-    // A few of each property say it; hundreds would bury the first.
-    let mut per: BTreeMap<Property, usize> = BTreeMap::new();
+    // Two of each story say it; hundreds would bury the others.
+    let mut per: BTreeMap<(Property, String), usize> = BTreeMap::new();
     v.retain(|x| {
-        let n = per.entry(x.property).or_default();
+        let n = per.entry((x.property, shape(&x.message))).or_default();
         *n += 1;
-        *n <= 3
+        *n <= 2
     });
     Report {
         violations: v,
@@ -171,6 +178,36 @@ pub fn check_with(schedule: &Schedule, cfg: &WorldConfig, determinism: Determini
         records: world.ls.records.len(),
         world,
     }
+}
+
+/// The shape of a violation's story: the message without its quoted and
+/// parenthesised details, names and numbers blanked (so that `cpu-3 still
+/// carries lockstep's drain ("...")` and `gpu-0 still carries lockstep's
+/// drain ("...")` are the same story, and a resume while a node is deleted
+/// is not the same as one while a pod is Pending).
+pub fn shape(message: &str) -> String {
+    let mut plain = String::new();
+    let (mut depth, mut quoted) = (0u32, false);
+    for c in message.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '(' | '[' if !quoted => depth += 1,
+            ')' | ']' if !quoted => depth = depth.saturating_sub(1),
+            _ if quoted || depth > 0 => {}
+            _ => plain.push(c),
+        }
+    }
+    plain
+        .split_whitespace()
+        .map(|w| {
+            if w.chars().any(|c| c.is_ascii_digit()) {
+                "#"
+            } else {
+                w
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn job_kills(w: &World) -> Vec<Violation> {
@@ -281,6 +318,60 @@ fn slurm_healthy(n: &SNode) -> bool {
     n.base != SlurmBaseState::Down && !n.not_responding
 }
 
+/// What the policy asks of the scaled set: demand, and the replicas it
+/// wants for it.
+fn wanted_replicas(w: &World) -> (u32, u32) {
+    let wl = &w.kube.sets[0];
+    let rule = &w.policy.scaling.targets[0];
+    let demand: u32 = w
+        .slurm
+        .jobs
+        .values()
+        .filter(|j| j.partition == wl.partition)
+        .filter(|j| j.state == SlurmJobState::Pending || j.state.holds_nodes())
+        .map(|j| j.node_count)
+        .sum();
+    (demand, demand.clamp(rule.min_replicas, rule.max_replicas))
+}
+
+/// Victims of a ReplicaSet scale-in that waits on the world: lockstep
+/// lowers `replicas` of a target scaled in by deletion cost only while
+/// every other pod is Running and Ready, so while a pod is held out by the
+/// world, up to (replicas - wanted) idle pods it drained for the scale-in
+/// may wait, drained. Name -> what they wait for.
+fn waiting_victims(w: &World) -> BTreeMap<String, String> {
+    let wl = &w.kube.sets[0];
+    let mut out = BTreeMap::new();
+    if wl.kind != WorkloadKind::ReplicaSet {
+        return out;
+    }
+    let (_, want) = wanted_replicas(w);
+    let blocker = w
+        .kube
+        .pods_of(0)
+        .find(|p| matches!(slot_state(w, Some(p)), Slot::Out(_)))
+        .map(|p| p.name.clone());
+    let Some(blocker) = blocker else {
+        return out;
+    };
+    let extra = wl.replicas.saturating_sub(want) as usize;
+    for p in w.kube.pods_of(0) {
+        if out.len() >= extra {
+            break;
+        }
+        let idle_and_drained_by_lockstep = w.slurm.nodes.get(&p.name).is_some_and(|n| {
+            n.jobs.is_empty() && n.drain.as_ref().is_some_and(|(who, _)| who.is_lockstep())
+        });
+        if p.up() && idle_and_drained_by_lockstep {
+            out.insert(
+                p.name.clone(),
+                format!("a scale-in victim waiting for {blocker}"),
+            );
+        }
+    }
+    out
+}
+
 fn end_state(w: &World) -> Vec<Violation> {
     let at_ms = w.end_ms();
     let mut out = Vec::new();
@@ -297,10 +388,12 @@ fn end_state(w: &World) -> Vec<Violation> {
         " (after a policy edit)"
     };
 
+    let victims = waiting_victims(w);
     // No drain lockstep set outlives its cause.
     for n in w.slurm.nodes.values() {
         if n.drain.as_ref().is_some_and(|(who, _)| who.is_lockstep())
             && drain_causes(w, &n.name).is_empty()
+            && !victims.contains_key(&n.name)
         {
             say(
                 Property::NoDrainOutlivesCause,
@@ -341,6 +434,9 @@ fn end_state(w: &World) -> Vec<Violation> {
         for (i, pod) in slots.iter().enumerate() {
             let state = match (pod, &waits_for) {
                 (None, Some(w)) if ordered => Slot::Out(format!("OrderedReady waits for {w}")),
+                (Some(p), _) if victims.contains_key(&p.name) => {
+                    Slot::Out(victims[&p.name].clone())
+                }
                 _ => slot_state(w, *pod),
             };
             if waits_for.is_none() {
@@ -377,32 +473,26 @@ fn end_state(w: &World) -> Vec<Violation> {
         }
         if set == 0 {
             let rule = &w.policy.scaling.targets[0];
-            let demand: u32 = w
-                .slurm
-                .jobs
-                .values()
-                .filter(|j| j.partition == wl.partition)
-                .filter(|j| j.state == SlurmJobState::Pending || j.state.holds_nodes())
-                .map(|j| j.node_count)
-                .sum();
-            let want = demand.clamp(rule.min_replicas, rule.max_replicas);
-            // The fewest replicas that do not remove a busy pod.
-            let busy = |p: &Pod| {
+            let (demand, want) = wanted_replicas(w);
+            // The fewest replicas that remove no pod lockstep must keep: one
+            // whose Slurm node runs a job, or one it cannot tell about (its
+            // slurmd never registered): the design fails closed there.
+            let keep = |p: &Pod| {
                 w.slurm
                     .nodes
                     .get(&p.name)
-                    .is_some_and(|n| !n.jobs.is_empty() || n.completing > 0)
+                    .is_none_or(|n| !n.jobs.is_empty() || n.completing > 0)
             };
             let floor = match wl.kind {
                 WorkloadKind::StatefulSet { .. } => w
                     .kube
                     .pods_of(set)
-                    .filter(|p| busy(p))
+                    .filter(|p| keep(p))
                     .filter_map(|p| p.ordinal)
                     .map(|o| o + 1)
                     .max()
                     .unwrap_or(0),
-                WorkloadKind::ReplicaSet => w.kube.pods_of(set).filter(|p| busy(p)).count() as u32,
+                WorkloadKind::ReplicaSet => w.kube.pods_of(set).filter(|p| keep(p)).count() as u32,
             };
             let upper = (want + held_out)
                 .max(floor)
@@ -418,7 +508,7 @@ fn end_state(w: &World) -> Vec<Violation> {
                         rule.min_replicas,
                         rule.max_replicas,
                         if upper > want {
-                            format!(" (up to {upper} with {held_out} held out by the world and busy pods up to {floor})")
+                            format!(" (up to {upper} with {held_out} held out by the world and pods to keep up to {floor})")
                         } else {
                             String::new()
                         }
@@ -432,31 +522,7 @@ fn end_state(w: &World) -> Vec<Violation> {
     let p = &w.policy;
     for n in w.kube.nodes.values() {
         for (t, by) in &n.taints {
-            if !by.is_lockstep() {
-                continue;
-            }
-            let hosted: Vec<&SNode> = w
-                .kube
-                .pods
-                .values()
-                .filter(|pod| pod.node.as_deref() == Some(&n.name))
-                .filter_map(|pod| w.slurm.nodes.get(&pod.name))
-                .collect();
-            let unhealthy = p
-                .health
-                .unhealthy_taint
-                .as_ref()
-                .is_some_and(|s| s.key == t.key)
-                && hosted.iter().any(|s| {
-                    !slurm_healthy(s) && !s.down.as_ref().is_some_and(|d| d.0.is_lockstep())
-                });
-            let foreign = p
-                .drain
-                .foreign_drain_taint
-                .as_ref()
-                .is_some_and(|s| s.key == t.key)
-                && hosted.iter().any(|s| foreign_drain(s));
-            if !unhealthy && !foreign {
+            if by.is_lockstep() && !taint_wanted(w, n, t) {
                 say(
                     Property::NoLeftovers,
                     format!(
@@ -541,6 +607,21 @@ fn end_state(w: &World) -> Vec<Violation> {
                 );
             }
         }
+        for (key, (v, by)) in &pod.annotations {
+            if !by.is_lockstep() {
+                continue;
+            }
+            if key == DELETION_COST && victims.contains_key(&pod.name) {
+                continue;
+            }
+            say(
+                Property::NoLeftovers,
+                format!(
+                    "pod {} keeps lockstep's annotation {key}={v} with no scale-in under way{edited}",
+                    pod.name
+                ),
+            );
+        }
         // Features lockstep manages follow the node the pod runs on.
         if !pod.up() {
             continue;
@@ -568,6 +649,36 @@ fn end_state(w: &World) -> Vec<Violation> {
     out
 }
 
+/// Whether the policy in force wants lockstep's taint `t` on node `n` now:
+/// the unhealthy taint while a Slurm node on it is DOWN or NOT_RESPONDING
+/// (not by lockstep's doing), the foreign-drain taint while one is drained
+/// by someone else.
+fn taint_wanted(w: &World, n: &super::kube::Node, t: &Taint) -> bool {
+    let p = &w.policy;
+    let hosted: Vec<&SNode> = w
+        .kube
+        .pods
+        .values()
+        .filter(|pod| pod.node.as_deref() == Some(&n.name))
+        .filter_map(|pod| w.slurm.nodes.get(&pod.name))
+        .collect();
+    let unhealthy = p
+        .health
+        .unhealthy_taint
+        .as_ref()
+        .is_some_and(|s| s.key == t.key)
+        && hosted
+            .iter()
+            .any(|s| !slurm_healthy(s) && !s.down.as_ref().is_some_and(|d| d.0.is_lockstep()));
+    let foreign = p
+        .drain
+        .foreign_drain_taint
+        .as_ref()
+        .is_some_and(|s| s.key == t.key)
+        && hosted.iter().any(|s| foreign_drain(s));
+    unhealthy || foreign
+}
+
 enum Slot {
     Usable,
     Out(String),
@@ -577,12 +688,17 @@ enum Slot {
 /// Whether a slot of a set is usable, held out by the world, or neither.
 fn slot_state(w: &World, pod: Option<&Pod>) -> Slot {
     let p = &w.policy;
-    // Could the scheduler place a pod if lockstep's taints were not there?
+    // Could the scheduler place a pod if lockstep's unwanted taints were
+    // not there? (A wanted one keeps pods off as the policy means it to.)
     let room = w.kube.nodes.values().any(|n| {
         n.ready == ConditionStatus::True
             && !n.unschedulable
             && !n.lifecycle_taint
             && n.host == Host::Up
+            && n.taints.iter().all(|(t, by)| {
+                t.effect == TaintEffect::PreferNoSchedule
+                    || (by.is_lockstep() && !taint_wanted(w, n, t))
+            })
     });
     let Some(pod) = pod else {
         return if room {
@@ -859,4 +975,29 @@ fn rerun(a: &World, b: &World) -> Vec<Violation> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod shape_tests {
+    use super::shape;
+
+    #[test]
+    fn shapes_tell_stories_apart_and_ignore_names() {
+        // (message, message, same story)
+        let cases = [
+            (
+                r#"cpu-3 still carries lockstep's drain ("lockstep: a") with no cause left"#,
+                r#"gpu-0 still carries lockstep's drain ("lockstep: b") with no cause left"#,
+                true,
+            ),
+            (
+                "lockstep resumed its drain on cpu-0 (x) while its pod has not been Running since 1.0 s (phase Pending)",
+                "lockstep resumed its drain on cpu-1 (y) while its Kubernetes node k8s-1 has been deleted since 2.0 s",
+                false,
+            ),
+        ];
+        for (a, b, same) in cases {
+            assert_eq!(shape(a) == shape(b), same, "{a} / {b}");
+        }
+    }
 }

@@ -12,8 +12,11 @@
 //!   created and all condemned pods deleted at once. A pod below `replicas`
 //!   that is gone is created again (new UID) once its old object is gone: a
 //!   pod still terminating is never replaced (at most one pod per identity,
-//!   "Force Delete StatefulSet Pods"). Update strategy OnDelete: a new
-//!   revision reaches a pod only when the pod is deleted.
+//!   "Force Delete StatefulSet Pods"). Update strategies ("Rolling
+//!   Updates"): OnDelete, a new revision reaches a pod only when the pod is
+//!   deleted (the scaled set: lockstep replaces its pods); RollingUpdate, the
+//!   controller deletes the highest ordinal not at the update revision once
+//!   every pod is Running and Ready, one at a time (the fixed set).
 //! - ReplicaSet ("ReplicaSet": pod deletion cost; the scale-down order of
 //!   `ActivePodsWithRanks`): unscheduled first, then Pending < Unknown <
 //!   Running, not ready before ready, lower
@@ -129,10 +132,23 @@ pub(crate) struct Pod {
     pub conditions: BTreeMap<String, (PodCondition, Actor)>,
     pub revision: Option<String>,
     pub created_ms: Ms,
-    pub deletion_cost: i64,
+    /// Annotations with who set them.
+    pub annotations: BTreeMap<String, (String, Actor)>,
 }
 
+/// The annotation a ReplicaSet ranks pods by on scale-down.
+pub(crate) const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
 impl Pod {
+    /// `controller.kubernetes.io/pod-deletion-cost` (0 when not set; the
+    /// API server accepts only int32 values).
+    pub fn deletion_cost(&self) -> i64 {
+        self.annotations
+            .get(DELETION_COST)
+            .and_then(|(v, _)| v.parse::<i32>().ok())
+            .map_or(0, i64::from)
+    }
+
     /// Running, not terminating, not evicted: what "the pod is up" means.
     pub fn up(&self) -> bool {
         self.phase == PodPhase::Running && self.deletion.is_none() && !self.disruption_target
@@ -157,6 +173,10 @@ pub(crate) struct Workload {
     pub partition: String,
     pub update_revision: Option<String>,
     pub revisions: u32,
+    /// `updateStrategy: RollingUpdate` (else OnDelete).
+    pub rolling: bool,
+    /// Who changed the template last.
+    pub revision_by: Actor,
     pub ready_replicas: u32,
     pub rv: u64,
     pub pods_created: u64,
@@ -224,21 +244,25 @@ impl World {
             ScaledKind::Parallel => WorkloadKind::StatefulSet { ordered: false },
             ScaledKind::ReplicaSet => WorkloadKind::ReplicaSet,
         };
+        // The scaled set is OnDelete (lockstep replaces its pods); the
+        // fixed set rolls itself (RollingUpdate).
         let sets = [
             (
                 SCALED_SET,
                 scaled_kind,
                 u32::from(self.setup.scaled_min),
                 SCALED_PARTITION,
+                false,
             ),
             (
                 FIXED_SET,
                 WorkloadKind::StatefulSet { ordered: true },
                 u32::from(self.setup.fixed_replicas),
                 FIXED_PARTITION,
+                true,
             ),
         ];
-        for (name, kind, replicas, partition) in sets {
+        for (name, kind, replicas, partition, rolling) in sets {
             self.kube.rv += 1;
             self.kube.sets.push(Workload {
                 name: name.to_owned(),
@@ -251,6 +275,8 @@ impl World {
                     WorkloadKind::ReplicaSet => None,
                 },
                 revisions: 1,
+                rolling,
+                revision_by: Actor::Setup,
                 ready_replicas: 0,
                 rv: self.kube.rv,
                 pods_created: 0,
@@ -325,7 +351,7 @@ impl World {
                 conditions: BTreeMap::new(),
                 revision,
                 created_ms: self.now,
-                deletion_cost: 0,
+                annotations: BTreeMap::new(),
             },
         );
         self.pod_written(&name);
@@ -455,7 +481,9 @@ impl World {
         }
         let condemned: Vec<Pod> = by_ord.split_off(&replicas).into_values().rev().collect();
         let by = self.kube.sets[set].replicas_by.clone();
+        let mut condemned_left = false;
         for p in condemned {
+            condemned_left = true;
             if p.deletion.is_some() {
                 if ordered {
                     return;
@@ -466,6 +494,26 @@ impl World {
             if ordered {
                 return;
             }
+        }
+        // RollingUpdate: once every pod is Running and Ready, the highest
+        // ordinal not at the update revision is deleted (and recreated at
+        // it); one at a time whatever the pod management policy.
+        let w = &self.kube.sets[set];
+        if !w.rolling || condemned_left {
+            return;
+        }
+        let pods: Vec<&Pod> = by_ord.values().collect();
+        if pods.len() < replicas as usize || !pods.iter().all(|p| Self::healthy(p)) {
+            return;
+        }
+        let stale = pods
+            .iter()
+            .rev()
+            .find(|p| p.revision != w.update_revision)
+            .map(|p| p.name.clone());
+        if let Some(name) = stale {
+            let by = w.revision_by.clone();
+            self.delete_pod(&name, &by);
         }
     }
 
@@ -514,7 +562,7 @@ impl World {
                 p.node.is_some(),
                 phase_rank(p),
                 p.ready,
-                p.deletion_cost,
+                p.deletion_cost(),
                 std::cmp::Reverse(p.node.as_ref().map_or(0, |n| on_node[n])),
                 p.ready_since.map(|t| log_bucket(now - t)),
                 std::cmp::Reverse(p.restarts),
@@ -1015,15 +1063,18 @@ impl World {
         self.node_written(&name);
     }
 
-    /// The scaled StatefulSet's template changes (update strategy OnDelete).
-    pub(crate) fn new_revision(&mut self) {
-        let w = &mut self.kube.sets[0];
+    /// A StatefulSet's template changes: a new update revision.
+    pub(crate) fn new_revision(&mut self, set: usize, by: &Actor) {
+        let Some(w) = self.kube.sets.get_mut(set) else {
+            return;
+        };
         if !matches!(w.kind, WorkloadKind::StatefulSet { .. }) {
             return;
         }
         w.revisions += 1;
         w.update_revision = Some(format!("{}-rev{}", w.name, w.revisions));
-        self.set_written(0);
+        w.revision_by = by.clone();
+        self.set_written(set);
     }
 }
 

@@ -23,7 +23,9 @@
 //! - `observe`: lockstep's Kubernetes watchers and Slurm poller.
 //! - `actuate`: lockstep's actuators.
 //! - [`check`]: the properties an administrator expects.
+//! - [`search`]: seeded schedules and shrinking, for the soak program.
 //! - [`incident`]: failing schedules saved under `incidents/world/`.
+//! - `model_tests`: the model against the documented behaviour, lockstep idle.
 
 pub mod check;
 pub mod incident;
@@ -136,12 +138,13 @@ pub struct WorldConfig {
     /// Whether lockstep's actions are carried out (off: the world alone,
     /// for tests of the model).
     pub lockstep_acts: bool,
-    /// After the last step the world is left alone this long; the end-state
-    /// properties are checked then. It covers the longest chain a schedule
-    /// can leave behind: a timed step still running (NotReady up to 400 s,
-    /// then a 300 s eviction), a job's run (up to 300 s) after it waited
-    /// for a scale-up, and a scale-in from max to min (idle 30 s, then per
-    /// step a 20 s cooldown, drain and pod removal), with retries.
+    /// The world is quiet once no step has happened and no job has started
+    /// or ended for this long; the end-state properties are checked then.
+    /// It covers the longest chain a step or a job end can leave behind: a
+    /// timed step still running (NotReady up to 400 s, with a 300 s
+    /// eviction), the flap hold after the last health drain (120 s), and a
+    /// scale-in from max to min after the last job (idle 30 s, then per step
+    /// a 20 s cooldown, drain and pod removal), with retries.
     pub quiet_ms: u64,
 }
 
@@ -164,7 +167,7 @@ impl Default for WorldConfig {
             actuator_latency_ms: (50, 800),
             observation_lag_ms: 1_500,
             lockstep_acts: true,
-            quiet_ms: 1_500_000,
+            quiet_ms: 900_000,
         }
     }
 }
@@ -321,6 +324,8 @@ pub struct Facts {
     pub steps_done: usize,
     /// Count of world events processed.
     pub world_events: u64,
+    /// When a job last started, ended or was killed.
+    pub last_job_change_ms: Ms,
 }
 
 /// A job that was killed.
@@ -362,6 +367,9 @@ pub struct World {
     pub facts: Facts,
     executed: std::collections::BTreeSet<String>,
     end_ms: Ms,
+    /// The pod a timed step acts on, resolved when it starts (pods come and
+    /// go; its end must find the same one).
+    step_pods: BTreeMap<usize, String>,
 }
 
 impl World {
@@ -381,6 +389,7 @@ impl World {
             policy,
             facts: Facts::default(),
             executed: Default::default(),
+            step_pods: BTreeMap::new(),
             steps: schedule.steps.clone(),
             now: 0,
             queue: BTreeMap::new(),
@@ -404,16 +413,25 @@ impl World {
         }
         w.order = w.steps.len() as u64;
         w.end_ms = t + w.cfg.quiet_ms;
+        debug_assert!(w.end_ms >= w.quiet_since_ms());
         w.at(w.cfg.tick_interval_ms, Ev::Tick);
         w.at(w.cfg.slurmd_ping_interval_ms, Ev::Ping);
         w
     }
 
-    /// Runs the schedule to its end (the last step plus the quiet time).
+    /// Runs the schedule until the world has been quiet for `quiet_ms`.
     pub fn run(mut self) -> Self {
-        let end = self.end_ms;
-        self.run_until(end);
-        self
+        loop {
+            let deadline = self.quiet_since_ms() + self.cfg.quiet_ms;
+            match self.queue.keys().next() {
+                Some(&(at, _)) if at <= deadline => self.run_until(at),
+                _ => {
+                    self.end_ms = deadline;
+                    self.now = deadline;
+                    return self;
+                }
+            }
+        }
     }
 
     /// Runs everything due up to virtual time `t`.
@@ -431,9 +449,11 @@ impl World {
         self.now = self.now.max(t);
     }
 
-    /// When the quiet time after the last step started (virtual ms).
+    /// Since when the world has been quiet: the last step, or the last job
+    /// start or end after it (virtual ms).
     pub fn quiet_since_ms(&self) -> Ms {
-        self.facts.step_ms.last().copied().unwrap_or(0)
+        let last_step = self.facts.step_ms.last().copied().unwrap_or(0);
+        last_step.max(self.facts.last_job_change_ms)
     }
 
     /// The end of the run (virtual ms).
@@ -567,7 +587,7 @@ impl World {
                 }
             }
             Op::Relabel { node, rack, value } => self.relabel(node, rack, value),
-            Op::NewRevision => self.new_revision(),
+            Op::NewRevision { fixed } => self.new_revision(usize::from(fixed), &by),
             Op::Redeliver { back } => self.redeliver(back),
             Op::Relist { kind, forget } => match kind {
                 schedule::RelistKind::KubeNodes => self.kube_relist(observe::Kind::Nodes, forget),
@@ -586,8 +606,11 @@ impl World {
             Op::AdminDrain { pod, reason } => self.admin_drain(pod, reason, &by),
             Op::AdminResume { pod } => self.admin_resume(pod, &by),
             Op::SlurmdBlip { pod, for_s } => {
-                if self.slurmd_blip(pod, Some(&by)) {
-                    self.at(u64::from(for_s) * 1000, Ev::StepEnds(i));
+                if let Some(name) = self.pod_name(pod) {
+                    if self.slurmd_blip(&name, Some(&by)) {
+                        self.step_pods.insert(i, name);
+                        self.at(u64::from(for_s) * 1000, Ev::StepEnds(i));
+                    }
                 }
             }
             Op::Policy { edit } => {
@@ -611,8 +634,10 @@ impl World {
             Op::XidError { node, .. } => {
                 self.set_xid(node, false);
             }
-            Op::SlurmdBlip { pod, .. } => {
-                self.slurmd_blip(pod, None);
+            Op::SlurmdBlip { .. } => {
+                if let Some(name) = self.step_pods.remove(&i) {
+                    self.slurmd_blip(&name, None);
+                }
             }
             _ => {}
         }

@@ -348,6 +348,13 @@ fn slurm_changes_reach_the_log_at_the_next_poll() {
     let _ = RelistKind::SlurmJobs;
 }
 
+fn cost(p: &mut Pod, v: &str) {
+    p.annotations.insert(
+        super::kube::DELETION_COST.to_owned(),
+        (v.to_owned(), Actor::Setup),
+    );
+}
+
 #[test]
 fn a_replicaset_deletes_in_the_documented_order() {
     let mut w = world(setup(ScaledKind::ReplicaSet), vec![]);
@@ -361,7 +368,7 @@ fn a_replicaset_deletes_in_the_documented_order() {
         p.ready = true;
         p.ready_since = Some(0);
         p.created_ms = 0;
-        p.deletion_cost = 0;
+        p.annotations.clear();
         p.restarts = 0;
         f(&mut p);
         p
@@ -372,7 +379,7 @@ fn a_replicaset_deletes_in_the_documented_order() {
         pod("unscheduled", &|p| p.node = None),
         pod("pending", &|p| p.phase = PodPhase::Pending),
         pod("not-ready", &|p| p.ready = false),
-        pod("cheap", &|p| p.deletion_cost = -10),
+        pod("cheap", &|p| cost(p, "-10")),
         pod("crowded", &|p| p.node = Some("k8s-1".to_owned())),
         pod("ready-late", &|p| p.ready_since = Some(now - 1_000)),
         pod("restarted", &|p| p.restarts = 3),
@@ -383,11 +390,11 @@ fn a_replicaset_deletes_in_the_documented_order() {
     // Two more pods on k8s-1 so that it is the crowded node.
     input.push(pod("zz-crowd-1", &|p| {
         p.node = Some("k8s-1".to_owned());
-        p.deletion_cost = 100;
+        cost(p, "100");
     }));
     input.push(pod("zz-crowd-2", &|p| {
         p.node = Some("k8s-1".to_owned());
-        p.deletion_cost = 100;
+        cost(p, "100");
     }));
     input.reverse();
     let ranked: Vec<String> = w
@@ -399,4 +406,47 @@ fn a_replicaset_deletes_in_the_documented_order() {
     let want: Vec<String> = expected.iter().map(|p| p.name.clone()).collect();
     assert_eq!(ranked, want);
     assert!(matches!(w.kube.sets[0].kind, WorkloadKind::ReplicaSet));
+}
+
+#[test]
+fn a_rolling_update_replaces_the_highest_ordinal_first_each_once_the_rest_is_ready() {
+    let mut s = setup(ScaledKind::OrderedReady);
+    s.fixed_replicas = 3;
+    let steps = vec![at(1_000, Op::NewRevision { fixed: true })];
+    let mut w = world(s, steps);
+    w.run_until(120_000);
+    let d: Vec<Ms> = ["gpu-2", "gpu-1", "gpu-0"]
+        .iter()
+        .map(|n| deleting_ms(&w, n).expect("replaced"))
+        .collect();
+    assert!(d[0] < d[1] && d[1] < d[2], "{d:?}");
+    // gpu-1 went only once the new gpu-2 was Running and Ready.
+    let ready2 = events(&w).into_iter().find_map(|(t, e)| match e {
+        Event::KubePod(p)
+            if p.name == "gpu-2" && p.ready && p.revision.as_deref() == Some("gpu-rev2") =>
+        {
+            Some(t)
+        }
+        _ => None,
+    });
+    assert!(ready2.expect("new gpu-2 ready") <= d[1]);
+    assert!(w
+        .kube
+        .pods_of(1)
+        .all(|p| p.revision.as_deref() == Some("gpu-rev2")));
+}
+
+#[test]
+fn a_replicaset_scale_down_takes_the_pod_with_the_lowest_deletion_cost() {
+    let mut w = world(setup(ScaledKind::ReplicaSet), vec![]);
+    w.run_until(60_000);
+    let names: Vec<String> = w.kube.pods_of(0).map(|p| p.name.clone()).collect();
+    assert_eq!(names.len(), 3);
+    let victim = names[1].clone();
+    cost(w.kube.pods.get_mut(&victim).expect("listed"), "-2147483648");
+    w.pod_written(&victim);
+    scale(&mut w, 2);
+    w.run_until(120_000);
+    assert!(!w.kube.pods.contains_key(&victim));
+    assert_eq!(w.kube.pods_of(0).count(), 2);
 }

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use lockstep_schemas::{
-    Domain, Event, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, Policy,
+    Domain, Event, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, Policy, Removal,
     ScaleTargetRef, SlurmJob, SlurmNode, SlurmNodeFlag, SlurmPartition, Source, Taint,
 };
 
@@ -81,6 +81,9 @@ struct Spec {
 }
 
 const LOCKSTEP_TAINT_PREFIX: &str = "lockstep.io/";
+
+/// A label key with this prefix names an annotation.
+pub(crate) const ANNOTATION_PREFIX: &str = "annotation:";
 const REVISION_LABEL_KIND: &str = "StatefulSet";
 
 impl Spec {
@@ -106,6 +109,14 @@ impl Spec {
                 .iter()
                 .cloned()
                 .chain(non_empty(&p.scaling.busy_label))
+                // The deletion cost of targets scaled in by it.
+                .chain(
+                    p.scaling
+                        .targets
+                        .iter()
+                        .any(|t| p.scaling.removal_of(&t.target) == Some(Removal::DeletionCost))
+                        .then(|| format!("{ANNOTATION_PREFIX}{}", super::kube::DELETION_COST)),
+                )
                 .collect(),
             pod_conditions: [
                 p.drain.foreign_drain_condition.as_str(),
@@ -180,11 +191,16 @@ impl Spec {
             phase: p.phase,
             deleting: p.deletion.is_some(),
             disruption_target: p.disruption_target,
-            labels: p
-                .labels
+            labels: self
+                .pod_labels
                 .iter()
-                .filter(|(k, _)| self.pod_labels.contains(k))
-                .map(|(k, (v, _))| (k.clone(), v.clone()))
+                .filter_map(|k| {
+                    let value = match k.strip_prefix(ANNOTATION_PREFIX) {
+                        Some(a) => p.annotations.get(a),
+                        None => p.labels.get(k),
+                    };
+                    Some((k.clone(), value?.0.clone()))
+                })
                 .collect(),
             conditions: p
                 .conditions

@@ -186,8 +186,12 @@ pub enum Op {
         /// New value index.
         value: u8,
     },
-    /// The StatefulSet's template changes (a new revision; OnDelete).
-    NewRevision,
+    /// A StatefulSet's template changes: the scaled set (OnDelete: lockstep
+    /// replaces its pods) or the fixed one (RollingUpdate: the controller does).
+    NewRevision {
+        /// The fixed set instead of the scaled one.
+        fixed: bool,
+    },
     /// A stale copy of an earlier observation is appended again (JetStream
     /// re-publish after its deduplication window).
     Redeliver {
@@ -462,7 +466,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => pod_ref().prop_map(|pod| Op::EvictPod { pod }),
         1 => (node, 5u16..=200).prop_map(|(node, for_s)| Op::XidError { node, for_s }),
         1 => (node, any::<bool>(), 0u8..3).prop_map(|(node, rack, value)| Op::Relabel { node, rack, value }),
-        1 => Just(Op::NewRevision),
+        1 => any::<bool>().prop_map(|fixed| Op::NewRevision { fixed }),
         3 => any::<u16>().prop_map(|back| Op::Redeliver { back }),
         2 => (relist_kind(), any::<bool>()).prop_map(|(kind, forget)| Op::Relist { kind, forget }),
         8 => (prop_oneof![4 => Just(false), 1 => Just(true)], 1u8..=5, 10u16..=300)
@@ -521,7 +525,10 @@ impl Op {
                 "relabel node #{node} {}={value}",
                 if *rack { "rack" } else { "zone" }
             ),
-            Self::NewRevision => "new StatefulSet revision".to_owned(),
+            Self::NewRevision { fixed } => format!(
+                "new revision of the {} StatefulSet",
+                if *fixed { FIXED_SET } else { SCALED_SET }
+            ),
             Self::Redeliver { back } => format!("re-deliver a stale observation (#{back})"),
             Self::Relist { kind, forget } => format!(
                 "relist {kind:?}{}",

@@ -1,7 +1,7 @@
 //! Seeded search for failing schedules: a schedule from a `u64` seed (the
 //! soak program's unit of reproduction), and proptest's shrinking loop
-//! kept to the property that failed first, so a failure ends as the
-//! smallest story that still breaks the same rule.
+//! kept to the story that failed first, so a failure ends as the smallest
+//! schedule that still breaks the same rule the same way.
 //!
 //! It owns nothing but the search; the world and the properties are
 //! elsewhere.
@@ -9,7 +9,7 @@
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-use super::check::{check_with, Determinism, Property, Report};
+use super::check::{check_with, shape, Determinism, Property, Report};
 use super::schedule::{schedules, Bounds, Schedule};
 use super::WorldConfig;
 
@@ -44,8 +44,9 @@ pub fn schedule(seed: u64, bounds: Bounds) -> Schedule {
 }
 
 /// Shrinks a failing schedule (the current value of `tree`, whose report
-/// is `first`) to a minimal one that still breaks `first`'s first
-/// property, as proptest's runner does. Returns it with its report and
+/// is `first`) to a minimal one that still tells `first`'s first story
+/// (the same property, a message of the same shape), as proptest's runner
+/// does. Returns it with its report and
 /// the number of schedules tried.
 pub fn shrink(
     mut tree: impl ValueTree<Value = Schedule>,
@@ -55,6 +56,7 @@ pub fn shrink(
 ) -> (Schedule, Report, usize) {
     let cfg = WorldConfig::default();
     let property: Property = first.violations[0].property;
+    let story = shape(&first.violations[0].message);
     let mut best = (tree.current(), first);
     let mut tried = 0;
     if !tree.simplify() {
@@ -64,7 +66,11 @@ pub fn shrink(
         tried += 1;
         let candidate = tree.current();
         let report = check_with(&candidate, &cfg, determinism);
-        if report.violations.iter().any(|v| v.property == property) {
+        if report
+            .violations
+            .iter()
+            .any(|v| v.property == property && shape(&v.message) == story)
+        {
             best = (candidate, report);
             if !tree.simplify() {
                 break;
@@ -73,9 +79,12 @@ pub fn shrink(
             break;
         }
     }
-    // Put the property that was shrunk for first.
-    best.1
-        .violations
-        .sort_by_key(|v| (v.property != property, v.at_ms));
+    // Put the story that was shrunk for first.
+    best.1.violations.sort_by_key(|v| {
+        (
+            v.property != property || shape(&v.message) != story,
+            v.at_ms,
+        )
+    });
     (best.0, best.1, tried)
 }

@@ -83,6 +83,8 @@ pub(crate) struct SNode {
     pub jobs: BTreeSet<u64>,
     pub slurmd: Option<Slurmd>,
     pub last_response_ms: Ms,
+    /// Unhealthy (DOWN or NOT_RESPONDING) now or until when, if ever.
+    pub unhealthy_until_ms: Option<Ms>,
 }
 
 impl SNode {
@@ -93,6 +95,17 @@ impl SNode {
             && !self.not_responding
             && self.completing == 0
             && self.jobs.is_empty()
+    }
+
+    /// DOWN or NOT_RESPONDING.
+    pub fn unhealthy(&self) -> bool {
+        self.base == SlurmBaseState::Down || self.not_responding
+    }
+
+    /// Whether it was unhealthy at some time at or after `since`
+    /// (`unhealthy_until_ms` is `Ms::MAX` while it is).
+    pub fn unhealthy_since(&self, since: Ms) -> bool {
+        self.unhealthy() || self.unhealthy_until_ms.is_some_and(|t| t >= since)
     }
 
     /// In service: responding, not DOWN, not drained.
@@ -138,6 +151,13 @@ impl World {
     /// Something in slurmctld changed: lockstep's next poll reports it and
     /// the scheduler looks again.
     pub(crate) fn slurm_changed(&mut self) {
+        // Every change goes through here at the moment it is made, so the
+        // end of an unhealthy spell is recorded when it ends.
+        for n in self.slurm.nodes.values_mut() {
+            if n.unhealthy() || n.unhealthy_until_ms.is_some_and(|t| t == Ms::MAX) {
+                n.unhealthy_until_ms = Some(if n.unhealthy() { Ms::MAX } else { self.now });
+            }
+        }
         self.slurm.dirty = true;
         if !self.slurm.poll_due {
             self.slurm.poll_due = true;
@@ -180,6 +200,7 @@ impl World {
                 jobs: BTreeSet::new(),
                 slurmd: None,
                 last_response_ms: now,
+                unhealthy_until_ms: None,
             });
         let old = node.slurmd.take();
         let orphaned: Vec<u64> = node.jobs.iter().copied().collect();
@@ -251,14 +272,11 @@ impl World {
     }
 
     /// slurmd stops answering for a while (or answers again).
-    pub(crate) fn slurmd_blip(&mut self, r: PodRef, by: Option<&Actor>) -> bool {
-        let Some(name) = self.pod_name(r) else {
-            return false;
-        };
+    pub(crate) fn slurmd_blip(&mut self, name: &str, by: Option<&Actor>) -> bool {
         let Some(s) = self
             .slurm
             .nodes
-            .get_mut(&name)
+            .get_mut(name)
             .and_then(|n| n.slurmd.as_mut())
         else {
             return false;
@@ -337,6 +355,7 @@ impl World {
             return;
         }
         job.state = SlurmJobState::NodeFail;
+        self.facts.last_job_change_ms = self.now;
         let started_ms = job.started_ms.unwrap_or(0);
         let nodes = job.nodes.clone();
         for n in &nodes {
@@ -432,6 +451,7 @@ impl World {
             job.nodes = chosen;
             job.pending_reason = None;
             job.started_ms = Some(self.now);
+            self.facts.last_job_change_ms = self.now;
             let run = job.run_ms;
             self.at(run, Ev::JobEnds { job: id });
             changed = true;
@@ -449,6 +469,7 @@ impl World {
             return;
         }
         job.state = SlurmJobState::Completing;
+        self.facts.last_job_change_ms = self.now;
         for n in job.nodes.clone() {
             if let Some(sn) = self.slurm.nodes.get_mut(&n) {
                 sn.jobs.remove(&id);
@@ -470,6 +491,7 @@ impl World {
             return;
         }
         job.state = SlurmJobState::Completed;
+        self.facts.last_job_change_ms = self.now;
         for n in job.nodes.clone() {
             if let Some(sn) = self.slurm.nodes.get_mut(&n) {
                 sn.completing = sn.completing.saturating_sub(1);
