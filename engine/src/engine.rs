@@ -1299,6 +1299,21 @@ impl Engine {
         // Slurm -> Kubernetes: what lockstep shows of Slurm's health, damped
         // like the other direction (health::slurm_health_step).
         let shown_before = ctl.slurm_health.shown;
+        // What Kubernetes already shows for a node Slurm still reports
+        // unhealthy (set before a restart or an upgrade) is kept, not
+        // flipped to healthy for the length of a grace period.
+        let hc = policy.health.slurm_health_condition.as_str();
+        let pod_shows = !hc.is_empty()
+            && view.pod.is_some_and(|p| {
+                p.obs
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == hc && c.status == ConditionStatus::False)
+            });
+        if side.unhealthy && pod_shows && !ctl.slurm_health.shown {
+            ctl.slurm_health.shown = true;
+            ctl.slurm_health.unhealthy_since.get_or_insert(now);
+        }
         if self.model.slurm_visible {
             if let Some(at) = health::slurm_health_step(
                 &mut ctl.slurm_health,

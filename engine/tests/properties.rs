@@ -881,3 +881,43 @@ proptest! {
         prop_assert_eq!(run, run_once(&recs));
     }
 }
+
+#[test]
+fn an_unhealthy_condition_already_shown_is_kept_through_the_grace_period() {
+    // Slurm reports gpu-0 NOT_RESPONDING and its pod already shows
+    // SlurmNodeHealthy=False (set before a restart or an upgrade): lockstep
+    // keeps it, instead of flipping it to True until its grace runs out.
+    let recs = build_log(&[
+        Op::Slurm {
+            node: 0,
+            state: 0,
+            drain: None,
+            not_responding: true,
+        },
+        Op::Pod {
+            node: 0,
+            on: 0,
+            deleting: false,
+            evicted: false,
+            cond: 2,
+        },
+        Op::Kube {
+            node: 0,
+            cordoned: false,
+            ready: 0,
+            xid: false,
+            taint: true,
+        },
+        Op::Advance { s: 10 },
+    ]);
+    let run = run_once(&recs);
+    let flipped = run.actions.iter().any(|a| {
+        matches!(&a.action, Action::KubeSetPodCondition { condition, .. }
+            if condition.type_ == "SlurmNodeHealthy" && condition.status == ConditionStatus::True)
+    });
+    let untainted = run
+        .actions
+        .iter()
+        .any(|a| matches!(a.action, Action::KubeUntaintNode { .. }));
+    assert!(!flipped && !untainted, "{:?}", run.actions);
+}
