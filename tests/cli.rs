@@ -391,7 +391,10 @@ fn converting_a_log_onto_itself_loses_nothing() {
     // while the input is still being read would show.
     let original = compat_log();
     assert!(std::fs::metadata(&original).unwrap().len() > 1 << 16);
-    let before = lockstep(&["replay", "--verify", original.to_str().unwrap()]);
+    // Plain replay, not --verify: this log was written by an older lockstep
+    // whose rules later changed on purpose (see replay-tests/compat); what
+    // matters here is that the converted file replays exactly like the input.
+    let before = lockstep(&["replay", original.to_str().unwrap()]);
     assert!(before.status.success(), "{}", text(&before.stderr));
     for name in ["in-place.jsonl", "in-place.msgpack"] {
         let path = tmp(name);
@@ -406,7 +409,7 @@ fn converting_a_log_onto_itself_loses_nothing() {
         let p = path.to_str().unwrap();
         let out = lockstep(&["convert", p, p]);
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
-        let after = lockstep(&["replay", "--verify", p]);
+        let after = lockstep(&["replay", p]);
         assert!(after.status.success(), "{name}: {}", text(&after.stderr));
         assert_eq!(after.stdout, before.stdout, "{name}: the same timeline");
         assert_eq!(summary(&after), summary(&before), "{name}");
