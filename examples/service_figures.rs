@@ -8,6 +8,12 @@
 //! cargo run --release --example service_figures -- [events] [memory_nodes]
 //! ```
 //! (defaults: 1,000,000 events, 50,000 nodes; needs `nats-server` on PATH).
+//!
+//! With `--cluster` first, only the publish -> apply figure, on one
+//! nats-server and then on a three-server JetStream cluster
+//! (`deploy/local/nats/up.sh`) with the streams replicated three times:
+//! `cargo run --release --example service_figures -- --cluster [events]`
+//! (default 200,000 events).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -86,10 +92,11 @@ fn rss_mib(pid: u32) -> f64 {
 
 fn config(dir: &Path, nats: &str, port: u16) -> PathBuf {
     let path = dir.join("lockstep.toml");
+    let replicas = if nats.contains(',') { 3 } else { 1 };
     std::fs::write(
         &path,
         format!(
-            "data_dir = \"data\"\n[log]\nnats_url = \"{nats}\"\nmax_bytes = -1\n[service]\nbatch_max = 4096\ntick_interval_ms = 60000\ncheckpoint_every_records = 200000\ncheckpoint_every_ms = 60000\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
+            "data_dir = \"data\"\n[log]\nnats_url = \"{nats}\"\nreplicas = {replicas}\nmax_bytes = -1\n[service]\nbatch_max = 4096\ntick_interval_ms = 60000\ncheckpoint_every_records = 200000\ncheckpoint_every_ms = 60000\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
         ),
     )
     .unwrap();
@@ -108,7 +115,12 @@ async fn publish(log: &EventLog, records: &[lockstep_schemas::EventRecord]) -> D
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().is_some_and(|a| a == "--cluster") {
+        args.next();
+        let events = args.next().map_or(200_000, |a| a.parse().expect("events"));
+        return cluster_throughput(events);
+    }
     let events: usize = args
         .next()
         .map_or(1_000_000, |a| a.parse().expect("events"));
@@ -213,6 +225,69 @@ fn main() {
         "memory: lockstep run with {memory_nodes} slurm nodes, {} kubernetes nodes, {memory_nodes} pods and 100,000 jobs in state: {built:.0} MiB resident after applying the log, {:.0} MiB after a restart from its checkpoint",
         memory_nodes / 10,
         rss_mib(child.id())
+    );
+    stop(&mut child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Publish -> apply on one nats-server, then on a three-server JetStream
+/// cluster with the streams replicated three times: the first measurement
+/// of `main`, side by side on the same events.
+fn cluster_throughput(events: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    eprintln!("generating {events} events over 10,000 slurm nodes ...");
+    let mut g = Generator::new(Shape::plain(10_000, 4), 42);
+    g.steady_state(events.saturating_sub(g.records().len()));
+    let records = g.into_records();
+    {
+        let single = NatsServer::start();
+        measure(&rt, &single.url(), 1, &records, "one nats-server (R1)");
+    }
+    let cluster = lockstep_store::testing::NatsCluster::start();
+    measure(
+        &rt,
+        &cluster.url(),
+        3,
+        &records,
+        "a 3-server JetStream cluster (R3)",
+    );
+}
+
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    replicas: usize,
+    records: &[lockstep_schemas::EventRecord],
+    what: &str,
+) {
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            url,
+            &StreamLimits {
+                max_bytes: -1,
+                replicas,
+                ..StreamLimits::default()
+            },
+        ))
+        .unwrap();
+    let dir = temp_dir("service-figures-cluster");
+    let port = free_port();
+    let cfg = config(&dir, url, port);
+    let mut child = start(&cfg);
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let published = rt.block_on(publish(&log, records));
+    let head = rt.block_on(log.head()).unwrap();
+    wait_applied(port, head, Duration::from_secs(600));
+    let total = t.elapsed();
+    println!(
+        "publish -> apply on {what}: {} events published in {:.2} s ({:.0} events/s); all applied {:.2} s after the first publish: {:.0} events/s end to end",
+        records.len(),
+        published.as_secs_f64(),
+        records.len() as f64 / published.as_secs_f64(),
+        total.as_secs_f64(),
+        records.len() as f64 / total.as_secs_f64()
     );
     stop(&mut child);
     let _ = std::fs::remove_dir_all(&dir);
