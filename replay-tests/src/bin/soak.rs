@@ -36,6 +36,10 @@ struct Args {
     /// Do not save a failing schedule under incidents/world/.
     #[arg(long)]
     no_save: bool,
+    /// Instead of random schedules, run every saved schedule under this
+    /// directory (e.g. replay-tests/incidents/world) and say which still fail.
+    #[arg(long)]
+    saved: Option<std::path::PathBuf>,
     /// Shrink for the first violation whose message contains this text
     /// (default: the first violation).
     #[arg(long)]
@@ -43,6 +47,9 @@ struct Args {
     /// Print the minimal failing schedule's log as a timeline.
     #[arg(long)]
     timeline: bool,
+    /// Print the world's state at the end of the minimal failing schedule.
+    #[arg(long)]
+    state: bool,
     /// Check determinism by folding the log again only (as the test does),
     /// not by running the whole world twice.
     #[arg(long)]
@@ -63,6 +70,9 @@ fn main() {
     let bounds = Bounds {
         steps_max: args.steps,
     };
+    if let Some(dir) = &args.saved {
+        std::process::exit(run_saved(dir));
+    }
     eprintln!(
         "soak: {} schedules of at most {} steps from seed {seed}",
         args.schedules, args.steps
@@ -155,6 +165,10 @@ fn main() {
             println!("timeline:");
             print!("{}", small_report.world.timeline());
         }
+        if args.state {
+            println!("state at the end:");
+            print!("{}", small_report.world.state());
+        }
         println!("violations:");
         for v in &small_report.violations {
             println!("  {v}");
@@ -198,4 +212,35 @@ fn main() {
     if !failing.is_empty() {
         std::process::exit(1);
     }
+}
+
+/// Runs every saved schedule under `dir`; returns the exit status.
+fn run_saved(dir: &std::path::Path) -> i32 {
+    let saved = match incident::load_all(dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("soak: {e}");
+            return 2;
+        }
+    };
+    let mut failing = 0;
+    for s in &saved {
+        let report = check_with(
+            &s.schedule,
+            &WorldConfig::default(),
+            Determinism::RerunWorld,
+        );
+        match report.violations.first() {
+            None => println!("holds  {}", s.name),
+            Some(v) => {
+                failing += 1;
+                println!("FAILS  {}: {v}", s.name);
+            }
+        }
+    }
+    println!(
+        "{failing} of {} saved schedules break a property",
+        saved.len()
+    );
+    i32::from(failing > 0)
 }

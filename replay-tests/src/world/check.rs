@@ -337,8 +337,8 @@ fn wanted_replicas(w: &World) -> (u32, u32) {
 /// Victims of a ReplicaSet scale-in that waits on the world: lockstep
 /// lowers `replicas` of a target scaled in by deletion cost only while
 /// every other pod is Running and Ready, so while a pod is held out by the
-/// world, up to (replicas - wanted) idle pods it drained for the scale-in
-/// may wait, drained. Name -> what they wait for.
+/// world, up to (replicas - wanted) idle, DRAINED pods (the victims, given
+/// the lowest deletion cost) may wait. Name -> what they wait for.
 fn waiting_victims(w: &World) -> BTreeMap<String, String> {
     let wl = &w.kube.sets[0];
     let mut out = BTreeMap::new();
@@ -346,23 +346,32 @@ fn waiting_victims(w: &World) -> BTreeMap<String, String> {
         return out;
     }
     let (_, want) = wanted_replicas(w);
+    // What the scale-in waits for: a pod not Running, Ready and undeleted,
+    // held so by the world.
     let blocker = w
         .kube
         .pods_of(0)
-        .find(|p| matches!(slot_state(w, Some(p)), Slot::Out(_)))
+        .find(|p| !(p.up() && p.ready) && matches!(slot_state(w, Some(p)), Slot::Out(_)))
         .map(|p| p.name.clone());
     let Some(blocker) = blocker else {
         return out;
     };
     let extra = wl.replicas.saturating_sub(want) as usize;
-    for p in w.kube.pods_of(0) {
+    // The controller takes the lowest deletion cost first.
+    let mut candidates: Vec<&Pod> = w.kube.pods_of(0).collect();
+    candidates.sort_by_key(|p| (p.deletion_cost(), p.name.clone()));
+    for p in candidates {
         if out.len() >= extra {
             break;
         }
-        let idle_and_drained_by_lockstep = w.slurm.nodes.get(&p.name).is_some_and(|n| {
-            n.jobs.is_empty() && n.drain.as_ref().is_some_and(|(who, _)| who.is_lockstep())
-        });
-        if p.up() && idle_and_drained_by_lockstep {
+        // A victim is DRAINED; whoever drained it (an idle node an
+        // administrator drained is as good a victim as any).
+        let idle_and_drained = w
+            .slurm
+            .nodes
+            .get(&p.name)
+            .is_some_and(|n| n.jobs.is_empty() && n.drain.is_some());
+        if p.up() && p.ready && idle_and_drained {
             out.insert(
                 p.name.clone(),
                 format!("a scale-in victim waiting for {blocker}"),
@@ -493,6 +502,17 @@ fn end_state(w: &World) -> Vec<Violation> {
                     .max()
                     .unwrap_or(0),
                 WorkloadKind::ReplicaSet => w.kube.pods_of(set).filter(|p| keep(p)).count() as u32,
+            };
+            // OrderedReady removes nothing while a pod is not Running and
+            // Ready: while the world holds one so, no scale-in can progress.
+            let blocked = ordered
+                && slots.iter().flatten().any(|p| {
+                    !(p.up() && p.ready) && matches!(slot_state(w, Some(p)), Slot::Out(_))
+                });
+            let floor = if blocked {
+                floor.max(wl.replicas)
+            } else {
+                floor
             };
             let upper = (want + held_out)
                 .max(floor)

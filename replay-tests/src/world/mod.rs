@@ -493,6 +493,71 @@ impl World {
         out
     }
 
+    /// The world as it stands: scale targets, Kubernetes nodes, pods, Slurm
+    /// nodes and jobs, one a line.
+    pub fn state(&self) -> String {
+        let mut out = String::new();
+        for w in &self.kube.sets {
+            out.push_str(&format!(
+                "set {} replicas={} by {} ready={}\n",
+                w.name, w.replicas, w.replicas_by, w.ready_replicas
+            ));
+        }
+        for n in self.kube.nodes.values() {
+            let taints: Vec<String> = n
+                .taints
+                .iter()
+                .map(|(t, by)| format!("{} by {by}", t.key))
+                .collect();
+            out.push_str(&format!(
+                "node {} {:?} Ready={:?}{} taints={taints:?}\n",
+                n.name,
+                n.host,
+                n.ready,
+                if n.unschedulable { " cordoned" } else { "" }
+            ));
+        }
+        for p in self.kube.pods.values() {
+            out.push_str(&format!(
+                "pod {} {:?} ready={} on {} {}{} cost={}\n",
+                p.name,
+                p.phase,
+                p.ready,
+                p.node.as_deref().unwrap_or("-"),
+                p.deletion
+                    .as_ref()
+                    .map_or(String::new(), |(_, by)| format!("deleting (by {by}) ")),
+                if p.disruption_target { "evicted " } else { "" },
+                p.deletion_cost()
+            ));
+        }
+        for n in self.slurm.nodes.values() {
+            out.push_str(&format!(
+                "slurm {} {}{}{}{} jobs={:?} reason={:?}\n",
+                n.name,
+                n.base,
+                n.drain
+                    .as_ref()
+                    .map_or(String::new(), |(by, _)| format!("+DRAIN(by {by})")),
+                if n.completing > 0 { "+COMPLETING" } else { "" },
+                if n.not_responding {
+                    "+NOT_RESPONDING"
+                } else {
+                    ""
+                },
+                n.jobs,
+                n.reason
+            ));
+        }
+        for j in self.slurm.jobs.values() {
+            out.push_str(&format!(
+                "job {} {} {} nodes={} on {:?} {:?}\n",
+                j.id, j.state, j.partition, j.node_count, j.nodes, j.pending_reason
+            ));
+        }
+        out
+    }
+
     /// The policy in force at the end.
     pub fn policy(&self) -> &Policy {
         &self.policy
