@@ -1382,8 +1382,14 @@ impl Engine {
             } else {
                 side.drained || (side.down && side.owned)
             };
-            let satisfied =
-                shown && (!primary.names_itself() || slurm.reason.as_deref() == Some(&reason));
+            // A cause that names itself rewrites only lockstep's own reason:
+            // a drain somebody else set already keeps the node out, and its
+            // reason is theirs (replacing it would make it lockstep's, to be
+            // resumed later).
+            let satisfied = shown
+                && (!primary.names_itself()
+                    || !side.owned
+                    || slurm.reason.as_deref() == Some(&reason));
             if satisfied {
                 (Phase::Drained, primary.rule())
             } else {
