@@ -22,6 +22,9 @@ cleanup() {
   # The Slurm that the service's NATS cluster tests act on (tests/common/soak.rs).
   [ -x deploy/local/slurm/down.sh ] && LOCKSTEP_SLURM_STATE_DIR=/tmp/lockstep-soak-slurm \
     deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+  # The real node of tests/node_e2e.rs, its Slurm and NATS (its reaper does
+  # this too when the test process ends); node-down.sh restores the host.
+  [ -x deploy/local/kube/demo.sh ] && deploy/local/kube/demo.sh down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -33,6 +36,13 @@ for v in 24.11 26.05; do
   deploy/local/slurm/root.sh "$v" >"/tmp/lockstep-slurm-root-$v.log" 2>&1 &
   root_pids+=("$!")
 done
+
+# Kubernetes (control plane and node), containerd, runc, crictl and helm,
+# from the Go module proxy, throttled (go build -p 1, nice 15), cached under
+# ~/.cache/lockstep/kube: about 20-30 min on a fresh 2-core machine, nothing
+# when cached. Beside the compilation below, like the Debian roots.
+deploy/local/kube/build.sh all >/tmp/lockstep-kube-build.log 2>&1 &
+kube_build_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -59,6 +69,17 @@ for i in "${!root_pids[@]}"; do
   fi
 done
 cat /tmp/lockstep-slurm-root-*.log
+
+step "Kubernetes, containerd, runc, helm (deploy/local/kube/build.sh all)"
+if ! wait "$kube_build_pid"; then
+  tail -n 30 /tmp/lockstep-kube-build.log >&2
+  echo "building Kubernetes, containerd, runc or helm failed" >&2
+  exit 1
+fi
+grep -E 'built in|done in' /tmp/lockstep-kube-build.log || echo "all cached"
+
+step "the Helm chart: helm lint, helm template, refused values (deploy/helm/check.sh)"
+deploy/helm/check.sh
 
 # Each fuzz target for 30 s (fuzz/run.sh: AFL++ through cargo-afl), only
 # when the instrumented build is cached on this machine (building it from

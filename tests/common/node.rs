@@ -10,11 +10,15 @@
 //! `kubernetes` Service IP, and slurmctld, slurmrestd and NATS at the
 //! bridge address, which node-up.sh forwards to their loopback ports.
 //!
-//! The first test of a process that brings the bed up also starts a
-//! reaper: a detached shell that waits for this test process to exit, however
-//! it exits, and then runs `node-down.sh --wipe` (which restores the host),
-//! Slurm's `down.sh --purge` and stops the nats-server. Each test removes
-//! the Kubernetes objects it made; the node stays up for the next test.
+//! The first test of a process that brings the bed up registers the process
+//! as a user of the bed (`ROOT/users/<pid>`) and starts a reaper: a detached
+//! shell that waits for this test process to exit, however it exits, removes
+//! it from the users and, unless another live test process uses the bed
+//! meanwhile, runs `node-down.sh --wipe` (which restores the host), Slurm's
+//! `down.sh --purge` and stops the nats-server. Registering and reaping
+//! serialise on `ROOT/.bed.lock`, so a reaper never tears down a node that a
+//! later test process has started to use. Each test removes the Kubernetes
+//! objects it made; the node stays up for the next test.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -140,12 +144,25 @@ pub fn env_file(path: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Starts the reaper once per test process (see the module doc).
+/// Registers this process as a user of the bed and starts its reaper, once
+/// per test process (see the module doc).
 fn reaper() {
     REAPER.call_once(|| {
         let repo = repo();
+        std::fs::create_dir_all(Path::new(ROOT).join("logs")).unwrap();
+        let pid = std::process::id();
+        let lock = format!("{ROOT}/.bed.lock");
+        // Waits for a reaper that is tearing the bed down right now.
+        let status = Command::new("flock")
+            .args([&lock, "sh", "-c", &format!("mkdir -p {ROOT}/users && touch {ROOT}/users/{pid}")])
+            .status()
+            .expect("flock");
+        assert!(status.success(), "registering as a user of the bed: {status}");
         let teardown = format!(
             "export LOCKSTEP_STATE_DIR={ROOT} LOCKSTEP_SLURM_STATE_DIR={ROOT}/slurm LOCKSTEP_SLURM_VERSION=22.05; \
+             rm -f {ROOT}/users/{pid}; \
+             for u in {ROOT}/users/*; do [ -e \"$u\" ] || continue; \
+               if kill -0 \"${{u##*/}}\" 2>/dev/null; then echo \"bed still used by ${{u##*/}}\"; exit 0; fi; rm -f \"$u\"; done; \
              {kube}/node-down.sh --wipe; \
              {slurm}/down.sh --purge; \
              p=$(cat {ROOT}/nats.pid 2>/dev/null) && [ \"$(cat /proc/$p/comm 2>/dev/null)\" = nats-server ] && kill $p; \
@@ -153,10 +170,11 @@ fn reaper() {
             kube = repo.join("deploy/local/kube").display(),
             slurm = repo.join("deploy/local/slurm").display(),
         );
-        std::fs::create_dir_all(Path::new(ROOT).join("logs")).unwrap();
+        std::fs::write(Path::new(ROOT).join(format!("logs/teardown-{pid}.sh")), &teardown).unwrap();
         let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; ({teardown}) >> {ROOT}/logs/reaper.log 2>&1",
-            pid = std::process::id()
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+             flock {lock} sh {ROOT}/logs/teardown-{pid}.sh >> {ROOT}/logs/reaper.log 2>&1; \
+             rm -f {ROOT}/logs/teardown-{pid}.sh"
         );
         // Detached (--fork: setsid returns at once), in its own session:
         // neither this process's end nor a Ctrl-C of cargo stops it.

@@ -39,12 +39,11 @@ done
 log() { printf '[node-down %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 [[ $(id -u) -eq 0 ]] || { echo "node-down.sh: must run as root" >&2; exit 1; }
 
-if [[ ! -d $NODE ]]; then
-  log "no node state at $NODE"
-else
-  exec 9>"$NODE/.lock"
-  flock -w 300 9 || { echo "node-down.sh: timed out waiting for $NODE/.lock" >&2; exit 1; }
-fi
+# The same lock as node-up.sh, for the whole run.
+mkdir -p "$STATE_ROOT"
+exec 9>"$STATE_ROOT/.node.lock"
+flock -w 600 9 || { echo "node-down.sh: timed out waiting for $STATE_ROOT/.node.lock" >&2; exit 1; }
+[[ -d $NODE ]] || log "no node state at $NODE"
 BIN=$("$here/build.sh" --print-bin-dir)
 SOCK="$NODE/containerd/containerd.sock"
 
@@ -158,7 +157,9 @@ if command -v nft >/dev/null && [[ -f $BEFORE/nft-tables ]]; then
   nft list tables 2>/dev/null | while read -r _ family name; do
     grep -qx "table $family $name" "$BEFORE/nft-tables" && continue
     # Only tables that hold nothing but empty base chains (what iptables-nft leaves).
-    if ! nft list table "$family" "$name" 2>/dev/null | grep -vqE '^[[:space:]]*(table |chain |type |\}|$)'; then
+    # (captured first: with pipefail, grep's early exit would fail nft with SIGPIPE)
+    listing=$(nft list table "$family" "$name" 2>/dev/null) || continue
+    if ! grep -vqE '^[[:space:]]*(table |chain |type |\}|$)' <<< "$listing"; then
       nft delete table "$family" "$name" 2>/dev/null
     fi
   done
@@ -231,7 +232,7 @@ if (( wipe )) && [[ -d $NODE ]]; then
   elif (( purge )); then
     rm -rf -- "$NODE" && log "wiped $NODE (with the image store)"
   else
-    find "$NODE" -mindepth 1 -maxdepth 1 ! -name containerd ! -name .lock -exec rm -rf {} +
+    find "$NODE" -mindepth 1 -maxdepth 1 ! -name containerd -exec rm -rf {} +
     find "$NODE/containerd" -mindepth 1 -maxdepth 1 ! -name root -exec rm -rf {} + 2>/dev/null
     log "wiped $NODE (image store kept in $NODE/containerd/root)"
   fi

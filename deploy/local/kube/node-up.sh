@@ -60,6 +60,13 @@ die() { printf '[node-up] ERROR: %s\n' "$*" >&2; exit 1; }
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (containerd, kubelet, bridge, iptables)"
 
+# One node-up.sh or node-down.sh at a time, for the whole run (control plane
+# included); the lock file is outside what node-down.sh --wipe deletes. The
+# daemons do not inherit it (start: 9>&-; up.sh reuses fd 9 for its own lock).
+mkdir -p "$STATE_ROOT"
+exec 9>"$STATE_ROOT/.node.lock"
+flock -w 600 9 || die "timed out waiting for $STATE_ROOT/.node.lock"
+
 # Addresses: the bridge carries the pod subnet's first address; it is also
 # the node's InternalIP (a node IP may not be loopback, and eth0 would put the
 # kubelet on the outside network).
@@ -105,8 +112,6 @@ KC="$KUBE/kubeconfig"
 RUN="$NODE/run"
 LOGS="$NODE/logs"
 mkdir -p "$RUN" "$LOGS" "$NODE/containerd" "$NODE/cni/net.d" "$NODE/kubelet" "$NODE/pod-logs"
-exec 9>"$NODE/.lock"
-flock -w 300 9 || die "timed out waiting for $NODE/.lock"
 
 alive() {
   local pid
@@ -166,7 +171,8 @@ if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
   log "creating bridge $BRIDGE ($GATEWAY/$POD_PREFIX)"
   ip link add "$BRIDGE" type bridge
 fi
-ip addr show dev "$BRIDGE" | grep -q "inet $GATEWAY/$POD_PREFIX " || ip addr add "$GATEWAY/$POD_PREFIX" dev "$BRIDGE"
+# (never `cmd | grep -q` under pipefail: grep's early exit makes cmd fail with SIGPIPE)
+[[ $(ip -o -4 addr show dev "$BRIDGE") == *"inet $GATEWAY/$POD_PREFIX "* ]] || ip addr add "$GATEWAY/$POD_PREFIX" dev "$BRIDGE"
 ip link set "$BRIDGE" up
 # DNAT to 127.0.0.1 of packets that arrive on the bridge needs route_localnet
 # there (only there). The kubelet's KUBE-FIREWALL chain still drops any other
@@ -275,7 +281,7 @@ wait_for containerd ctr_ok
 CTR=("$BIN/ctr" --address "$SOCK" -n k8s.io)
 
 # ---- the sandbox (pause) image: Kubernetes' own pause.c, built here ---------
-if ! "${CTR[@]}" images ls -q 2>/dev/null | grep -qx "$PAUSE_IMAGE"; then
+if ! grep -qx "$PAUSE_IMAGE" <<< "$("${CTR[@]}" images ls -q 2>/dev/null)"; then
   IMG_CACHE="${LOCKSTEP_CACHE_DIR:-$HOME/.cache/lockstep}/images"
   mkdir -p "$IMG_CACHE"
   if [[ ! -s $IMG_CACHE/pause-3.10.oci.tar ]]; then

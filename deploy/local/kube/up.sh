@@ -59,8 +59,9 @@ fi
 # range), as a real cluster's does: pods on a real node (node-up.sh) reach the
 # API server through it.
 SERVICE_IP=$(awk -F'[./]' '{printf "%d.%d.%d.%d", $1, $2, $3, $4 + 1}' <<< "$SERVICE_CIDR")
-serving_is_ca() { openssl x509 -in "$PKI/serving.crt" -noout -ext basicConstraints 2>/dev/null | grep -q 'CA:TRUE'; }
-serving_lacks_service_ip() { ! openssl x509 -in "$PKI/serving.crt" -noout -ext subjectAltName 2>/dev/null | grep -q "IP Address:$SERVICE_IP\b"; }
+# (`cmd | grep -q` under pipefail fails when grep's early exit gives cmd a SIGPIPE)
+serving_is_ca() { grep -q 'CA:TRUE' <<< "$(openssl x509 -in "$PKI/serving.crt" -noout -ext basicConstraints 2>/dev/null)"; }
+serving_lacks_service_ip() { ! grep -q "IP Address:$SERVICE_IP\b" <<< "$(openssl x509 -in "$PKI/serving.crt" -noout -ext subjectAltName 2>/dev/null)"; }
 new_cert=0
 if [[ ! -s $PKI/serving.crt || ! -s $PKI/serving.key ]] || serving_is_ca || serving_lacks_service_ip; then
   log "generating self-signed serving certificate for 127.0.0.1/localhost/$SERVICE_IP"
@@ -137,7 +138,7 @@ start() {
     >> "$LOGS/$name.log" 2>&1 < /dev/null 9>&- &   # 9>&-: do not hold the state lock
   for _ in $(seq 50); do [[ -s $RUN/$name.pid ]] && break; sleep 0.1; done
 }
-etcd_healthy() { curl -fsS -m 3 "http://127.0.0.1:$ETCD_CLIENT_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
+etcd_healthy() { grep -q '"health":"true"' <<< "$(curl -fsS -m 3 "http://127.0.0.1:$ETCD_CLIENT_PORT/health" 2>/dev/null)"; }
 api_ready() { [[ $(curl -ksS -m 5 -H "Authorization: Bearer $TOKEN" "$SERVER/readyz" 2>/dev/null) == ok ]]; }
 # wait_for NAME CHECK: up to READY_TIMEOUT seconds; on failure print the log tail
 wait_for() {
