@@ -1,14 +1,18 @@
-//! Cost of the Slurm observer against a real slurmrestd (Slurm 22.05) with
-//! 1,000 and 10,000 nodes.
+//! Cost of the Slurm observer against a real slurmrestd with 1,000 and
+//! 10,000 nodes, on the Slurm version of `LOCKSTEP_SLURM_VERSION` (22.05,
+//! 24.11 or 26.05; default 22.05).
 //!
 //! ```text
+//! LOCKSTEP_SLURM_VERSION=26.05 \
 //! cargo run --release -p lockstep-connectors --example slurm_poll_bench [SIZES] [ITERATIONS]
 //! #   SIZES: comma separated node counts (default 1000,10000)
+//! #   LOCKSTEP_BENCH_CPU_S: seconds of each background CPU measurement (30; 0: none)
+//! #   LOCKSTEP_BENCH_CPU_ONLY=1: only the daemons' CPU
 //! ```
 //!
 //! For each size it starts a separate Slurm with `deploy/local/slurm/up.sh`
 //! (its own state dir and ports, `LOCKSTEP_SLURMD_MAX=0`: the nodes exist in
-//! slurm.conf, no slurmd runs), so the test cluster is not disturbed, and
+//! slurm.conf, no slurmd runs), so the test clusters are not disturbed, and
 //! stops it (`down.sh --purge`) afterwards. Needs root.
 //!
 //! Measured, interleaved in the same run:
@@ -20,6 +24,11 @@
 //!   snapshot, events;
 //! - an unchanged poll: the observer's poll with `update_time`, where all
 //!   three answers are HTTP 304; this thread's CPU time.
+//!
+//! - slurmctld's and slurmrestd's own CPU (`/proc/PID/stat`) per unchanged
+//!   poll and per full listing (each in a burst of polls, minus the
+//!   background rate measured `LOCKSTEP_BENCH_CPU_S` seconds before and
+//!   after), and what that makes at a poll every 250 ms and every 1 s.
 //!
 //! Times are wall clock (median of the iterations) and this thread's CPU
 //! time (`/proc/thread-self/schedstat`; the runtime is single-threaded, so
@@ -54,6 +63,11 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[i]
 }
 
+/// The Slurm version under test.
+fn version() -> String {
+    std::env::var("LOCKSTEP_SLURM_VERSION").unwrap_or_else(|_| "22.05".to_owned())
+}
+
 struct Bench {
     state: PathBuf,
     down: PathBuf,
@@ -62,9 +76,13 @@ struct Bench {
 
 impl Bench {
     fn start(repo: &Path, nodes: usize) -> (Self, RestClient) {
-        let state = PathBuf::from(format!("/tmp/lockstep-bench-{nodes}"));
+        let state = PathBuf::from(format!("/tmp/lockstep-bench-{nodes}-{}", version()));
         let env: Vec<(String, String)> = [
-            ("LOCKSTEP_STATE_DIR", state.display().to_string()),
+            ("LOCKSTEP_SLURM_VERSION", version()),
+            (
+                "LOCKSTEP_SLURM_STATE_DIR",
+                state.join("slurm").display().to_string(),
+            ),
             ("LOCKSTEP_SLURM_NODES", nodes.to_string()),
             ("LOCKSTEP_SLURMD_MAX", "0".to_owned()),
             ("LOCKSTEP_SLURMCTLD_PORT", "26817".to_owned()),
@@ -92,7 +110,8 @@ impl Bench {
             String::from_utf8_lossy(&out.stderr)
         );
         eprintln!(
-            "  slurm with {nodes} nodes up in {:.1} s",
+            "  slurm {} with {nodes} nodes up in {:.1} s",
+            version(),
             t.elapsed().as_secs_f64()
         );
         let mut rc = RestConfig::new(
@@ -102,6 +121,26 @@ impl Bench {
         );
         rc.request_timeout_ms = 120_000;
         (b, RestClient::new(rc).unwrap())
+    }
+}
+
+impl Bench {
+    /// utime + stime of the daemon of pid file `name`, in seconds.
+    fn cpu_s(&self, name: &str) -> f64 {
+        let pid = std::fs::read_to_string(self.state.join(format!("slurm/run/{name}.pid")))
+            .unwrap_or_default();
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+        // Fields after the command (which is in parentheses): utime is the
+        // 14th field of the line, stime the 15th; in clock ticks (100/s).
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        f.get(11)
+            .zip(f.get(12))
+            .map_or(0.0, |(u, s)| (u + s) as f64 / 100.0)
     }
 }
 
@@ -116,8 +155,8 @@ impl Drop for Bench {
 }
 
 async fn run(repo: &Path, nodes: usize, iterations: usize) {
-    eprintln!("== {nodes} nodes");
-    let (_bench, rest) = Bench::start(repo, nodes);
+    eprintln!("== Slurm {}, {nodes} nodes", version());
+    let (bench, rest) = Bench::start(repo, nodes);
     let v = rest.version().await.unwrap();
     let paths = ["nodes", "jobs", "partitions"].map(|p| format!("/slurm/{v}/{p}"));
     let full = ObserverConfig {
@@ -150,6 +189,14 @@ async fn run(repo: &Path, nodes: usize, iterations: usize) {
         };
     }
     eprintln!("  settled after {:.0} s", settle.elapsed().as_secs_f64());
+    let span_s: u64 = std::env::var("LOCKSTEP_BENCH_CPU_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    if std::env::var("LOCKSTEP_BENCH_CPU_ONLY").is_ok_and(|v| v == "1") {
+        daemon_cpu(&bench, &rest, nodes, Duration::from_secs(span_s.max(1))).await;
+        return;
+    }
     let (mut raw_ms, mut raw_cpu, mut ls_ms, mut ls_cpu) = (vec![], vec![], vec![], vec![]);
     let mut bytes = 0;
     let mut events = 0;
@@ -226,13 +273,107 @@ async fn run(repo: &Path, nodes: usize, iterations: usize) {
     }
     assert!(!cpu.is_empty(), "no unchanged poll in 120 s");
     println!(
-        "{nodes:>6} nodes  unchanged poll (3 x HTTP 304): lockstep cpu median {:.0} us, p99 {:.0} us; wall median {:.2} ms  [{} polls; {} other polls had changes]",
+        "{nodes:>6} nodes  unchanged poll (3 answers \"unchanged\": 304, or 24.11+'s 200 without jobs): lockstep cpu median {:.0} us, p99 {:.0} us; wall median {:.2} ms  [{} polls; {} other polls had changes]",
         median(&mut cpu),
         pct(&mut cpu, 0.99),
         median(&mut wall),
         cpu.len(),
         other
     );
+
+    if span_s > 0 {
+        daemon_cpu(&bench, &rest, nodes, Duration::from_secs(span_s)).await;
+    }
+}
+
+/// slurmctld's and slurmrestd's own CPU per poll, and what that makes at
+/// a poll every 250 ms and every 1 s. slurmctld's background work at this
+/// size (thousands of nodes without slurmd) comes in bursts of several % of
+/// a core, far more than one poll costs, so each poll kind is timed in a
+/// burst of back-to-back polls, and the background rate (measured before and
+/// after, `span` each) is subtracted.
+async fn daemon_cpu(bench: &Bench, rest: &RestClient, nodes: usize, span: Duration) {
+    let cpu = || (bench.cpu_s("slurmctld"), bench.cpu_s("slurmrestd"));
+    let background = || async {
+        let (t, (c0, r0)) = (Instant::now(), cpu());
+        tokio::time::sleep(span).await;
+        let (c1, r1) = cpu();
+        let secs = t.elapsed().as_secs_f64();
+        ((c1 - c0) / secs, (r1 - r0) / secs)
+    };
+    let before = background().await;
+
+    // Unchanged polls (update_time), back to back.
+    let mut obs = Observer::new(
+        Backend::Rest(rest.clone()),
+        ObserverConfig {
+            resync_every_polls: 0,
+            ..ObserverConfig::default()
+        },
+    );
+    obs.poll().await;
+    let (t, (c0, r0)) = (Instant::now(), cpu());
+    let (mut unchanged, mut changed) = (0_u32, 0_u32);
+    while unchanged < 1_000 && t.elapsed() < Duration::from_secs(60) {
+        obs.poll().await;
+        let st = obs.last_poll();
+        if st.unchanged == 3 && !st.failed {
+            unchanged += 1;
+        } else {
+            changed += 1;
+        }
+    }
+    let (c1, r1) = cpu();
+    let quiet_secs = t.elapsed().as_secs_f64();
+
+    // Full listings (what a poll costs after a change), back to back.
+    let mut full = Observer::new(
+        Backend::Rest(rest.clone()),
+        ObserverConfig {
+            use_update_time: false,
+            resync_every_polls: 0,
+            ..ObserverConfig::default()
+        },
+    );
+    let fulls = 5_u32;
+    let (tf, (fc0, fr0)) = (Instant::now(), cpu());
+    for _ in 0..fulls {
+        full.poll().await;
+    }
+    let (fc1, fr1) = cpu();
+    let full_secs = tf.elapsed().as_secs_f64();
+    let after = background().await;
+
+    let (bc, br) = ((before.0 + after.0) / 2.0, (before.1 + after.1) / 2.0);
+    let polls = f64::from(unchanged + changed);
+    let per_poll = (
+        ((c1 - c0) - bc * quiet_secs).max(0.0) / polls * 1e3,
+        ((r1 - r0) - br * quiet_secs).max(0.0) / polls * 1e3,
+    );
+    let per_full = (
+        ((fc1 - fc0) - bc * full_secs).max(0.0) / f64::from(fulls) * 1e3,
+        ((fr1 - fr0) - br * full_secs).max(0.0) / f64::from(fulls) * 1e3,
+    );
+    println!(
+        "{nodes:>6} nodes  daemons' cpu: background slurmctld {:.2}% / {:.2}% of a core (before / after), slurmrestd {:.2}%; \
+         an unchanged poll costs slurmctld {:.3} ms, slurmrestd {:.3} ms ({unchanged} unchanged, {changed} changed polls in {quiet_secs:.1} s); \
+         a full listing costs slurmctld {:.0} ms, slurmrestd {:.0} ms ({full_secs:.1} s for {fulls})",
+        before.0 * 100.0,
+        after.0 * 100.0,
+        br * 100.0,
+        per_poll.0,
+        per_poll.1,
+        per_full.0,
+        per_full.1,
+    );
+    for poll_ms in [250_u32, 1_000] {
+        let per_s = 1_000.0 / f64::from(poll_ms);
+        println!(
+            "{nodes:>6} nodes  poll every {poll_ms} ms, nothing changing: slurmctld {:.3}% of a core, slurmrestd {:.3}% (each poll that finds a change adds a full listing)",
+            per_poll.0 * per_s / 10.0,
+            per_poll.1 * per_s / 10.0,
+        );
+    }
 }
 
 fn main() {

@@ -173,12 +173,10 @@ impl Actuator {
                     },
                 )
                 .await?;
-                let after = self.read(node).await?;
-                let in_service = !after.has(&SlurmNodeFlag::Drain)
-                    && !after.has(&SlurmNodeFlag::Fail)
-                    && after.state != SlurmBaseState::Down;
-                if in_service && after.reason.as_deref().is_some_and(|r| r != RESUMED_REASON) {
-                    self.write(node, Write::Reason(RESUMED_REASON)).await?;
+                // The resume is done; replacing a reason Slurm kept is
+                // housekeeping, and its failure does not undo the resume.
+                if let Err(e) = self.replace_kept_reason(node).await {
+                    tracing::warn!(node, error = %e, "cannot replace the reason slurm kept after a resume");
                 }
             }
             Action::SlurmDown { node, reason } => {
@@ -256,6 +254,19 @@ impl Actuator {
         found.ok_or_else(|| Error::NodeNotFound {
             node: node.to_owned(),
         })
+    }
+
+    /// After a resume: if Slurm kept the node's reason (24.11), replace it
+    /// by [`RESUMED_REASON`].
+    async fn replace_kept_reason(&self, node: &str) -> Result<()> {
+        let after = self.read(node).await?;
+        let in_service = !after.has(&SlurmNodeFlag::Drain)
+            && !after.has(&SlurmNodeFlag::Fail)
+            && after.state != SlurmBaseState::Down;
+        if in_service && after.reason.as_deref().is_some_and(|r| r != RESUMED_REASON) {
+            self.write(node, Write::Reason(RESUMED_REASON)).await?;
+        }
+        Ok(())
     }
 
     async fn scontrol_version(&self, sc: &Scontrol) -> Option<SlurmVersion> {

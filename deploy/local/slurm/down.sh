@@ -5,7 +5,7 @@
 # --purge also deletes the state dir (config, keys, spool, logs, token).
 set -euo pipefail
 
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Never at the same time as up.sh on the same state dir (see up.sh).

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # (the variables are for the scripts that source it)
 # Shared by up.sh, down.sh and record-fixtures.sh (sourced, not run).
 #
 # Which Slurm: LOCKSTEP_SLURM_VERSION=22.05|24.11|26.05 (default 22.05, the

@@ -92,6 +92,7 @@ chroot "$PARTIAL" env DEBIAN_FRONTEND=noninteractive apt-get "${APT_OPTS[@]}" in
   { tail -n 30 "$BUILD_LOG" >&2; die "installing ${PACKAGES[*]} in the $SUITE root failed"; }
 chroot "$PARTIAL" apt-get clean >>"$BUILD_LOG" 2>&1 || true
 
+# shellcheck disable=SC2016 # ${Version} is dpkg-query's, not the shell's
 got="$(chroot "$PARTIAL" dpkg-query -W -f '${Version}' slurm-wlm)"
 case "$got" in
 "$VERSION".*) ;;

@@ -9,7 +9,7 @@
 # See README.md beside this file.
 set -euo pipefail
 
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # One up.sh or down.sh per state dir at a time (tests start it from several
