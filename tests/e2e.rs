@@ -846,10 +846,32 @@ on!(a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes:
     v26_05 = "26.05");
 on!(kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget:
     v26_05 = "26.05");
-on!(pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down:
-    v26_05 = "26.05");
-on!(the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once:
-    v26_05 = "26.05");
+// This scenario's StatefulSet stand-in deletes the victim pod lockstep picks;
+// since scale-in follows the StatefulSet controller's own rule (highest
+// ordinals, lockstep deletes nothing), its expectation no longer holds. The
+// real-node scenarios in tests/node_e2e.rs cover scale-in through the real
+// controller; this one is to be rewritten, not counted as passing.
+mod pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down {
+    #[test]
+    #[ignore = "expects the old delete-a-victim scale-in; rewrite for highest-ordinal removal"]
+    fn v26_05() {
+        super::pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down("26.05");
+    }
+}
+// This scenario's StatefulSet stand-in deletes the victim pod lockstep picks;
+// since scale-in follows the StatefulSet controller's own rule (highest
+// ordinals, lockstep deletes nothing), its expectation no longer holds. The
+// real-node scenarios in tests/node_e2e.rs cover scale-in through the real
+// controller; this one is to be rewritten, not counted as passing.
+mod the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once {
+    #[test]
+    #[ignore = "expects the old delete-a-victim scale-in; rewrite for highest-ordinal removal"]
+    fn v26_05() {
+        super::the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once(
+            "26.05",
+        );
+    }
+}
 on!(a_node_label_change_updates_the_slurm_features:
     v22_05 = "22.05", v24_11 = "24.11", v26_05 = "26.05");
 on!(the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid:
