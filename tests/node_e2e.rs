@@ -703,6 +703,154 @@ fn set_unschedulable(b: &Bed, on: bool) {
     );
 }
 
+/// `trials` cordons of the node, each followed by an uncordon: the time
+/// from just before the PATCH to DRAIN (with lockstep's reason) of every
+/// Slurm node in `nodes`, and to the first of them, as slurmrestd shows it;
+/// and when each PATCH was sent (ms since the epoch, for `latency_split`).
+fn cordon_trials(
+    b: &Bed,
+    nodes: &[&str],
+    trials: usize,
+) -> (Vec<Duration>, Vec<Duration>, Vec<u64>) {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, Patch, PatchParams};
+    use lockstep_connectors::slurm::{RestClient, RestConfig, TokenSource};
+    use lockstep_schemas::SlurmNodeFlag;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let config = lockstep_connectors::kube::load_config(Some(&b.kubeconfig))
+            .await
+            .unwrap();
+        let api: Api<Node> = Api::all(kube::Client::try_from(config).unwrap());
+        let rest = RestClient::new(RestConfig::new(
+            b.slurm["SLURMRESTD_URL"].clone(),
+            b.slurm.get("SLURM_JWT_USER").map_or("root", String::as_str),
+            TokenSource::File(b.slurm["SLURM_JWT_FILE"].clone().into()),
+        ))
+        .unwrap();
+        let drained = |n: &str| {
+            let (rest, n) = (rest.clone(), n.to_owned());
+            async move {
+                rest.node(&n).await.ok().flatten().is_some_and(|n| {
+                    n.flags.contains(&SlurmNodeFlag::Drain)
+                        && n.reason
+                            .as_deref()
+                            .is_some_and(|r| r.starts_with("lockstep:"))
+                })
+            }
+        };
+        let set = |on: bool| {
+            let api = api.clone();
+            async move {
+                api.patch(
+                    NODE_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+                )
+                .await
+                .unwrap();
+            }
+        };
+        let (mut all, mut first, mut sent) = (Vec::new(), Vec::new(), Vec::new());
+        for trial in 0..trials {
+            // A settled state first: lockstep holds the resume of the last
+            // trial in flight until a Slurm poll (200 ms here) confirms it,
+            // and a new drain of the same node waits for it (one action in
+            // flight per target). A real cordon does not come 200 ms after
+            // an uncordon; back-to-back trials would measure that wait.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            sent.push(epoch_ms());
+            let t = Instant::now();
+            set(true).await;
+            let mut seen_first = None;
+            loop {
+                let mut count = 0;
+                for n in nodes {
+                    if drained(n).await {
+                        count += 1;
+                    }
+                }
+                if count > 0 && seen_first.is_none() {
+                    seen_first = Some(t.elapsed());
+                }
+                if count == nodes.len() {
+                    break;
+                }
+                assert!(
+                    t.elapsed() < MINUTE,
+                    "trial {trial}: not all drained within a minute"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            all.push(t.elapsed());
+            first.push(seen_first.unwrap());
+            set(false).await;
+            let t = Instant::now();
+            for n in nodes {
+                while drained(n).await {
+                    assert!(
+                        t.elapsed() < MINUTE,
+                        "trial {trial}: {n} not resumed within a minute"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        (all, first, sent)
+    })
+}
+
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Where the time of a cordon goes, from the log (append times and the
+/// observers' own times are this host's clock, as is `sent`): PATCH sent ->
+/// seen by lockstep's Kubernetes observer -> appended to the log -> the last
+/// drain's outcome appended (the reducer, the action, scontrol in the pod).
+fn latency_split(records: &[EventRecord], sent: &[u64]) -> String {
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    let (mut observed, mut appended, mut drained) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, &t) in sent.iter().enumerate() {
+        let end = sent.get(i + 1).copied().unwrap_or(u64::MAX);
+        let Some(cordon) = records.iter().find(|r| {
+            r.time_ms >= t
+                && r.time_ms < end
+                && matches!(&r.envelope.event, Event::KubeNode(n) if n.name == NODE_NAME && n.unschedulable)
+        }) else {
+            continue;
+        };
+        let last_drain = records
+            .iter()
+            .filter(|r| r.seq > cordon.seq && r.time_ms < end)
+            .filter(|r| matches!(&r.envelope.event, Event::ActionOutcome(o) if o.kind.name() == "slurm_drain"))
+            .map(|r| r.time_ms)
+            .max();
+        observed.push(cordon.envelope.observed_ms.saturating_sub(t));
+        appended.push(cordon.time_ms.saturating_sub(cordon.envelope.observed_ms));
+        if let Some(d) = last_drain {
+            drained.push(d.saturating_sub(cordon.time_ms));
+        }
+    }
+    format!(
+        "medians over {} trials: PATCH -> observed {} ms, observed -> in the log {} ms, in the log -> last drain done {} ms",
+        observed.len(),
+        median(observed),
+        median(appended),
+        median(drained)
+    )
+}
+
 #[test]
 fn the_chart_runs_lockstep_as_pods_and_a_cordon_drains_every_slurm_node_of_the_node() {
     let mut s = Scenario::new("cordon");
@@ -761,44 +909,23 @@ fn the_chart_runs_lockstep_as_pods_and_a_cordon_drains_every_slurm_node_of_the_n
     );
 
     // A cordon drains all three Slurm nodes of the node; uncordon resumes
-    // them. Timed: PATCH sent -> DRAIN of every Slurm node visible in
-    // slurmctld (scontrol, polled).
+    // them. Timed as scripts/bench-reaction.sh times it: from just before
+    // the node PATCH is sent (through the API, as `kubectl cordon` does) to
+    // DRAIN of every Slurm node in slurmctld (slurmrestd, polled every 5 ms).
     let nodes = ["slurmd-0", "slurmd-1", "slurmd-2"];
-    let mut all = Vec::new();
-    let mut first = Vec::new();
-    for trial in 0..20 {
-        let t = Instant::now();
-        set_unschedulable(b, true);
-        let mut seen_first = None;
-        loop {
-            let drained = nodes
-                .iter()
-                .filter(|n| drained_by_lockstep(&b.slurm_node(n)))
-                .count();
-            if drained > 0 && seen_first.is_none() {
-                seen_first = Some(t.elapsed());
-            }
-            if drained == nodes.len() {
-                break;
-            }
-            assert!(
-                t.elapsed() < MINUTE,
-                "trial {trial}: not all drained within a minute"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        all.push(t.elapsed());
-        first.push(seen_first.unwrap());
-        if trial == 0 {
-            let show = b.slurm_node("slurmd-1");
-            assert!(show.contains(&format!("{NODE_NAME} cordoned")), "{show}");
-        }
-        set_unschedulable(b, false);
-        for n in nodes {
-            wait_for(&format!("{n} resumed"), MINUTE, || {
-                (!b.slurm_node(n).contains("DRAIN")).then_some(())
-            });
-        }
+    let (all, first, sent) = cordon_trials(b, &nodes, 20);
+    // And with kubectl itself: the reason names the cause.
+    b.kubectl(&["cordon", NODE_NAME], None);
+    wait_for("slurmd-1 drained by kubectl cordon", MINUTE, || {
+        let show = b.slurm_node("slurmd-1");
+        (drained_by_lockstep(&show) && show.contains(&format!("{NODE_NAME} cordoned")))
+            .then_some(())
+    });
+    b.kubectl(&["uncordon", NODE_NAME], None);
+    for n in nodes {
+        wait_for(&format!("{n} resumed"), MINUTE, || {
+            (!b.slurm_node(n).contains("DRAIN")).then_some(())
+        });
     }
     figure(&format!(
         "real node, lockstep from the chart (2 pods): cordon -> DRAIN of all 3 Slurm nodes: {}",
@@ -807,6 +934,10 @@ fn the_chart_runs_lockstep_as_pods_and_a_cordon_drains_every_slurm_node_of_the_n
     figure(&format!(
         "real node: cordon -> DRAIN of the first Slurm node: {}",
         percentiles(first)
+    ));
+    figure(&format!(
+        "real node: cordon latency split, {}",
+        latency_split(&s.records(), &sent)
     ));
     for (pod, container, working_set, rss) in lockstep_memory(b) {
         let role = if pod == leader { "leader" } else { "follower" };

@@ -166,7 +166,7 @@ fn reaper() {
              {kube}/node-down.sh --wipe; \
              {slurm}/down.sh --purge; \
              p=$(cat {ROOT}/nats.pid 2>/dev/null) && [ \"$(cat /proc/$p/comm 2>/dev/null)\" = nats-server ] && kill $p; \
-             rm -f {ROOT}/nats.pid",
+             rm -rf {ROOT}/nats.pid {ROOT}/nats",
             kube = repo.join("deploy/local/kube").display(),
             slurm = repo.join("deploy/local/slurm").display(),
         );
@@ -251,6 +251,7 @@ impl Bed {
         );
         let slurm_state = Path::new(ROOT).join("slurm");
         script("deploy/local/slurm/down.sh", &["--purge"]);
+        std::fs::create_dir_all(&slurm_state).unwrap();
         script("deploy/local/slurm/up.sh", &[]);
         restart_nats();
         let node = env_file(&Path::new(ROOT).join("node/env.sh"));

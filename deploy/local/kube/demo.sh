@@ -36,7 +36,7 @@ down() {
   "$here/node-down.sh" --wipe || true
   "$repo/deploy/local/slurm/down.sh" --purge || true
   p=$(cat "$ROOT/nats.pid" 2>/dev/null) && [[ $(cat "/proc/$p/comm" 2>/dev/null) == nats-server ]] && kill "$p"
-  rm -f "$ROOT/nats.pid" "$ROOT/demo.env"
+  rm -rf "$ROOT/nats.pid" "$ROOT/nats" "$ROOT/demo.env"
 }
 
 up() {
@@ -48,6 +48,7 @@ up() {
   "$repo/deploy/images/build.sh" --import > "$ROOT/images.env"
   # shellcheck disable=SC1090
   . "$ROOT/images.env"
+  mkdir -p "$LOCKSTEP_SLURM_STATE_DIR"
   "$repo/deploy/local/slurm/up.sh" > /dev/null
   SLURM_STATE=$LOCKSTEP_SLURM_STATE_DIR
   # shellcheck disable=SC1091
@@ -55,6 +56,9 @@ up() {
 
   if ! { p=$(cat "$ROOT/nats.pid" 2>/dev/null) && [[ $(cat "/proc/$p/comm" 2>/dev/null) == nats-server ]]; }; then
     "$repo/scripts/ensure-nats.sh" >/dev/null
+    # A fresh log: a log kept from an earlier cluster would describe objects
+    # this one does not have.
+    rm -rf "$ROOT/nats"
     mkdir -p "$ROOT/nats"
     setsid nats-server -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$ROOT/nats/js" > "$ROOT/nats/nats.log" 2>&1 < /dev/null &
     echo $! > "$ROOT/nats.pid"
