@@ -600,7 +600,7 @@ fn another_schema_version_in_the_header_is_named() {
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(
-        err.contains("line 1: the log was written by `lockstep 2.0.0` with schema version 2.0, newer than the 1.0 this lockstep reads; upgrade lockstep"),
+        err.contains("line 1: the log was written by `lockstep 2.0.0` with schema version 2.0, newer than the 1.1 this lockstep reads; upgrade lockstep"),
         "{err}"
     );
     assert!(out.stdout.is_empty(), "nothing replayed");

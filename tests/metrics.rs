@@ -250,6 +250,7 @@ fn kube_node(name: &str, cordoned: bool, ready: ConditionStatus) -> Envelope {
         Source::Kubernetes,
         now,
         Event::KubeNode(KubeNode {
+            read_labels: None,
             name: name.into(),
             unschedulable: cordoned,
             ready,

@@ -623,12 +623,27 @@ impl Engine {
                     .get_mut(&node.name)
                     .expect("inserted above");
                 entry.gen = gen;
+                // The same version is the same object: a copy that looked
+                // for fewer labels was taken under an earlier policy (a late
+                // re-delivery of it) and says less than the one held.
+                if !new
+                    && node.version != 0
+                    && node.version == entry.obs.version
+                    && !stale::reads_at_least(&node.read_labels, &entry.obs.read_labels)
+                {
+                    return;
+                }
                 let ready = node.ready == ConditionStatus::True;
                 let spell_changed = ready == entry.not_ready_since.is_some();
-                // Observed with every label the policy reads: the ones it
-                // started to read are usable now.
-                let labels_seen = !entry.unseen_labels.is_empty();
-                entry.unseen_labels.clear();
+                // The labels the policy started to read are usable once an
+                // observation looked for them; one taken under the earlier
+                // policy (a stale re-delivery) did not, and changes nothing.
+                let before = entry.unseen_labels.len();
+                match &node.read_labels {
+                    Some(read) => entry.unseen_labels.retain(|l| !read.contains(l)),
+                    None => entry.unseen_labels.clear(),
+                }
+                let labels_seen = entry.unseen_labels.len() != before;
                 // A node seen for the first time is news even though its
                 // entry was just made from it: the Slurm nodes on it must
                 // be looked at with its labels and cordon.
@@ -1801,6 +1816,10 @@ impl Engine {
             self.touch_slurm(&n);
         }
         let mut wake: Option<u64> = None;
+        // A victim picked now may already be DRAINED (its node was drained
+        // for another cause): no change of it will come to bring scaling
+        // back, so the next evaluation is due anyway.
+        let mut added_victims = false;
         let visible = self.model.slurm_visible && self.model.kube_visible;
         let scan_all =
             std::mem::take(&mut self.scale_scan_needed) || self.scale_busy.len() != rules.len();
@@ -2055,6 +2074,7 @@ impl Engine {
                 );
                 touched.push(node.clone());
                 picked = true;
+                added_victims = true;
             }
             let ctl = self.scale.get_mut(&rule.target).expect("inserted above");
             if picked {
@@ -2189,6 +2209,7 @@ impl Engine {
                         },
                     );
                     touched.push(slurm);
+                    added_victims = true;
                 }
             }
 
@@ -2256,6 +2277,12 @@ impl Engine {
         }
         dirty.clear();
         self.dirty = dirty;
+        if added_victims {
+            min_wake(
+                &mut wake,
+                after_s(now, self.policy.scaling.evaluate_every_s),
+            );
+        }
         set_timer(&mut self.timers, &mut self.scale_wake, wake, || Wake::Scale);
     }
 

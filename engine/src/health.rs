@@ -205,6 +205,7 @@ mod tests {
     fn kube(not_ready_since: Option<u64>) -> KubeEntry {
         KubeEntry {
             obs: KubeNode {
+                read_labels: None,
                 name: "k1".into(),
                 unschedulable: false,
                 ready: if not_ready_since.is_some() {

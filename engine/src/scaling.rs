@@ -15,7 +15,7 @@
 //!
 //! | removal            | victims                                   | what lowers `replicas`                                           |
 //! |--------------------|-------------------------------------------|-------------------------------------------------------------------|
-//! | `highest_ordinal`  | the top ordinals, each idle long enough; a busy one stops the chain below it | past an ordinal once it and all above it are DRAINED |
+//! | `highest_ordinal`  | the top ordinals, each idle long enough (or its pod already on its way out, its node jobless); a busy one stops the chain below it | past an ordinal once it and all above it are DRAINED |
 //! | `deletion_cost`    | any idle, Running and Ready pods           | by the DRAINED victims marked with the lowest deletion cost, while every other pod is Running, Ready and costs more |
 //! | `delete_pod`       | any idle pods                              | by the victims whose pods lockstep deleted once DRAINED, while no more pods exist than the new count |
 //! | `controller_drains`| none (the controller drains)               | by at most the pods idle long enough                               |
@@ -268,14 +268,19 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
             break;
         };
         let victim = s.victims.contains(&p.slurm);
-        if let Some(why) = p.why_not_removable() {
+        // A pod already being deleted (evicted, or stuck terminating on a
+        // host that is gone) leaves whatever lockstep does; lowering past
+        // it only keeps the controller from recreating it, so it does not
+        // stop the chain unless its node still holds work.
+        let leaving = p.deleting && p.known && p.jobs == 0 && !p.busy;
+        if let Some(why) = p.why_not_removable().filter(|_| !leaving) {
             plan.blocked = Some((
                 Some(p.slurm.to_owned()),
                 format!("{why}, and a StatefulSet removes its highest ordinals first"),
             ));
             break;
         }
-        if !(victim || (s.may_pick && p.idle_enough)) {
+        if !(victim || leaving || (s.may_pick && p.idle_enough)) {
             break;
         }
         plan.victims.push(p.slurm.to_owned());

@@ -14,6 +14,7 @@
 //! | 2   | incoming version < held version                                  | ignored: nothing changes, nothing is re-evaluated |
 //! | 3   | the object is not held, a tombstone says it was deleted at version >= incoming | ignored: a deleted object does not come back |
 //! | 4   | otherwise                                                        | applied                |
+//! | 5   | a Kubernetes node at the held version that looked for fewer label keys than the held copy (taken under an earlier policy) | counts as listed; the held copy is kept |
 //!
 //! An observation equal in version to the one held is applied: it says
 //! nothing new, so it changes nothing, except inside a relist, where it
@@ -53,6 +54,16 @@ pub(crate) enum ObjectKey {
     /// `namespace/name`.
     Pod(String),
     ScaleTarget(ScaleTargetRef),
+}
+
+/// Row 5: whether an observation that looked for the label keys `incoming`
+/// says at least what one that looked for `held` does (`None`: written
+/// before observations recorded it, taken as every key).
+pub(crate) fn reads_at_least(incoming: &Option<Vec<String>>, held: &Option<Vec<String>>) -> bool {
+    match (incoming, held) {
+        (None, _) | (Some(_), None) => true,
+        (Some(incoming), Some(held)) => held.iter().all(|k| incoming.contains(k)),
+    }
 }
 
 /// Row 2: an observation (or deletion) older than the one held.

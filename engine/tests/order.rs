@@ -43,6 +43,7 @@ fn events() -> Vec<Event> {
             version: 0,
         }),
         Event::KubeNode(KubeNode {
+            read_labels: None,
             name: "k6".into(),
             unschedulable: true,
             ready: ConditionStatus::True,

@@ -243,6 +243,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 xid,
                 taint,
             } => Event::KubeNode(KubeNode {
+                read_labels: None,
                 name: KUBE[*node].into(),
                 unschedulable: *cordoned,
                 ready: [

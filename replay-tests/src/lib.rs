@@ -1019,6 +1019,7 @@ impl Sim {
 /// A Ready Kubernetes node.
 fn new_kube_node(name: &str) -> KubeNode {
     KubeNode {
+        read_labels: None,
         name: name.to_owned(),
         unschedulable: false,
         ready: ConditionStatus::True,

@@ -325,7 +325,8 @@ same_but_version!(KubeNode {
     ready,
     conditions,
     labels,
-    taints
+    taints,
+    read_labels
 });
 same_but_version!(KubePod {
     namespace,
@@ -674,6 +675,13 @@ pub struct KubeNode {
     /// Taints whose key lockstep manages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
+    /// The label and annotation keys the observer looked for, sorted, found
+    /// or not: a key absent from `labels` but named here is known to be
+    /// absent; a key named in neither was not looked at (the observer read
+    /// under another policy). `None` in logs written before lockstep
+    /// recorded it: every key the policy reads counts as looked at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_labels: Option<Vec<String>>,
     /// The object's own version: Kubernetes `metadata.resourceVersion` (an
     /// etcd revision), the Slurm observer's poll generation (poll time in ms,
     /// monotonic). 0: unknown, always applied. An observation older than the

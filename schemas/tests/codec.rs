@@ -25,6 +25,7 @@ fn records() -> Vec<Record> {
     let events = [
         slurm_node("n1", "IDLE"),
         Event::KubeNode(KubeNode {
+            read_labels: None,
             name: "k1".into(),
             unschedulable: true,
             ready: ConditionStatus::Unknown,

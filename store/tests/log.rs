@@ -11,6 +11,7 @@ fn node(i: u64) -> Envelope {
         Source::Test,
         1_000 + i,
         Event::KubeNode(KubeNode {
+            read_labels: None,
             name: format!("k{i}"),
             unschedulable: i.is_multiple_of(2),
             ready: lockstep_schemas::ConditionStatus::True,

@@ -29,7 +29,10 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 /// The condition the eviction API and the scheduler's preemption put on a pod.
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
-/// Taint keys with this prefix are lockstep's, and are observed.
+/// Taint keys and pod label keys with this prefix are lockstep's, and are
+/// always observed: what lockstep set under a name an earlier policy used
+/// (a busy label since renamed or turned off) stays visible, so lockstep
+/// can remove it.
 pub const LOCKSTEP_TAINT_PREFIX: &str = "lockstep.io/";
 
 /// Node label keys observed by default: the ones topology policies read.
@@ -376,6 +379,7 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         conditions: watched,
         labels,
         taints,
+        read_labels: Some(spec.node_labels.clone()),
         version: resource_version(node.metadata.resource_version.as_deref()),
     })
 }
@@ -418,6 +422,13 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
             };
             Some((k.clone(), value?.clone()))
         })
+        .chain(
+            all_labels
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| k.starts_with(LOCKSTEP_TAINT_PREFIX))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        )
         .collect();
     let owner = meta
         .owner_references
@@ -563,6 +574,10 @@ mod tests {
     fn node_keeps_only_what_the_policy_names() {
         let got = node(&node_json("2025-01-01T00:00:00Z", "17"), &spec()).unwrap();
         let want = KubeNode {
+            read_labels: Some(vec![
+                "annotation:rack".to_owned(),
+                "topology.kubernetes.io/zone".to_owned(),
+            ]),
             name: "n1".to_owned(),
             unschedulable: true,
             ready: ConditionStatus::False,
@@ -631,7 +646,8 @@ mod tests {
             "metadata": {
                 "namespace": "slurm", "name": "c1", "uid": "u1", "resourceVersion": "42",
                 "deletionTimestamp": "2025-01-01T00:00:00Z",
-                "labels": {"slurm.node": "c1", "controller-revision-hash": "r-1", "x": "y"},
+                "labels": {"slurm.node": "c1", "controller-revision-hash": "r-1", "x": "y",
+                           "lockstep.io/busy-before": "true"},
                 "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Other", "name": "o", "uid": "1"},
                     {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "ss", "uid": "2", "controller": true},
@@ -658,7 +674,13 @@ mod tests {
                 ready: true,
                 deleting: true,
                 disruption_target: true,
-                labels: [("slurm.node".to_owned(), "c1".to_owned())].into(),
+                // lockstep's own labels are reported whatever the policy
+                // names: one an earlier policy used can still be removed.
+                labels: [
+                    ("slurm.node".to_owned(), "c1".to_owned()),
+                    ("lockstep.io/busy-before".to_owned(), "true".to_owned())
+                ]
+                .into(),
                 conditions: vec![PodCondition {
                     type_: "SlurmNodeDrained".to_owned(),
                     status: ConditionStatus::True,

@@ -178,6 +178,7 @@ impl Spec {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             taints,
+            read_labels: Some(self.node_labels.clone()),
             version: n.rv,
         }
     }
@@ -201,6 +202,13 @@ impl Spec {
                     };
                     Some((k.clone(), value?.0.clone()))
                 })
+                // Labels under lockstep's own prefix are always reported.
+                .chain(
+                    p.labels
+                        .iter()
+                        .filter(|(k, _)| k.starts_with(LOCKSTEP_TAINT_PREFIX))
+                        .map(|(k, v)| (k.clone(), v.0.clone())),
+                )
                 .collect(),
             conditions: p
                 .conditions

@@ -322,6 +322,9 @@ pub fn fixed_target() -> ScaleTargetRef {
 /// time; their relations (grace < hold, cooldowns, idle time) are kept.
 pub fn policy_for(setup: &Setup, edits: PolicyState) -> Policy {
     let mut p = Policy::default();
+    // Configured as a deployment should be: Slurm names who set a reason,
+    // so an administrator's drain written with lockstep's prefix is theirs.
+    p.drain.slurm_user = Some(LOCKSTEP_USER.to_owned());
     p.drain.reason_prefix = if edits.on(PolicyEdit::RenameReasonPrefix) {
         "lockstep-v2:"
     } else {
