@@ -71,7 +71,7 @@ fn main() {
         steps_max: args.steps,
     };
     if let Some(dir) = &args.saved {
-        std::process::exit(run_saved(dir));
+        std::process::exit(run_saved(dir, &args));
     }
     eprintln!(
         "soak: {} schedules of at most {} steps from seed {seed}",
@@ -215,7 +215,7 @@ fn main() {
 }
 
 /// Runs every saved schedule under `dir`; returns the exit status.
-fn run_saved(dir: &std::path::Path) -> i32 {
+fn run_saved(dir: &std::path::Path, args: &Args) -> i32 {
     let saved = match incident::load_all(dir) {
         Ok(s) => s,
         Err(e) => {
@@ -235,6 +235,15 @@ fn run_saved(dir: &std::path::Path) -> i32 {
             Some(v) => {
                 failing += 1;
                 println!("FAILS  {}: {v}", s.name);
+                if args.timeline {
+                    print!("{}", s.schedule.story());
+                    println!("timeline:");
+                    print!("{}", report.world.timeline());
+                }
+                if args.state {
+                    println!("state at the end:");
+                    print!("{}", report.world.state());
+                }
             }
         }
     }
