@@ -14,7 +14,9 @@
 //! Slurm says lockstep's Slurm user (`drain.slurm_user`) set its reason; when
 //! that user is not configured or Slurm does not say who set it, when its
 //! reason starts with the policy's reason prefix or one lockstep used under
-//! an earlier policy. lockstep resumes only those, never anybody else's.
+//! an earlier policy. lockstep resumes only those, never anybody else's. A
+//! DOWN whose reason ends in ` : Not responding` is slurmctld's (24.11 and
+//! later append that to the reason lockstep set), never lockstep's.
 
 use lockstep_schemas::{
     DrainPolicy, KubePod, MappingMode, SlurmBaseState, SlurmNode, SlurmNodeFlag,
@@ -145,6 +147,9 @@ impl Ownership<'_> {
     /// Whether lockstep set the node's reason (the node's drain or down is
     /// its own if it has one).
     pub fn owns(&self, node: &SlurmNode) -> bool {
+        if slurm_took_down(node) {
+            return false;
+        }
         if let (Some(me), Some(by)) = (self.slurm_user, node.reason_user.as_deref()) {
             return by == me;
         }
@@ -156,6 +161,21 @@ impl Ownership<'_> {
                     .any(|p| r.starts_with(p.as_str()))
         })
     }
+}
+
+/// What slurmctld appends to a node's reason when it sets the node DOWN for
+/// not responding (Slurm 24.11 and later keep the reason there was before
+/// it: `<old reason> : Not responding`).
+pub(crate) const SLURM_NOT_RESPONDING_SUFFIX: &str = " : Not responding";
+
+/// DOWN by slurmctld's doing, whatever reason lockstep set before: the DOWN
+/// is Slurm's to lift (`ReturnToService`), never lockstep's.
+fn slurm_took_down(node: &SlurmNode) -> bool {
+    node.state == SlurmBaseState::Down
+        && node
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.ends_with(SLURM_NOT_RESPONDING_SUFFIX))
 }
 
 /// What Slurm shows, from lockstep's point of view.
@@ -396,6 +416,20 @@ mod tests {
                 (false, true, false, true),
             ),
             (Idle, &[NotResponding], None, (false, false, false, true)),
+            // Slurm 24.11 took lockstep's drained node DOWN and appended to
+            // its reason: the DOWN is Slurm's, also once it answers again.
+            (
+                Down,
+                &[NotResponding],
+                Some("lockstep: kubernetes node k cordoned : Not responding"),
+                (false, true, false, true),
+            ),
+            (
+                Down,
+                &[],
+                Some("lockstep: kubernetes node k cordoned : Not responding"),
+                (false, true, false, true),
+            ),
             // lockstep's drain, and then slurmd stopped answering.
             (
                 Idle,
