@@ -1,98 +1,237 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, the reducer's purity, and every
 # test of the workspace. Exits non-zero when anything fails.
+#
+# What takes time on a fresh 2-core machine is building Kubernetes from the
+# Go module proxy (deploy/local/kube/build.sh) and the real-node scenarios
+# (tests/node_e2e.rs, ~20 min, mostly waiting on kubelet and controllers).
+# So the parts run as soon as what they need is there:
+#
+#   background  Debian roots of Slurm 24.11 / 26.05; Kubernetes: the control
+#               plane first, then the node and helm
+#   foreground  fmt; compile every test; the tests that need no Kubernetes;
+#               once the control plane is built, the ones that need it;
+#               clippy; fuzz (when its build is cached)
+#   background  once the node is built: tests/chart.rs, tests/node_e2e.rs
+#               (its own API server, Slurm and NATS on their own ports)
+#
+# Each test target belongs to one group below; a target in none fails the
+# run (add it to a group). Every group runs even when an earlier one failed;
+# the summary names each failing target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-rust.sh
 scripts/ensure-nats.sh
+scripts/ensure-packages.sh
 
-step() { printf '\n== %s\n' "$*"; }
+started=$SECONDS
+elapsed() { local s=$((SECONDS - started)); printf '%d:%02d' $((s / 60)) $((s % 60)); }
+step() { printf '\n== [%s] %s\n' "$(elapsed)" "$*"; }
+logs=$(mktemp -d /tmp/lockstep-test.XXXXXX)
 
-# The connector tests start a real kube-apiserver (deploy/local/kube) and a
-# real Slurm of each version (deploy/local/slurm: 22.05, 24.11, 26.05)
-# themselves; stop them, and unmount what the newer ones mounted, when we
-# are done.
+# ---- the groups ---------------------------------------------------------------
+# package:target. No Kubernetes needed (real Slurm, NATS, Prometheus and
+# Chromium where a test needs them):
+no_kube=(
+  lockstep-schemas:codec lockstep-schemas:documents lockstep-schemas:versions
+  lockstep-engine:order lockstep-engine:properties
+  lockstep-replay-tests:compat lockstep-replay-tests:incidents lockstep-replay-tests:world
+  lockstep-connectors:slurm_parse lockstep-connectors:slurm_fields
+  lockstep-connectors:slurm_api lockstep-connectors:slurm_client_protocol
+  lockstep-store:log lockstep-store:store lockstep-store:cluster
+  lockstep:html lockstep:metrics lockstep:policy_history lockstep:service
+)
+# Real Slurm of every version (needs the Debian roots):
+slurm_versions=(lockstep-connectors:slurm)
+# The local control plane (kube-apiserver, kubectl):
+control_plane=(
+  lockstep-connectors:kube
+  lockstep:cli lockstep:kube_loop lockstep:slurm_loop lockstep:e2e
+)
+# The real node (kubelet, controllers, containerd) and helm:
+real_node=(lockstep:chart lockstep:node_e2e)
+
 cleanup() {
+  jobs -p | xargs -r kill 2>/dev/null || true
   for state in /tmp/lockstep-local /tmp/lockstep-kube-disrupt; do
-    [ -x deploy/local/kube/down.sh ] && LOCKSTEP_STATE_DIR=$state deploy/local/kube/down.sh >/dev/null 2>&1 || true
+    LOCKSTEP_STATE_DIR=$state deploy/local/kube/down.sh >/dev/null 2>&1 || true
   done
   for v in 22.05 24.11 26.05; do
-    [ -x deploy/local/slurm/down.sh ] && LOCKSTEP_SLURM_VERSION=$v deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+    LOCKSTEP_SLURM_VERSION=$v deploy/local/slurm/down.sh >/dev/null 2>&1 || true
   done
   # The Slurm that the service's NATS cluster tests act on (tests/common/soak.rs).
-  [ -x deploy/local/slurm/down.sh ] && LOCKSTEP_SLURM_STATE_DIR=/tmp/lockstep-soak-slurm \
-    deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+  LOCKSTEP_SLURM_STATE_DIR=/tmp/lockstep-soak-slurm deploy/local/slurm/down.sh >/dev/null 2>&1 || true
   # The real node of tests/node_e2e.rs, its Slurm and NATS (its reaper does
   # this too when the test process ends); node-down.sh restores the host.
-  [ -x deploy/local/kube/demo.sh ] && deploy/local/kube/demo.sh down >/dev/null 2>&1 || true
+  deploy/local/kube/demo.sh down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
+# ---- background builds ----------------------------------------------------------
 # Slurm 24.11 and 26.05 run from Debian roots cached under
-# ~/.cache/lockstep/slurm (debootstrap, a few minutes on a fresh machine;
-# nothing when cached): build them now, beside the compilation below.
+# ~/.cache/lockstep/slurm (debootstrap, about a minute each on a fresh
+# machine; nothing when cached).
 root_pids=()
 for v in 24.11 26.05; do
-  deploy/local/slurm/root.sh "$v" >"/tmp/lockstep-slurm-root-$v.log" 2>&1 &
+  deploy/local/slurm/root.sh "$v" >"$logs/slurm-root-$v.log" 2>&1 &
   root_pids+=("$!")
 done
+# Kubernetes from the Go module proxy, cached under ~/.cache/lockstep/kube
+# (nothing when cached), under nice so that compiling and testing lockstep
+# come first: the control plane (~5 min of CPU), then the node and helm.
+(
+  export LOCKSTEP_KUBE_BUILD_P=${LOCKSTEP_KUBE_BUILD_P:-2}
+  deploy/local/kube/build.sh control-plane >"$logs/kube-control-plane.log" 2>&1
+  touch "$logs/kube-control-plane.ok"
+  deploy/local/kube/build.sh node helm >"$logs/kube-node.log" 2>&1
+  touch "$logs/kube-node.ok"
+) &
+kube_build=$!
 
-# Kubernetes (control plane and node), containerd, runc, crictl and helm,
-# from the Go module proxy, throttled (go build -p 1, nice 15), cached under
-# ~/.cache/lockstep/kube: about 20-30 min on a fresh 2-core machine, nothing
-# when cached. Beside the compilation below, like the Debian roots.
-deploy/local/kube/build.sh all >/tmp/lockstep-kube-build.log 2>&1 &
-kube_build_pid=$!
+# Waits for background work to leave `stamp` (or fail): 0 when it did.
+await() {
+  local stamp=$1 pid=$2
+  while [[ ! -e $stamp ]] && kill -0 "$pid" 2>/dev/null; do sleep 2; done
+  [[ -e $stamp ]]
+}
 
+# ---- checks that need no build -------------------------------------------------
 step "cargo fmt --check"
 cargo fmt --all -- --check
-
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 step "the reducer is pure: no tokio, sled, kube or async-nats under lockstep-engine"
 impure=$(cargo tree -p lockstep-engine -e normal --prefix none --format '{p}' | awk '{print $1}' \
   | grep -E '^(tokio|sled|kube|kube-runtime|kube-client|async-nats)$' || true)
-if [ -n "$impure" ]; then
+if [[ -n $impure ]]; then
   echo "lockstep-engine depends on: $impure" >&2
   exit 1
 fi
 echo "ok"
 
-step "Debian roots for Slurm 24.11 and 26.05"
-for i in "${!root_pids[@]}"; do
-  if ! wait "${root_pids[$i]}"; then
-    v=$([ "$i" = 0 ] && echo 24.11 || echo 26.05)
-    tail -n 30 "/tmp/lockstep-slurm-root-$v.log" >&2
-    echo "building the Debian root of Slurm $v failed" >&2
-    exit 1
-  fi
-done
-cat /tmp/lockstep-slurm-root-*.log
-
-step "Kubernetes, containerd, runc, helm (deploy/local/kube/build.sh all)"
-if ! wait "$kube_build_pid"; then
-  tail -n 30 /tmp/lockstep-kube-build.log >&2
-  echo "building Kubernetes, containerd, runc or helm failed" >&2
+step "every test target is in a group"
+listed=" ${no_kube[*]} ${slurm_versions[*]} ${control_plane[*]} ${real_node[*]} "
+unlisted=$(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    for t in p["targets"]:
+        if "test" in t["kind"]:
+            print(p["name"] + ":" + t["name"])
+' | while read -r t; do [[ $listed == *" $t "* ]] || echo "$t"; done)
+if [[ -n $unlisted ]]; then
+  echo "test targets in no group of scripts/test.sh: $unlisted" >&2
   exit 1
 fi
-grep -E 'built in|done in' /tmp/lockstep-kube-build.log || echo "all cached"
+echo "ok"
 
-step "the Helm chart: helm lint, helm template, refused values (deploy/helm/check.sh)"
-deploy/helm/check.sh
+step "compile every test (cargo test --workspace --no-run)"
+cargo test --workspace --no-run --quiet
+
+# The real node's lockstep image carries this build's binary (stripped), so
+# that the suite compiles lockstep once, not again in the release profile.
+mkdir -p "$logs/image-bin"
+strip -o "$logs/image-bin/lockstep" target/debug/lockstep
+export LOCKSTEP_IMAGE_BINARY="$logs/image-bin/lockstep"
+
+# ---- running tests ----------------------------------------------------------------
+failed=()
+# run LOG package:target...: one cargo test per package, each target once,
+# all of them even when one fails; a package's tests that run 40 min are
+# stopped. Output goes to LOG, and to the terminal unless `quiet=1`.
+quiet=0
+run() {
+  local log=$1; shift
+  local -A by_pkg=()
+  local t
+  for t in "$@"; do by_pkg[${t%%:*}]+=" --test ${t#*:}"; done
+  local pkg rc=0
+  for pkg in "${!by_pkg[@]}"; do
+    # shellcheck disable=SC2086
+    if ! timeout --kill-after=30s 40m cargo test --no-fail-fast -p "$pkg" ${by_pkg[$pkg]} 2>&1 \
+      | if ((quiet)); then cat >>"$log"; else tee -a "$log"; fi; then
+      echo "FAILED: cargo test -p $pkg${by_pkg[$pkg]}" >>"$log"
+      rc=1
+    fi
+  done
+  return $rc
+}
+
+# The real node's tests, in the background, once the node is built.
+(
+  if ! await "$logs/kube-node.ok" "$kube_build"; then
+    echo "FAILED: building the Kubernetes node or helm (deploy/local/kube/build.sh node helm)" >"$logs/real-node.log"
+    tail -n 30 "$logs/kube-node.log" >>"$logs/real-node.log" 2>/dev/null || true
+    exit 1
+  fi
+  echo "real node: started at $(elapsed)" >"$logs/real-node.log"
+  quiet=1
+  run "$logs/real-node.log" "${real_node[@]}"
+) &
+real_node_pid=$!
+
+step "unit tests and doc tests of every crate"
+cargo test --workspace --no-fail-fast --lib --bins 2>&1 | tee "$logs/units.log" || failed+=("unit tests")
+cargo test --workspace --no-fail-fast --doc 2>&1 | tee -a "$logs/units.log" || failed+=("doc tests")
+
+step "tests that need no Kubernetes: ${no_kube[*]}"
+run "$logs/no-kube.log" "${no_kube[@]}" || failed+=("no-kube group")
+
+step "Debian roots for Slurm 24.11 and 26.05"
+roots_ok=1
+for i in "${!root_pids[@]}"; do
+  if ! wait "${root_pids[$i]}"; then
+    v=$([[ $i == 0 ]] && echo 24.11 || echo 26.05)
+    tail -n 30 "$logs/slurm-root-$v.log" >&2
+    echo "building the Debian root of Slurm $v failed" >&2
+    roots_ok=0
+  fi
+done
+cat "$logs"/slurm-root-*.log
+
+step "real Slurm of every version: ${slurm_versions[*]}"
+if ((roots_ok)); then
+  run "$logs/slurm.log" "${slurm_versions[@]}" || failed+=("Slurm versions group")
+else
+  failed+=("Slurm versions group (no Debian roots)")
+fi
+
+step "Kubernetes control plane (deploy/local/kube/build.sh control-plane)"
+if await "$logs/kube-control-plane.ok" "$kube_build"; then
+  grep -E 'built in|done in' "$logs/kube-control-plane.log" || echo "all cached"
+  step "tests on the control plane: ${control_plane[*]}"
+  run "$logs/control-plane.log" "${control_plane[@]}" || failed+=("control-plane group")
+else
+  tail -n 30 "$logs/kube-control-plane.log" >&2
+  failed+=("control-plane group (the control plane did not build)")
+fi
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings || failed+=("clippy")
 
 # Each fuzz target for 30 s (fuzz/run.sh: AFL++ through cargo-afl), only
 # when the instrumented build is cached on this machine (building it from
-# nothing takes longer than the rest of this script). Adds about 3.5 min:
-# 6 targets x 30 s, and an incremental rebuild of lockstep's own crates.
+# nothing takes longer than the rest of this script).
 step "fuzz: each target for 30 s"
 fuzz_cache=${LOCKSTEP_FUZZ_TARGET_DIR:-$HOME/.cache/lockstep/fuzz-target}/release
-if cargo afl --version >/dev/null 2>&1 && [ -x "$fuzz_cache/slurm_rest" ]; then
-  LOCKSTEP_FUZZ_OUT=$(mktemp -d /tmp/lockstep-fuzz.XXXXXX) fuzz/run.sh all 30
+if cargo afl --version >/dev/null 2>&1 && [[ -x $fuzz_cache/slurm_rest ]]; then
+  LOCKSTEP_FUZZ_OUT=$(mktemp -d /tmp/lockstep-fuzz.XXXXXX) fuzz/run.sh all 30 || failed+=("fuzz")
 else
   echo "not run: no cached fuzz build in $fuzz_cache (fuzz/run.sh TARGET SECONDS builds it)"
 fi
 
-step "cargo test --workspace"
-cargo test --workspace 2>&1 | tee /tmp/lockstep-test.log
-grep -E '^test result:' /tmp/lockstep-test.log | awk '{p+=$4; f+=$6} END {printf "\n%d passed, %d failed\n", p, f}'
+step "the real node: ${real_node[*]} (started in the background)"
+wait "$real_node_pid" || failed+=("real-node group")
+grep -E 'built in|done in' "$logs/kube-node.log" 2>/dev/null || true
+cat "$logs/real-node.log"
+wait "$kube_build" || true
+
+step "summary"
+cat "$logs"/units.log "$logs"/no-kube.log "$logs"/slurm.log "$logs"/control-plane.log \
+  "$logs"/real-node.log 2>/dev/null | grep -E '^test result:' \
+  | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed\n", p, f}'
+echo "took $(elapsed); logs in $logs"
+if ((${#failed[@]})); then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  grep -h '^FAILED: ' "$logs"/*.log >&2 || true
+  exit 1
+fi
+echo "all passed"

@@ -40,6 +40,9 @@ const NS: &str = "slurm";
 /// Label on every Kubernetes object these tests create.
 const MARK: &str = "lockstep-e2e";
 const BUSY_LABEL: &str = "lockstep.io/slurm-busy";
+/// The pod label naming a pod's Slurm node where pods are not named after
+/// them (the StatefulSet's `slurm-<ordinal>`).
+const NODE_LABEL: &str = "slurm.node";
 const MINUTE: Duration = Duration::from_secs(60);
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -156,9 +159,22 @@ impl Scenario {
     /// A slurmd pod for Slurm node `slurm_node`, bound to `node`, Running.
     /// `owner`: the StatefulSet (name, uid) that controls it.
     fn slurmd_pod(&self, slurm_node: &str, node: &str, owner: Option<(&str, &str)>) -> String {
+        self.slurmd_pod_named(slurm_node, slurm_node, node, owner)
+    }
+
+    /// A slurmd pod named `pod` (a StatefulSet's `<set>-<ordinal>`), its
+    /// Slurm node named by the [`NODE_LABEL`] label (the pod name when the
+    /// policy names no label).
+    fn slurmd_pod_named(
+        &self,
+        pod: &str,
+        slurm_node: &str,
+        node: &str,
+        owner: Option<(&str, &str)>,
+    ) -> String {
         let mut meta = json!({
-            "name": slurm_node, "namespace": NS,
-            "labels": {"app.kubernetes.io/component": "slurmd", MARK: "true"},
+            "name": pod, "namespace": NS,
+            "labels": {"app.kubernetes.io/component": "slurmd", MARK: "true", NODE_LABEL: slurm_node},
         });
         if let Some((name, uid)) = owner {
             meta["ownerReferences"] = json!([{
@@ -176,12 +192,12 @@ impl Scenario {
         }));
         self.stack.kubectl(
             &[
-                "patch", "pod", slurm_node, "-n", NS, "--subresource=status", "--type=merge", "-p",
+                "patch", "pod", pod, "-n", NS, "--subresource=status", "--type=merge", "-p",
                 r#"{"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}"#,
             ],
             None,
         );
-        self.stack.get(&["pod", slurm_node, "-n", NS]).unwrap()["metadata"]["uid"]
+        self.stack.get(&["pod", pod, "-n", NS]).unwrap()["metadata"]["uid"]
             .as_str()
             .unwrap()
             .to_owned()
@@ -544,7 +560,8 @@ fn kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget(slu
 }
 
 /// A StatefulSet `slurm` with `replicas`, its pods made by the test (no
-/// controller runs), scaled by lockstep following partition `batch`.
+/// controller runs), scaled by lockstep following partition `batch`. Its
+/// pods are `slurm-<ordinal>`; pod `slurm-i` runs Slurm node `ls-n<i+1>`.
 fn stateful_set(s: &Scenario, replicas: u32) -> String {
     s.stack.apply(&json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -573,6 +590,7 @@ fn replicas(s: &Scenario) -> u64 {
 
 fn scaling_policy() -> Value {
     let mut policy = base_policy();
+    policy["mapping"]["node_name_label"] = json!(NODE_LABEL);
     policy["scaling"]["targets"] = json!([{
         "target": {"group": "apps", "kind": "StatefulSet", "namespace": NS, "name": "slurm"},
         "partition": "batch",
@@ -587,13 +605,14 @@ fn scaling_policy() -> Value {
     policy
 }
 
-/// Scale up: ls-n1 (the StatefulSet's one pod) is busy and a job waits for
-/// resources, so lockstep raises the replica count; the test plays the
-/// StatefulSet controller and slurmd registering (pod ls-n2, node resumed).
-fn scale_up(s: &Scenario, l: &Lockstep) {
+/// Scale up: ls-n1 (pod slurm-0, the StatefulSet's one pod) is busy and a
+/// job waits for resources, so lockstep raises the replica count; the test
+/// plays the StatefulSet controller and slurmd registering (pod slurm-1 for
+/// ls-n2, node resumed). Returns the StatefulSet's uid.
+fn scale_up(s: &Scenario, l: &Lockstep) -> String {
     let uid = stateful_set(s, 1);
     s.node("e2e-k5", json!({}));
-    s.slurmd_pod("ls-n1", "e2e-k5", Some(("slurm", &uid)));
+    s.slurmd_pod_named("slurm-0", "ls-n1", "e2e-k5", Some(("slurm", &uid)));
     // Nodes the StatefulSet has not made yet are not up in Slurm.
     for n in ["ls-n2", "ls-n3", "ls-n4"] {
         s.stack.slurm(
@@ -615,7 +634,7 @@ fn scale_up(s: &Scenario, l: &Lockstep) {
         (replicas(s) == 2).then_some(())
     });
     // The controller's part: the new pod, its slurmd registering.
-    s.slurmd_pod("ls-n2", "e2e-k5", Some(("slurm", &uid)));
+    s.slurmd_pod_named("slurm-1", "ls-n2", "e2e-k5", Some(("slurm", &uid)));
     s.stack
         .slurm("scontrol", &["update", "nodename=ls-n2", "state=resume"]);
     wait_for("the waiting job runs on ls-n2", MINUTE, || {
@@ -624,6 +643,25 @@ fn scale_up(s: &Scenario, l: &Lockstep) {
     assert_eq!(replicas(s), 2, "{}", l.log());
     // The queue empties: both nodes go idle.
     s.stack.slurm("scancel", &[&busy, &waiting]);
+    uid
+}
+
+/// The StatefulSet controller's part of a scale-in: once `replicas` is 1 it
+/// removes the highest ordinal, slurm-1.
+fn controller_removes_the_top_ordinal(s: &Scenario) {
+    wait_for("the StatefulSet scaled down to 1", MINUTE, || {
+        (replicas(s) == 1).then_some(())
+    });
+    s.stack.kubectl(
+        &["delete", "pod", "slurm-1", "-n", NS, "--wait=false"],
+        None,
+    );
+    wait_for("the pod slurm-1 gone", MINUTE, || {
+        s.stack
+            .get(&["pod", "slurm-1", "-n", NS])
+            .is_none()
+            .then_some(())
+    });
 }
 
 fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down(slurm_version: &str) {
@@ -631,24 +669,18 @@ fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down(slurm
     let mut l = s.start_leader("a", &scaling_policy());
     scale_up(&s, &l);
 
-    // Scale-in: ls-n2 (the highest ordinal) is drained, seen drained, its
-    // pod deleted, then the replica count lowered.
+    // Scale-in the way a StatefulSet removes pods: its highest ordinal
+    // (slurm-1, Slurm node ls-n2) is drained, seen DRAINED, and only then
+    // is the replica count lowered; the controller removes the pod.
     wait_for("ls-n2 drained by lockstep", MINUTE, || {
         drained_by_lockstep("ls-n2")(&s.stack.slurm_node("ls-n2")).then_some(())
     });
-    wait_for("the pod of ls-n2 deleted", MINUTE, || {
-        s.stack
-            .get(&["pod", "ls-n2", "-n", NS])
-            .is_none()
-            .then_some(())
-    });
-    wait_for("the StatefulSet scaled down to 1", MINUTE, || {
-        (replicas(&s) == 1).then_some(())
-    });
-    assert!(s.stack.get(&["pod", "ls-n1", "-n", NS]).is_some());
+    controller_removes_the_top_ordinal(&s);
+    assert!(s.stack.get(&["pod", "slurm-0", "-n", NS]).is_some());
     assert!(!s.stack.slurm_node("ls-n1").contains("DRAIN"));
 
-    // In that order: drain, delete, scale (by the outcomes in the log).
+    // In that order: up, drain, down (by the outcomes in the log); lockstep
+    // deletes no pod of a StatefulSet.
     let order: Vec<String> = s
         .records()
         .into_iter()
@@ -662,7 +694,7 @@ fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down(slurm
         .collect();
     assert_eq!(
         order,
-        ["kube_scale", "slurm_drain", "kube_delete_pod", "kube_scale"],
+        ["kube_scale", "slurm_drain", "kube_scale"],
         "{}",
         l.log()
     );
@@ -697,20 +729,12 @@ fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once
         .unwrap();
     assert_eq!(holder["spec"]["holderIdentity"], "b");
 
-    wait_for("the StatefulSet scaled down to 1", MINUTE, || {
-        (replicas(&s) == 1).then_some(())
-    });
-    wait_for("the pod of ls-n2 gone", MINUTE, || {
-        s.stack
-            .get(&["pod", "ls-n2", "-n", NS])
-            .is_none()
-            .then_some(())
-    });
+    controller_removes_the_top_ordinal(&s);
     // Once: the count settles at 1 (not 0), ls-n1 keeps its pod and stays
     // in service.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(replicas(&s), 1, "{}", b.log());
-    assert!(s.stack.get(&["pod", "ls-n1", "-n", NS]).is_some());
+    assert!(s.stack.get(&["pod", "slurm-0", "-n", NS]).is_some());
     assert!(!s.stack.slurm_node("ls-n1").contains("DRAIN"));
     let succeeded = |kind: &str| {
         s.records()
@@ -726,7 +750,7 @@ fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once
         "more than one scale-up and one scale-down carried out\n{}",
         b.log()
     );
-    assert!(succeeded("kube_delete_pod") <= 1, "{}", b.log());
+    assert_eq!(succeeded("kube_delete_pod"), 0, "{}", b.log());
     s.assert_each_action_carried_out_at_most_once();
     // Both replicas published into the same action stream: every action
     // there was issued by the reducer from the log.
@@ -846,32 +870,10 @@ on!(a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes:
     v26_05 = "26.05");
 on!(kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget:
     v26_05 = "26.05");
-// This scenario's StatefulSet stand-in deletes the victim pod lockstep picks;
-// since scale-in follows the StatefulSet controller's own rule (highest
-// ordinals, lockstep deletes nothing), its expectation no longer holds. The
-// real-node scenarios in tests/node_e2e.rs cover scale-in through the real
-// controller; this one is to be rewritten, not counted as passing.
-mod pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down {
-    #[test]
-    #[ignore = "expects the old delete-a-victim scale-in; rewrite for highest-ordinal removal"]
-    fn v26_05() {
-        super::pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down("26.05");
-    }
-}
-// This scenario's StatefulSet stand-in deletes the victim pod lockstep picks;
-// since scale-in follows the StatefulSet controller's own rule (highest
-// ordinals, lockstep deletes nothing), its expectation no longer holds. The
-// real-node scenarios in tests/node_e2e.rs cover scale-in through the real
-// controller; this one is to be rewritten, not counted as passing.
-mod the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once {
-    #[test]
-    #[ignore = "expects the old delete-a-victim scale-in; rewrite for highest-ordinal removal"]
-    fn v26_05() {
-        super::the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once(
-            "26.05",
-        );
-    }
-}
+on!(pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down:
+    v26_05 = "26.05");
+on!(the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once:
+    v26_05 = "26.05");
 on!(a_node_label_change_updates_the_slurm_features:
     v22_05 = "22.05", v24_11 = "24.11", v26_05 = "26.05");
 on!(the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid:
