@@ -12,8 +12,9 @@
 #   foreground  fmt; compile every test; the tests that need no Kubernetes;
 #               once the control plane is built, the ones that need it;
 #               clippy; fuzz (when its build is cached)
-#   background  once the node is built: tests/chart.rs, tests/node_e2e.rs
-#               (its own API server, Slurm and NATS on their own ports)
+#   background  once the node is built: deploy/helm/check.sh, tests/chart.rs,
+#               tests/node_e2e.rs (its own API server, Slurm and NATS on their
+#               own ports)
 #
 # Each test target belongs to one group below; a target in none fails the
 # run (add it to a group). Every group runs even when an earlier one failed;
@@ -163,8 +164,15 @@ run() {
     exit 1
   fi
   echo "real node: started at $(elapsed)" >"$logs/real-node.log"
+  rc=0
+  echo "== the Helm chart: helm lint, helm template, refused values (deploy/helm/check.sh)" >>"$logs/real-node.log"
+  if ! deploy/helm/check.sh >>"$logs/real-node.log" 2>&1; then
+    echo "FAILED: deploy/helm/check.sh" >>"$logs/real-node.log"
+    rc=1
+  fi
   quiet=1
-  run "$logs/real-node.log" "${real_node[@]}"
+  run "$logs/real-node.log" "${real_node[@]}" || rc=1
+  exit $rc
 ) &
 real_node_pid=$!
 

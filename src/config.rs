@@ -70,9 +70,14 @@ pub struct SlurmConfig {
     /// `SLURM_CONF` for scontrol. Unset: inherited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slurm_conf: Option<PathBuf>,
-    /// Pause between polls while Slurm answers.
+    /// Pause between polls while Slurm answers. The default, 350 ms, keeps
+    /// Slurm -> Kubernetes under 500 ms at p99 on Slurm 24.11+ while an
+    /// unchanged poll of 10,000 nodes costs slurmctld under 1% of a core
+    /// (~3.2 ms a poll; 22.05 spends ~5.5 ms, 1.6%: raise it there for
+    /// clusters that large). README "Slurm versions".
     pub poll_interval_ms: u64,
-    /// Every this many polls, a full listing (objects not listed are gone).
+    /// Every this many polls, a full listing (objects not listed are gone):
+    /// about every 10 min at the default interval.
     pub resync_every_polls: u32,
     /// Watch Slurm into the log.
     pub observe: bool,
@@ -87,8 +92,8 @@ impl Default for SlurmConfig {
             rest_user: "root".to_owned(),
             jwt_file: None,
             slurm_conf: None,
-            poll_interval_ms: 1_000,
-            resync_every_polls: 600,
+            poll_interval_ms: 350,
+            resync_every_polls: 1_700,
             observe: true,
             actuate: true,
         }
