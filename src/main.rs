@@ -309,7 +309,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             if let (Some(cfg), false) = (&config, json) {
                 let cfg = load_config(Some(cfg))?;
-                if let Ok(store) = lockstep::service::open_store(&cfg) {
+                if let Ok(store) = lockstep::service::open_store(&cfg, std::time::Duration::ZERO) {
                     let transitions = store.transitions(&node)?;
                     println!(
                         "audit index of slurm node {node}: {} transitions",
@@ -488,7 +488,7 @@ async fn export(
 }
 
 fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCode> {
-    let store = lockstep::service::open_store(cfg)?;
+    let store = lockstep::service::open_store(cfg, std::time::Duration::ZERO)?;
     match store.checkpoint() {
         Ok(Some(cp)) => {
             let engine = lockstep_engine::Engine::restore(&cp.snapshot)

@@ -99,11 +99,21 @@ async fn open_log_when_available(
     }
 }
 
-/// Opens the store.
-pub fn open_store(cfg: &Config) -> Result<Store> {
+/// How long `run` waits for the store's lock: a lockstep killed just before
+/// this one started releases it within tens of milliseconds.
+pub const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the store, waiting up to `wait` for another process's lock (the
+/// service: [`STORE_LOCK_WAIT`]; commands that read the store: none).
+pub fn open_store(cfg: &Config, wait: Duration) -> Result<Store> {
     let dir = cfg.data_dir.join("store");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Store::open(&dir).with_context(|| format!("opening the store in {}", dir.display()))
+    Store::open_waiting(&dir, wait).with_context(|| {
+        format!(
+            "opening the store in {} (is another lockstep running on it?)",
+            dir.display()
+        )
+    })
 }
 
 /// The engine and next sequence to apply, from the store's checkpoint. A
@@ -162,7 +172,7 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
             }
         });
     }
-    let store = open_store(&cfg)?;
+    let store = open_store(&cfg, STORE_LOCK_WAIT)?;
     tokio::pin!(shutdown);
     let Some(log) = open_log_when_available(&cfg, &health, &mut shutdown).await? else {
         return Ok(());

@@ -51,6 +51,22 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Another process holds the store's lock (a lockstep running on it).
+    pub fn is_lock_held(&self) -> bool {
+        matches!(self, Self::Sled(e) if lock_held(e))
+    }
+}
+
+/// sled reports a held lock as an I/O error of kind `Other` whose message
+/// carries the `WouldBlock` of the failed `flock` (sled 0.34); a bare
+/// `WouldBlock` is taken the same way.
+fn lock_held(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io)
+        if io.kind() == std::io::ErrorKind::WouldBlock
+            || io.to_string().starts_with("could not acquire lock"))
+}
+
 /// `Result` of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -100,6 +116,28 @@ impl Store {
     /// Opens (creating if needed) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
         let db = sled_config(dir).open()?;
+        Self::from_db(db, dir)
+    }
+
+    /// [`Self::open`], waiting up to `wait` while another process holds the
+    /// store's lock. A process killed a moment ago (SIGKILL, an OOM kill)
+    /// holds it until the kernel has closed its files, some tens of
+    /// milliseconds; its replacement waits that out instead of failing. A
+    /// lock still held after `wait` is another live lockstep: an error.
+    pub fn open_waiting(dir: &Path, wait: std::time::Duration) -> Result<Self> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match sled_config(dir).open() {
+                Ok(db) => return Self::from_db(db, dir),
+                Err(e) if lock_held(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(25));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn from_db(db: sled::Db, dir: &Path) -> Result<Self> {
         let meta = db.open_tree("meta")?;
         let ledger = db.open_tree("ledger")?;
         let audit = db.open_tree("audit")?;

@@ -125,3 +125,24 @@ fn a_store_from_a_newer_lockstep_is_refused() {
     assert!(err.to_string().contains("has format 99"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_store_locked_by_a_process_on_its_way_out_is_waited_for_and_a_live_lock_is_an_error() {
+    let dir = temp_dir("store-lock");
+    let held = Store::open(&dir).unwrap();
+    // Held for good: the wait runs out, and the error is the lock's.
+    let started = std::time::Instant::now();
+    assert!(matches!(
+        Store::open_waiting(&dir, std::time::Duration::from_millis(200)),
+        Err(e) if e.is_lock_held()
+    ));
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+    // Released meanwhile (a killed predecessor's files closing): opened.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        drop(held);
+    });
+    Store::open_waiting(&dir, std::time::Duration::from_secs(5)).unwrap();
+    release.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
