@@ -190,6 +190,10 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
     telemetry::record_leader(false);
 
     let last_activity = Arc::new(std::sync::atomic::AtomicU64::new(now_ms()));
+    // When the engine next needs a record to come (u64::MAX: never).
+    let next_wake = Arc::new(std::sync::atomic::AtomicU64::new(
+        engine.next_wake_ms().unwrap_or(u64::MAX),
+    ));
     let mut out = Output::default();
     let mut sync = telemetry::SyncMetrics::default();
     let mut since_checkpoint = (0u64, Instant::now());
@@ -245,6 +249,7 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
                 &health,
             )
             .await?;
+            next_wake.store(engine.next_wake_ms().unwrap_or(u64::MAX), Ordering::Relaxed);
             sync.applied(&batch, &out, health.ready.load(Ordering::Relaxed));
             if let Some(a) = &acting {
                 // Then act.
@@ -280,7 +285,15 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
             info!(applied_seq = next - 1, "caught up with the log");
         }
         if leader && acting.is_none() {
-            let a = start_acting(&cfg, &engine, &store, &log, last_activity.clone()).await?;
+            let a = start_acting(
+                &cfg,
+                &engine,
+                &store,
+                &log,
+                last_activity.clone(),
+                next_wake.clone(),
+            )
+            .await?;
             acting = Some(a);
             health.leader.store(true, Ordering::Relaxed);
             telemetry::record_leader(true);
@@ -370,6 +383,7 @@ async fn start_acting(
     store: &Store,
     log: &EventLog,
     last_activity: Arc<std::sync::atomic::AtomicU64>,
+    next_wake: Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<Acting> {
     // The policy the connectors start with (what they watch follows it).
     let policy = match &cfg.policy_file {
@@ -382,6 +396,7 @@ async fn start_acting(
         log.clone(),
         cfg.service.tick_interval_ms,
         last_activity,
+        next_wake,
     )));
     if let Some(path) = cfg.policy_file.clone() {
         tasks.push(tokio::spawn(watch_policy(
@@ -738,17 +753,23 @@ async fn dispatch(
     Ok(())
 }
 
-/// Appends a `Tick` whenever the log has been quiet for `interval_ms`.
+/// Appends a `Tick` when the log has been quiet for `interval_ms` and the
+/// engine has a timer due: its timers fire at most `interval_ms` late, and
+/// a log with nothing waiting on time gets no records that say nothing
+/// (before, a quiet log got one every interval: 86,400 a day).
 async fn tick_when_quiet(
     log: EventLog,
     interval_ms: u64,
     last_activity: Arc<std::sync::atomic::AtomicU64>,
+    next_wake: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let interval = Duration::from_millis(interval_ms.max(10));
     loop {
         tokio::time::sleep(interval).await;
         let now = now_ms();
-        if now.saturating_sub(last_activity.load(Ordering::Relaxed)) < interval_ms {
+        if now.saturating_sub(last_activity.load(Ordering::Relaxed)) < interval_ms
+            || next_wake.load(Ordering::Relaxed) > now
+        {
             continue;
         }
         match log

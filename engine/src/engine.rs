@@ -230,6 +230,14 @@ impl Engine {
         &self.policy
     }
 
+    /// The log time of the engine's next timer (a grace period ending, an
+    /// action's timeout or retry, scaling's next look): the first record at
+    /// or after it, a `Tick` if nothing else, lets it fire. `None`: nothing
+    /// is waiting on time, so a quiet log needs no `Tick` at all.
+    pub fn next_wake_ms(&self) -> Option<u64> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
     fn ownership(&self) -> Ownership<'_> {
         Ownership {
             prefix: &self.policy.drain.reason_prefix,
