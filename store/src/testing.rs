@@ -10,6 +10,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The test servers' JetStream limits. By default JetStream may reserve
+/// 75% of the disk that is free when it starts, and every stream reserves
+/// its `max_bytes` up front (lockstep's default: 8 GiB): tests that run at
+/// once, each with its own server on the same disk, would be refused
+/// ("insufficient storage resources") on a fuller disk although each
+/// stores a few MB.
+pub const JETSTREAM_CONF: &str = "jetstream {\n  max_file_store: 1TB\n}\n";
+
 /// A nats-server child process.
 pub struct NatsServer {
     /// Client port.
@@ -61,7 +69,11 @@ impl NatsServer {
     /// (Re)starts the server on the same port and data directory.
     pub fn restart(&mut self) {
         self.stop();
+        let conf = self.dir.join("nats.conf");
+        std::fs::write(&conf, JETSTREAM_CONF).expect("writing the nats-server configuration");
         let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf)
             .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
             .arg(self.dir.join("js"))
             .stdout(Stdio::null())
