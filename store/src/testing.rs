@@ -279,7 +279,17 @@ impl NatsCluster {
     }
 
     /// How `stream`'s raft group stands; `None` while no leader answers.
+    /// Bounded in time: a frozen server accepts connections and then says
+    /// nothing, and the client's own timeouts do not cover every step
+    /// (a test waited on one for good).
     pub async fn stream_peers(&self, stream: &str) -> Option<StreamPeers> {
+        tokio::time::timeout(Duration::from_secs(5), self.stream_peers_now(stream))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn stream_peers_now(&self, stream: &str) -> Option<StreamPeers> {
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(2))
             .connect(crate::log::server_urls(&self.url()))
