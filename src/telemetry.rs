@@ -292,7 +292,7 @@ pub fn record_leader(leader: bool) {
 
 /// Every action kind, for counters that must exist before their first
 /// increment (an alert on failures needs the series while there are none).
-pub const ACTION_KINDS: [ActionKind; 11] = [
+pub const ACTION_KINDS: [ActionKind; 14] = [
     ActionKind::SlurmDrain,
     ActionKind::SlurmResume,
     ActionKind::SlurmDown,
@@ -304,6 +304,9 @@ pub const ACTION_KINDS: [ActionKind; 11] = [
     ActionKind::KubeLabelPod,
     ActionKind::KubeDeletePod,
     ActionKind::KubeScale,
+    ActionKind::SlurmReserve,
+    ActionKind::SlurmUnreserve,
+    ActionKind::KubeSetNodeCondition,
 ];
 
 /// Fails to compile when a kind is added and not listed in [`ACTION_KINDS`].
@@ -320,7 +323,10 @@ const fn every_kind_is_listed(k: ActionKind) -> usize {
         | ActionKind::KubeUntaintNode
         | ActionKind::KubeLabelPod
         | ActionKind::KubeDeletePod
-        | ActionKind::KubeScale => ACTION_KINDS.len(),
+        | ActionKind::KubeScale
+        | ActionKind::SlurmReserve
+        | ActionKind::SlurmUnreserve
+        | ActionKind::KubeSetNodeCondition => ACTION_KINDS.len(),
     }
 }
 
@@ -684,8 +690,15 @@ pub fn answer_queries(
 }
 
 /// Whether an action target belongs to a Slurm node, its pod or its
-/// Kubernetes node.
-fn targets(target: &Target, node: &str, pod: Option<&str>, kube: Option<&str>) -> bool {
+/// Kubernetes node (or that node's maintenance reservation, named with
+/// `reservation_prefix`).
+fn targets(
+    target: &Target,
+    node: &str,
+    pod: Option<&str>,
+    kube: Option<&str>,
+    reservation_prefix: &str,
+) -> bool {
     match target {
         Target::SlurmNodeState { node: n }
         | Target::SlurmNodeFeatures { node: n }
@@ -697,7 +710,12 @@ fn targets(target: &Target, node: &str, pod: Option<&str>, kube: Option<&str>) -
             namespace, pod: p, ..
         }
         | Target::Pod { namespace, pod: p } => pod == Some(format!("{namespace}/{p}").as_str()),
-        Target::NodeTaint { node: n, .. } => kube == Some(n.as_str()),
+        Target::NodeTaint { node: n, .. } | Target::NodeCondition { node: n, .. } => {
+            kube == Some(n.as_str())
+        }
+        Target::SlurmReservation { name } => {
+            kube.is_some() && name.strip_prefix(reservation_prefix) == kube
+        }
         Target::Scale { .. } => false,
     }
 }
@@ -719,7 +737,15 @@ pub fn why(engine: &Engine, store: &lockstep_store::Store, name: &str) -> serde_
         let pod = engine.pod_key_of(&node);
         let in_flight: Vec<&str> = pending
             .iter()
-            .filter(|(t, _)| targets(t, &node, pod.as_deref(), kube.as_deref()))
+            .filter(|(t, _)| {
+                targets(
+                    t,
+                    &node,
+                    pod.as_deref(),
+                    kube.as_deref(),
+                    &engine.policy().maintenance.reservation_prefix,
+                )
+            })
             .map(|(_, id)| id.0.as_str())
             .collect();
         let (transitions, error) = match store.transitions(&node) {

@@ -19,7 +19,9 @@
 //! scontrol, 24.11 and 26.05 through slurmrestd); the others (health grace,
 //! `kubectl drain` and the PDB, scaling, a leader killed mid scale-in,
 //! RBAC) exercise the same Slurm calls and run on the newest only (the
-//! `on!` lines at the end).
+//! `on!` lines at the end). Planned maintenance runs on the oldest (announced
+//! by the annotation) and the newest (by the node lifecycle condition):
+//! reservations go through scontrol on every version.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -301,6 +303,16 @@ fn now_rfc3339() -> String {
 /// tests' Kubernetes objects.
 fn clean(stack: &Stack) {
     let _ = stack.try_slurm("scancel", &["-u", "root"]);
+    let reservations = stack
+        .try_slurm("scontrol", &["-o", "show", "reservation"])
+        .unwrap_or_default();
+    for name in reservations
+        .lines()
+        .filter_map(|l| l.strip_prefix("ReservationName="))
+        .filter_map(|l| l.split_whitespace().next())
+    {
+        stack.slurm("scontrol", &["delete", "reservation", name]);
+    }
     wait_for("the queue to empty", MINUTE, || {
         stack
             .slurm("squeue", &["-h", "-o", "%i"])
@@ -793,6 +805,169 @@ fn a_node_label_change_updates_the_slurm_features(slurm_version: &str) {
     s.stop_and_verify(&mut l);
 }
 
+/// RFC 3339 (UTC) of `secs` seconds from now.
+fn rfc3339_in(secs: u64) -> String {
+    let out = Command::new("date")
+        .args([
+            "-u",
+            "-d",
+            &format!("+{secs} seconds"),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A node condition of `node` as the API server has it: (status, reason).
+fn node_condition(s: &Scenario, node: &str, type_: &str) -> Option<(String, String)> {
+    let n = s.stack.get(&["node", node])?;
+    let c = n["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?
+        .clone();
+    Some((
+        c["status"].as_str()?.to_owned(),
+        c["reason"].as_str().unwrap_or_default().to_owned(),
+    ))
+}
+
+/// Planned maintenance on a node: announced 75 s ahead, by the
+/// `MaintenancePlanned` node lifecycle condition (the API server runs with
+/// `NodeLifecycleConditions` on) or, for clusters without it, the
+/// `lockstep.dev/maintenance-window` annotation. Slurm's maintenance
+/// reservation lets a job that ends in time start and holds one that would
+/// not; the window drains the node's Slurm nodes, the node shows
+/// `DrainInProgress` while a job still runs there and `Drained` once none
+/// does; after the window everything is given back and the held job runs.
+fn planned_maintenance_reserves_drains_and_gives_back(slurm_version: &str, announce_by: &str) {
+    let s = Scenario::new("maintenance", slurm_version);
+    let node = "e2e-k5";
+    let reservation = format!("lockstep_maint_{node}");
+    s.node(node, json!({}));
+    s.slurmd_pod("ls-n1", node, None);
+    s.slurmd_pod("ls-n2", node, None);
+    let mut policy = base_policy();
+    policy["maintenance"] = json!({"enabled": true});
+    let mut l = s.start_leader("a", &policy);
+
+    // A job that will still run when the window opens.
+    let running = s.stack.sbatch(&["-w", "ls-n2", "--time=10"], "sleep 600");
+    wait_for("the running job runs", MINUTE, || {
+        (s.stack.job_state(&running).as_deref() == Some("RUNNING")).then_some(())
+    });
+
+    let (start, end) = (rfc3339_in(75), rfc3339_in(90));
+    let window = format!("{start}/{end}");
+    match announce_by {
+        "condition" => s.stack.kubectl(
+            &[
+                "patch",
+                "node",
+                node,
+                "--subresource=status",
+                "--type=strategic",
+                "-p",
+                &json!({"status": {"conditions": [{
+                    "type": "MaintenancePlanned", "status": "True", "reason": "MaintenanceWindow",
+                    "message": format!("firmware update, window {window}"),
+                    "lastTransitionTime": now_rfc3339(), "lastHeartbeatTime": now_rfc3339(),
+                }]}})
+                .to_string(),
+            ],
+            None,
+        ),
+        _ => s.stack.kubectl(
+            &[
+                "annotate",
+                "node",
+                node,
+                &format!("lockstep.dev/maintenance-window={window}"),
+            ],
+            None,
+        ),
+    };
+    let shown = wait_for("the maintenance reservation in Slurm", MINUTE, || {
+        s.stack
+            .try_slurm("scontrol", &["-o", "show", "reservation", &reservation])
+            .ok()
+    });
+    assert!(
+        shown.contains("Flags=MAINT") && shown.contains("Nodes=ls-n[1-2]"),
+        "{shown}\n{}",
+        l.log()
+    );
+
+    // A job that ends before the window starts; one that would not is held.
+    let short = s.stack.sbatch(&["-w", "ls-n1", "--time=1"], "sleep 5");
+    let long = s.stack.sbatch(&["-w", "ls-n1", "--time=10"], "sleep 30");
+    wait_for("the short job starts", MINUTE, || {
+        (s.stack.job_state(&short).as_deref() != Some("PENDING")).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        s.stack.job_state(&long).as_deref(),
+        Some("PENDING"),
+        "a job that would run into the window started: {}",
+        s.stack.slurm("squeue", &[])
+    );
+
+    // The window opens: both Slurm nodes drain; one still runs a job.
+    for n in ["ls-n1", "ls-n2"] {
+        wait_for(&format!("{n} drained for maintenance"), 2 * MINUTE, || {
+            let show = s.stack.slurm_node(n);
+            (drained_by_lockstep(n)(&show) && show.contains(&format!("maintenance {start}")))
+                .then_some(())
+        });
+    }
+    wait_for("DrainInProgress=True on the node", MINUTE, || {
+        (node_condition(&s, node, "DrainInProgress")
+            == Some(("True".into(), "LockstepSlurmDrain".into())))
+        .then_some(())
+    });
+    assert_eq!(
+        node_condition(&s, node, "Drained").map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    assert_eq!(s.stack.job_state(&running).as_deref(), Some("RUNNING"));
+
+    // Its job ends: the node is drained.
+    s.stack.slurm("scancel", &[&running]);
+    wait_for("Drained=True on the node", MINUTE, || {
+        (node_condition(&s, node, "Drained").map(|c| c.0).as_deref() == Some("True")).then_some(())
+    });
+
+    // After the window: resumed, the reservation gone, the held job runs.
+    for n in ["ls-n1", "ls-n2"] {
+        wait_for(&format!("{n} resumed after the window"), MINUTE, || {
+            (!s.stack.slurm_node(n).contains("DRAIN")).then_some(())
+        });
+    }
+    wait_for("the reservation removed", MINUTE, || {
+        s.stack
+            .try_slurm("scontrol", &["-o", "show", "reservation", &reservation])
+            .is_err()
+            .then_some(())
+    });
+    wait_for("the held job runs", MINUTE, || {
+        (s.stack.job_state(&long).as_deref() != Some("PENDING")).then_some(())
+    });
+    wait_for("Drained=False on the node", MINUTE, || {
+        (node_condition(&s, node, "Drained").map(|c| c.0).as_deref() == Some("False")).then_some(())
+    });
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
+fn planned_maintenance_announced_by_the_node_lifecycle_condition(slurm_version: &str) {
+    planned_maintenance_reserves_drains_and_gives_back(slurm_version, "condition");
+}
+
+fn planned_maintenance_announced_by_the_annotation(slurm_version: &str) {
+    planned_maintenance_reserves_drains_and_gives_back(slurm_version, "annotation");
+}
+
 fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid(
     slurm_version: &str,
 ) {
@@ -821,6 +996,7 @@ fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deploym
         ("watch", "pods", Some(NS)),
         ("delete", "pods", Some(NS)),
         ("patch", "pods/status", Some(NS)),
+        ("patch", "nodes/status", None),
         ("patch", "statefulsets/scale", Some(NS)),
         ("update", "leases", Some("lockstep-system")),
     ] {
@@ -878,5 +1054,9 @@ on!(the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_onc
     v26_05 = "26.05");
 on!(a_node_label_change_updates_the_slurm_features:
     v22_05 = "22.05", v24_11 = "24.11", v26_05 = "26.05");
+on!(planned_maintenance_announced_by_the_node_lifecycle_condition:
+    v26_05 = "26.05");
+on!(planned_maintenance_announced_by_the_annotation:
+    v22_05 = "22.05");
 on!(the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid:
     v26_05 = "26.05");

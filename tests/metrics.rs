@@ -251,6 +251,7 @@ fn kube_node(name: &str, cordoned: bool, ready: ConditionStatus) -> Envelope {
         now,
         Event::KubeNode(KubeNode {
             read_labels: None,
+            maintenance: None,
             name: name.into(),
             unschedulable: cordoned,
             ready,

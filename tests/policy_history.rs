@@ -163,6 +163,7 @@ fn ok(out: &Output, what: &str) -> String {
 fn kube_node(name: &str, cordoned: bool) -> Event {
     Event::KubeNode(KubeNode {
         read_labels: None,
+        maintenance: None,
         name: name.into(),
         unschedulable: cordoned,
         ready: ConditionStatus::True,

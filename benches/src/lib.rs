@@ -162,6 +162,7 @@ impl Generator {
         for k in 0..kube_nodes {
             let node = KubeNode {
                 read_labels: None,
+                maintenance: None,
                 name: format!("node-{k:05}"),
                 unschedulable: false,
                 ready: ConditionStatus::True,

@@ -675,6 +675,107 @@ async fn actuator_drain_shows_in_slurm_is_idempotent_and_resumes(c: &'static Clu
 
 /// The block `node` is in, per `scontrol show topology` (26.05's block
 /// topology `default`).
+/// Maintenance reservations through scontrol, on every version: made,
+/// found made the second time (`AlreadyDone`), moved to other nodes and
+/// another end, opened, removed, found removed; a start in the past starts
+/// it now. A MAINT reservation holds jobs of every test on its nodes, so
+/// this test has the cluster to itself.
+async fn actuator_reserves_for_maintenance_idempotently_and_releases(c: &'static Cluster) {
+    let _all = c.exclusive().await;
+    struct Unreserve(&'static Cluster);
+    impl Drop for Unreserve {
+        fn drop(&mut self) {
+            for name in ["lockstep_maint_t1", "lockstep_maint_t2"] {
+                let _ = self.0.try_cli("scontrol", &["delete", "reservation", name]);
+            }
+        }
+    }
+    let _cleanup = Unreserve(c);
+    let act = Actuator::new(
+        Some(c.rest()),
+        Some(c.scontrol()),
+        ActuatorConfig::default(),
+    )
+    .unwrap();
+    let show = |name: &str| c.try_cli("scontrol", &["-o", "show", "reservation", name]);
+    let now_ms = now_s() * 1000;
+    let hour = 3_600_000;
+    let reserve = |name: &str, nodes: &[&str], start_ms: u64, end_ms: Option<u64>| {
+        issued(Action::SlurmReserve {
+            name: name.to_owned(),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            start_ms,
+            end_ms,
+            users: "root".to_owned(),
+        })
+    };
+
+    let first = reserve(
+        "lockstep_maint_t1",
+        &["ls-n3", "ls-n4"],
+        now_ms + hour,
+        Some(now_ms + 2 * hour),
+    );
+    assert_eq!(act.execute(&first).await.result, OutcomeResult::Succeeded);
+    let shown = show("lockstep_maint_t1").unwrap();
+    for want in [
+        "Nodes=ls-n[3-4]",
+        "Flags=MAINT,IGNORE_JOBS",
+        "Users=root",
+        "State=INACTIVE",
+    ] {
+        assert!(shown.contains(want), "{want} not in {shown}");
+    }
+    assert_eq!(act.execute(&first).await.result, OutcomeResult::AlreadyDone);
+
+    let moved = reserve(
+        "lockstep_maint_t1",
+        &["ls-n4"],
+        now_ms + hour,
+        Some(now_ms + 3 * hour),
+    );
+    assert_eq!(act.execute(&moved).await.result, OutcomeResult::Succeeded);
+    let shown = show("lockstep_maint_t1").unwrap();
+    assert!(
+        shown.contains("Nodes=ls-n4 ") && shown.contains("Duration=02:00:00"),
+        "{shown}"
+    );
+    assert_eq!(act.execute(&moved).await.result, OutcomeResult::AlreadyDone);
+    let open = reserve("lockstep_maint_t1", &["ls-n4"], now_ms + hour, None);
+    assert_eq!(act.execute(&open).await.result, OutcomeResult::Succeeded);
+    assert_eq!(act.execute(&open).await.result, OutcomeResult::AlreadyDone);
+
+    let started = reserve(
+        "lockstep_maint_t2",
+        &["ls-n3"],
+        now_ms - 60_000,
+        Some(now_ms + hour),
+    );
+    assert_eq!(act.execute(&started).await.result, OutcomeResult::Succeeded);
+    assert!(show("lockstep_maint_t2").unwrap().contains("State=ACTIVE"));
+    assert_eq!(
+        act.execute(&started).await.result,
+        OutcomeResult::AlreadyDone
+    );
+
+    for name in ["lockstep_maint_t1", "lockstep_maint_t2"] {
+        let release = issued(Action::SlurmUnreserve {
+            name: name.to_owned(),
+        });
+        assert_eq!(act.execute(&release).await.result, OutcomeResult::Succeeded);
+        assert!(show(name).is_err(), "{name} still there");
+        assert_eq!(
+            act.execute(&release).await.result,
+            OutcomeResult::AlreadyDone
+        );
+    }
+
+    // slurmrestd alone: reservations need scontrol, and the error says so.
+    let rest_only = Actuator::new(Some(c.rest()), None, ActuatorConfig::default()).unwrap();
+    assert_final_failure(&rest_only.execute(&first).await.result, &["scontrol"]);
+    assert!(show("lockstep_maint_t1").is_err());
+}
+
 fn block_of(c: &Cluster, node: &str) -> Option<String> {
     let out = c.cli("scontrol", &["show", "topology", "default"]);
     out.lines()
@@ -1320,6 +1421,7 @@ macro_rules! on {
 }
 
 on!(actuator_drain_shows_in_slurm_is_idempotent_and_resumes: v22_05, v24_11, v26_05);
+on!(actuator_reserves_for_maintenance_idempotently_and_releases: v22_05, v24_11, v26_05);
 on!(a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed: v22_05, v24_11, v26_05);
 on!(a_stopped_slurmd_is_observed_not_responding_then_down: v22_05, v24_11, v26_05);
 on!(slurmctld_restart_loses_and_duplicates_nothing: v22_05, v24_11, v26_05);

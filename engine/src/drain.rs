@@ -8,7 +8,8 @@
 //! | 3   | the pod is evicted (DisruptionTarget=True)   | `drain.pod_evicted` |
 //! | 4   | pod mode, row 2, 3 or 4 held before (or the pod went without a `deleting` phase: a force delete, a relist that no longer lists it) and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
 //!
-//! Health rows follow in `health`. The first row that holds names the drain.
+//! The maintenance window (`maintenance`, row 3) follows, then the health
+//! rows (`health`). The first row that holds names the drain.
 //!
 //! Ownership ([`Ownership::owns`]): a drain or down is lockstep's own when
 //! Slurm says lockstep's Slurm user (`drain.slurm_user`) set its reason; when
@@ -41,6 +42,8 @@ pub(crate) enum Cause {
     ScaleIn,
     /// scaling: its pod is of an old revision and is being replaced.
     Replace,
+    /// maintenance: the Kubernetes node's maintenance window (as announced).
+    Maintenance(String),
 }
 
 impl Cause {
@@ -55,6 +58,7 @@ impl Cause {
             Self::KubeNodeGone => Rule::KubeNodeGone,
             Self::ScaleIn => Rule::ScaleIn,
             Self::Replace => Rule::Replace,
+            Self::Maintenance(_) => Rule::Maintenance,
         }
     }
 
@@ -97,6 +101,7 @@ impl Cause {
             Self::KubeNodeGone => format!("kubernetes node {kube} deleted"),
             Self::ScaleIn => "scale-in".to_owned(),
             Self::Replace => format!("pod {pod} replaced by a new revision"),
+            Self::Maintenance(window) => format!("maintenance {window}"),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
-    KubeScaleTarget, PodCondition, Policy, Removal, ScaleTargetRef, SlurmJob, SlurmNode,
-    SlurmPartition, Taint, TaintSpec, Target,
+    KubeScaleTarget, OutcomeResult, PodCondition, Policy, Removal, ScaleTargetRef, SlurmJob,
+    SlurmNode, SlurmPartition, Taint, TaintSpec, Target,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::drain::{self, Cause, Ownership, SlurmSide};
 use crate::health::{self, min_wake};
+use crate::maintenance;
 use crate::model::{
     domain_index, pod_key, slurm_name_of_pod, KubeEntry, Model, Origin, PodEntry, Seen,
 };
@@ -58,6 +59,8 @@ enum Wake {
     Kube(String),
     /// Every scale target (scaling is evaluated for all targets at once).
     Scale,
+    /// A Kubernetes node's maintenance: its reservation and drain conditions.
+    Maint(String),
 }
 
 /// The phase of a node and why.
@@ -100,6 +103,33 @@ struct NodeCtl {
     topology_slot: Slot,
     /// Why the node's topology label cannot be used, while it cannot.
     topology_issue: Option<String>,
+}
+
+/// Per Kubernetes node under maintenance (`maintenance`): the reservation
+/// Slurm confirmed, the slots of the reservation and of the drain
+/// conditions. Kept apart from the node's entry: a reservation outlives the
+/// Node object, and is removed after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct MaintCtl {
+    /// The `SlurmReserve` whose success Slurm reported last; `None` once an
+    /// `SlurmUnreserve` succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reserved: Option<Action>,
+    reservation_slot: Slot,
+    /// Condition type -> slot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    condition_slots: Vec<(String, Slot)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wake_ms: Option<u64>,
+}
+
+impl MaintCtl {
+    fn is_idle(&self) -> bool {
+        self.reserved.is_none()
+            && self.reservation_slot.current.is_none()
+            && self.condition_slots.is_empty()
+            && self.wake_ms.is_none()
+    }
 }
 
 /// Record being applied.
@@ -149,6 +179,9 @@ pub struct Engine {
     /// not: cleaned up, and drains under old prefixes still owned.
     #[serde(default, skip_serializing_if = "Retired::is_empty")]
     retired: Retired,
+    /// Kubernetes node -> its maintenance (reservation, drain conditions).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    maintenance: BTreeMap<String, MaintCtl>,
     // Derived, for scaling's fast path: rebuilt after a restore (the first
     // evaluation then scans), so neither serialized nor hashed.
     /// Slurm nodes that run or finish a job.
@@ -207,6 +240,7 @@ impl Engine {
             scale_wake: None,
             tombstones: Tombstones::default(),
             retired: Retired::default(),
+            maintenance: BTreeMap::new(),
             busy_nodes: rustc_hash::FxHashSet::default(),
             scale_busy: Vec::new(),
             scale_rollout: Vec::new(),
@@ -294,6 +328,10 @@ impl Engine {
         self.orphans.values().for_each(&mut add);
         self.victims.values().for_each(|v| add(&v.delete_slot));
         self.scale.values().for_each(|c| add(&c.slot));
+        for m in self.maintenance.values() {
+            add(&m.reservation_slot);
+            m.condition_slots.iter().for_each(|(_, s)| add(s));
+        }
         for c in self.ctl.values() {
             add(&c.features_slot);
             add(&c.topology_slot);
@@ -386,6 +424,11 @@ impl Engine {
                     }
                 }
                 Wake::Scale => self.scale_wake = None,
+                Wake::Maint(n) => {
+                    if let Some(m) = self.maintenance.get_mut(n) {
+                        m.wake_ms = None;
+                    }
+                }
             }
             self.dirty.push(wake);
         }
@@ -400,6 +443,7 @@ impl Engine {
                 Wake::Slurm(n) => self.eval_slurm(n, &ctx, out),
                 Wake::Kube(n) => self.eval_kube(n, &ctx, out),
                 Wake::Scale => self.eval_scaling(&ctx, out),
+                Wake::Maint(n) => self.eval_maintenance(n, &ctx, out),
             }
         }
         // Kubernetes nodes whose Slurm nodes changed what lockstep shows of
@@ -408,8 +452,10 @@ impl Engine {
         later.sort_unstable();
         later.dedup();
         for wake in &later {
-            if let Wake::Kube(n) = wake {
-                self.eval_kube(n, &ctx, out);
+            match wake {
+                Wake::Kube(n) => self.eval_kube(n, &ctx, out),
+                Wake::Maint(n) => self.eval_maintenance(n, &ctx, out),
+                Wake::Slurm(_) | Wake::Scale => {}
             }
         }
         dirty.clear();
@@ -421,6 +467,20 @@ impl Engine {
         self.dirty.push(Wake::Slurm(name.to_owned()));
         if let Some(k) = self.model.placement(name, &self.policy) {
             self.dirty.push(Wake::Kube(k.to_owned()));
+            if self.policy.maintenance.enabled {
+                self.dirty.push(Wake::Maint(k.to_owned()));
+            }
+        }
+    }
+
+    /// A Slurm node started or stopped running jobs: the drain conditions
+    /// of the Kubernetes node under it may change (maintenance rows 4-5).
+    fn touch_drain_progress(&mut self, name: &str) {
+        let m = &self.policy.maintenance;
+        if m.enabled && m.node_conditions {
+            if let Some(k) = self.model.placement(name, &self.policy) {
+                self.dirty.push(Wake::Maint(k.to_owned()));
+            }
         }
     }
 
@@ -432,6 +492,9 @@ impl Engine {
         self.dirty.extend(names.drain(..).map(Wake::Slurm));
         self.scratch_names = names;
         self.dirty.push(Wake::Kube(name.to_owned()));
+        if self.policy.maintenance.enabled || self.maintenance.contains_key(name) {
+            self.dirty.push(Wake::Maint(name.to_owned()));
+        }
     }
 
     fn touch_all(&mut self) {
@@ -439,7 +502,12 @@ impl Engine {
         names.extend(self.ctl.keys().cloned());
         self.dirty.extend(names.into_iter().map(Wake::Slurm));
         let kube: Vec<String> = self.model.kube_nodes.keys().cloned().collect();
+        if self.policy.maintenance.enabled {
+            self.dirty.extend(kube.iter().cloned().map(Wake::Maint));
+        }
         self.dirty.extend(kube.into_iter().map(Wake::Kube));
+        let maint: Vec<String> = self.maintenance.keys().cloned().collect();
+        self.dirty.extend(maint.into_iter().map(Wake::Maint));
     }
 
     /// The object an event observes or deletes, and the version the model
@@ -555,6 +623,7 @@ impl Engine {
                         }
                         if busy_changed {
                             self.update_busy(&node.name);
+                            self.touch_drain_progress(&node.name);
                         }
                         // Drains and known nodes matter to scaling only for
                         // victims and scale-in, which always scan.
@@ -972,6 +1041,7 @@ impl Engine {
                 self.idle_since.remove(&node);
             }
             self.update_busy(&node);
+            self.touch_drain_progress(&node);
             if label {
                 self.dirty.push(Wake::Slurm(node));
             }
@@ -1205,6 +1275,158 @@ impl Engine {
                     }
                 }
             }
+            Target::SlurmReservation { .. } => {
+                let found = self.maintenance.iter_mut().find(|(_, m)| {
+                    m.reservation_slot
+                        .current
+                        .as_ref()
+                        .is_some_and(|c| c.id == o.action_id)
+                });
+                let Some((kube, m)) = found else { return };
+                let action = m
+                    .reservation_slot
+                    .current
+                    .as_ref()
+                    .map(|c| c.action.clone());
+                if m.reservation_slot
+                    .handle_outcome(&o.action_id, &o.result, now_ms, policy)
+                {
+                    // Slurm's word is the only observation of a reservation.
+                    if matches!(
+                        o.result,
+                        OutcomeResult::Succeeded | OutcomeResult::AlreadyDone
+                    ) {
+                        m.reserved = match action {
+                            Some(a @ Action::SlurmReserve { .. }) => Some(a),
+                            _ => None,
+                        };
+                    }
+                    let kube = kube.clone();
+                    self.dirty.push(Wake::Maint(kube));
+                }
+            }
+            Target::NodeCondition { node, condition } => {
+                let Some(m) = self.maintenance.get_mut(node) else {
+                    return;
+                };
+                let Some((_, slot)) = m.condition_slots.iter_mut().find(|(k, _)| k == condition)
+                else {
+                    return;
+                };
+                if slot.handle_outcome(&o.action_id, &o.result, now_ms, policy) {
+                    self.dirty.push(Wake::Maint(node.clone()));
+                }
+            }
+        }
+    }
+
+    /// Re-evaluates one Kubernetes node's maintenance (`maintenance` rows 1,
+    /// 2, 4-6): its reservation, and the drain conditions lockstep shows.
+    fn eval_maintenance(&mut self, kube: &str, ctx: &Ctx<'_>, out: &mut Output) {
+        if !self.model.kube_visible || !self.model.slurm_visible {
+            return;
+        }
+        let policy = &self.policy;
+        let mp = &policy.maintenance;
+        let node = self.model.kube_nodes.get(kube).map(|e| &e.obs);
+        let mut names = std::mem::take(&mut self.scratch_names);
+        names.clear();
+        if node.is_some() {
+            self.model.slurm_nodes_on(kube, policy, &mut names);
+            names.retain(|n| self.model.slurm_nodes.contains_key(n));
+            names.sort();
+        }
+        let now = ctx.now_ms;
+        let ctl = self.maintenance.get(kube);
+        let reserved = ctl.and_then(|m| m.reserved.as_ref());
+        let (want, mut wake) = maintenance::reservation(kube, node, mp, &names, reserved, now);
+        let reservation = maintenance::reservation_step(want, reserved);
+        let rule = match &reservation {
+            Some(Action::SlurmUnreserve { .. }) => Rule::Release,
+            _ => Rule::Reserve,
+        };
+        // Rows 4-6: how lockstep's drain of the node's Slurm nodes stands.
+        let mut conditions: Vec<(String, Option<Action>)> = Vec::new();
+        if mp.enabled && mp.node_conditions {
+            let own = Ownership {
+                prefix: &policy.drain.reason_prefix,
+                earlier_prefixes: &self.retired.prefixes,
+                slurm_user: policy.drain.slurm_user.as_deref(),
+            };
+            let mut all_out = !names.is_empty();
+            let mut busy = false;
+            for n in &names {
+                let s = &self.model.slurm_nodes[n].obs;
+                all_out &= SlurmSide::of(s, &own).owned_out();
+                busy |= self.model.jobs_on(n) > 0 || scaling::slurm_busy(s);
+            }
+            let progress = match (all_out, busy) {
+                (false, _) => maintenance::DrainProgress::NotDraining,
+                (true, true) => maintenance::DrainProgress::Draining,
+                (true, false) => maintenance::DrainProgress::Drained,
+            };
+            for t in ["DrainInProgress", "Drained"] {
+                let shown = node.and_then(|n| n.conditions.iter().find(|c| c.type_ == t));
+                let want = node
+                    .and(maintenance::drain_condition(t, progress, shown))
+                    .map(|condition| Action::KubeSetNodeCondition {
+                        node: kube.to_owned(),
+                        condition,
+                    });
+                conditions.push((t.to_owned(), want));
+            }
+        }
+        self.scratch_names = names;
+        if reservation.is_none()
+            && conditions.iter().all(|(_, w)| w.is_none())
+            && self.maintenance.get(kube).is_none_or(MaintCtl::is_idle)
+            && wake.is_none()
+        {
+            return;
+        }
+        let m = self.maintenance.entry(kube.to_owned()).or_default();
+        let issue = |rule: Rule| Issue {
+            seq: ctx.seq,
+            now_ms: now,
+            cause: ctx.event,
+            rule: rule.name(),
+        };
+        let (_, w) = m.reservation_slot.reconcile(
+            reservation,
+            &issue(rule),
+            &policy.actions,
+            &mut out.actions,
+        );
+        if let Some(w) = w {
+            min_wake(&mut wake, w);
+        }
+        for (t, want) in conditions {
+            let idx = match m.condition_slots.iter().position(|(k, _)| *k == t) {
+                Some(i) => i,
+                None if want.is_none() => continue,
+                None => {
+                    m.condition_slots.push((t, Slot::default()));
+                    m.condition_slots.len() - 1
+                }
+            };
+            let (_, w) = m.condition_slots[idx].1.reconcile(
+                want,
+                &issue(Rule::DrainConditions),
+                &policy.actions,
+                &mut out.actions,
+            );
+            if let Some(w) = w {
+                min_wake(&mut wake, w);
+            }
+            if m.condition_slots[idx].1.current.is_none() {
+                m.condition_slots.remove(idx);
+            }
+        }
+        set_timer(&mut self.timers, &mut m.wake_ms, wake, || {
+            Wake::Maint(kube.to_owned())
+        });
+        if m.is_idle() {
+            self.maintenance.remove(kube);
         }
     }
 
@@ -1257,6 +1479,14 @@ impl Engine {
             &prev_causes,
             &mut causes,
         );
+        if let Some(window) = maintenance::drain_window(
+            view.kube.map(|k| &k.obs),
+            &policy.maintenance,
+            now,
+            &mut wake,
+        ) {
+            causes.push(Cause::Maintenance(window));
+        }
         health::causes(&view, &policy.health, now, &mut causes, &mut wake);
         if let Some(v) = self.victims.get(name) {
             match v.kind {
@@ -2280,6 +2510,7 @@ impl Engine {
             match w {
                 Wake::Slurm(n) => self.eval_slurm(n, ctx, out),
                 Wake::Kube(n) => self.eval_kube(n, ctx, out),
+                Wake::Maint(n) => self.eval_maintenance(n, ctx, out),
                 Wake::Scale => {}
             }
         }
@@ -2626,7 +2857,8 @@ fn detail(
         | Rule::PodMissing
         | Rule::NotReady
         | Rule::NodeCondition
-        | Rule::KubeNodeGone => match status.phase {
+        | Rule::KubeNodeGone
+        | Rule::Maintenance => match status.phase {
             Phase::Drained => format!("{}; slurm shows {}", cause(), slurm_state()),
             _ => cause(),
         },
@@ -2670,6 +2902,9 @@ fn detail(
         | Rule::TopologyInvalid
         | Rule::Busy
         | Rule::Scaling
-        | Rule::Retired => String::new(),
+        | Rule::Retired
+        | Rule::Reserve
+        | Rule::Release
+        | Rule::DrainConditions => String::new(),
     }
 }

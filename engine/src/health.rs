@@ -206,6 +206,7 @@ mod tests {
         KubeEntry {
             obs: KubeNode {
                 read_labels: None,
+                maintenance: None,
                 name: "k1".into(),
                 unschedulable: false,
                 ready: if not_ready_since.is_some() {

@@ -12,12 +12,15 @@
 //! Policies live in their own modules, each a table of rules: `drain`
 //! (cordons, evictions, pod deletions, foreign drains), `health`
 //! (NotReady, node conditions, Slurm health shown in Kubernetes, damping),
-//! `topology` (labels to Slurm features and topology) and `scaling`
-//! (replicas from Slurm demand, scale-in through drain, busy labels).
+//! `topology` (labels to Slurm features and topology), `scaling`
+//! (replicas from Slurm demand, scale-in through drain, busy labels) and
+//! `maintenance` (announced maintenance: a Slurm reservation ahead, a drain
+//! in the window, the node's drain conditions).
 
 mod drain;
 mod engine;
 mod health;
+mod maintenance;
 mod model;
 pub mod replay;
 mod retired;

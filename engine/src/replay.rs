@@ -411,9 +411,13 @@ impl Audit {
                 engine.pod_key_of(&self.node).as_deref()
                     == Some(format!("{namespace}/{pod}").as_str())
             }
-            Target::NodeTaint { node, .. } => {
+            Target::NodeTaint { node, .. } | Target::NodeCondition { node, .. } => {
                 engine.placement(&self.node).as_deref() == Some(node.as_str())
             }
+            Target::SlurmReservation { name } => engine.placement(&self.node).is_some_and(|k| {
+                name.strip_prefix(engine.policy().maintenance.reservation_prefix.as_str())
+                    == Some(k.as_str())
+            }),
             Target::Scale { .. } => false,
         }
     }

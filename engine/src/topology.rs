@@ -136,6 +136,7 @@ mod tests {
     fn kube(labels: &[(&str, &str)]) -> KubeNode {
         KubeNode {
             read_labels: None,
+            maintenance: None,
             name: "k1".into(),
             unschedulable: false,
             ready: ConditionStatus::True,

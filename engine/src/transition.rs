@@ -104,6 +104,15 @@ pub enum Rule {
     /// A taint, pod condition or label lockstep set under a name the policy
     /// no longer has is cleaned up.
     Retired,
+    /// maintenance: the Kubernetes node's maintenance window runs.
+    Maintenance,
+    /// maintenance: a Slurm maintenance reservation ahead of the window.
+    Reserve,
+    /// maintenance: lockstep's reservation is removed (window over or cancelled).
+    Release,
+    /// maintenance: the node lifecycle conditions `DrainInProgress` and
+    /// `Drained` follow lockstep's drain.
+    DrainConditions,
 }
 
 impl Rule {
@@ -136,6 +145,10 @@ impl Rule {
             Self::Busy => "scaling.busy",
             Self::Scaling => "scaling",
             Self::Retired => "policy.retired",
+            Self::Maintenance => "maintenance.window",
+            Self::Reserve => "maintenance.reserve",
+            Self::Release => "maintenance.release",
+            Self::DrainConditions => "maintenance.drain_conditions",
         }
     }
 }

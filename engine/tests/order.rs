@@ -44,6 +44,7 @@ fn events() -> Vec<Event> {
         }),
         Event::KubeNode(KubeNode {
             read_labels: None,
+            maintenance: None,
             name: "k6".into(),
             unschedulable: true,
             ready: ConditionStatus::True,

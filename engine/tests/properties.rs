@@ -244,6 +244,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 taint,
             } => Event::KubeNode(KubeNode {
                 read_labels: None,
+                maintenance: None,
                 name: KUBE[*node].into(),
                 unschedulable: *cordoned,
                 ready: [

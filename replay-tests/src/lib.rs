@@ -48,6 +48,9 @@ pub struct Sim {
     pub jobs: BTreeMap<u64, SlurmJob>,
     /// StatefulSet-like scale targets and their controllers.
     pub sets: BTreeMap<String, SimSet>,
+    /// Slurm reservations as slurmctld has them (the `SlurmReserve` actions
+    /// carried out), by name.
+    pub reservations: BTreeMap<String, Action>,
     /// Observations carry versions (see [`Sim::versioned`]).
     versioned: bool,
     /// The API server's last revision (etcd's counter).
@@ -109,6 +112,7 @@ impl Sim {
             kube: BTreeMap::new(),
             pods: BTreeMap::new(),
             jobs: BTreeMap::new(),
+            reservations: BTreeMap::new(),
             sets: BTreeMap::new(),
             versioned: false,
             revision: 0,
@@ -633,6 +637,10 @@ impl Sim {
                 self.kube.contains_key(node)
             }
             Action::KubeScale { target, .. } => self.sets.contains_key(&target.name),
+            Action::SlurmReserve { nodes, .. } => nodes.iter().all(|n| self.slurm.contains_key(n)),
+            // scontrol deletes a reservation; one already gone is `AlreadyDone`.
+            Action::SlurmUnreserve { .. } => true,
+            Action::KubeSetNodeCondition { node, .. } => self.kube.contains_key(node),
         }
     }
 
@@ -729,6 +737,24 @@ impl Sim {
             Action::SlurmSetTopology { node, topology } => {
                 let topology = topology.clone();
                 self.slurm_change(node, |n| n.topology = Some(topology));
+            }
+            Action::SlurmReserve { name, .. } => {
+                self.reservations.insert(name.clone(), action.clone());
+            }
+            Action::SlurmUnreserve { name } => {
+                self.reservations.remove(name);
+            }
+            Action::KubeSetNodeCondition { node, condition } => {
+                let condition = lockstep_schemas::NodeCondition {
+                    type_: condition.type_.clone(),
+                    status: condition.status,
+                    reason: condition.reason.clone(),
+                };
+                self.kube_change(node, |n| {
+                    n.conditions.retain(|c| c.type_ != condition.type_);
+                    n.conditions.push(condition);
+                    n.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+                });
             }
         }
     }
@@ -1020,6 +1046,7 @@ impl Sim {
 fn new_kube_node(name: &str) -> KubeNode {
     KubeNode {
         read_labels: None,
+        maintenance: None,
         name: name.to_owned(),
         unschedulable: false,
         ready: ConditionStatus::True,

@@ -3,8 +3,8 @@
 //! timeline `lockstep replay` prints for it.
 
 use lockstep_schemas::{
-    ConditionStatus, Event, HealthAction, LabelFeature, MappingMode, PodPhase, Policy, ScaleRule,
-    ScaleTargetRef, SlurmJobState,
+    ConditionStatus, Event, HealthAction, LabelFeature, Maintenance, MappingMode, PodPhase, Policy,
+    ScaleRule, ScaleTargetRef, SlurmJobState,
 };
 
 use crate::Sim;
@@ -170,6 +170,11 @@ pub const ALL: &[Incident] = &[
         name: "slurm-blip-damped",
         about: "Slurm -> Kubernetes is damped: a 45 s NOT_RESPONDING blip on all nodes writes nothing, an outage is marked at a bounded rate, a flapping node is held, and a drained node that stops answering shows unhealthy",
         build: slurm_blip_damped,
+    },
+    Incident {
+        name: "maintenance-window",
+        about: "maintenance announced for k1 03:10-03:40: a Slurm maintenance reservation at once, the drain at 03:10 with DrainInProgress then Drained on the node as its job ends, resume and release at 03:40; k2's maintenance is cancelled before it starts and its reservation released",
+        build: maintenance_window,
     },
 ];
 
@@ -763,5 +768,49 @@ fn slurm_blip_damped() -> Sim {
         sim.run_s(60, 15);
     }
     sim.run_s(600, 60);
+    sim
+}
+
+/// A window `start_min`..`end_min` minutes after the scenarios' epoch
+/// (2026-03-01T03:00:00Z), as the connector reports it.
+fn window(start_min: u64, end_min: u64) -> Maintenance {
+    Maintenance {
+        window: format!("2026-03-01T03:{start_min:02}:00Z/2026-03-01T03:{end_min:02}:00Z"),
+        start_ms: crate::EPOCH_MS + start_min * 60_000,
+        end_ms: Some(crate::EPOCH_MS + end_min * 60_000),
+        in_progress: false,
+    }
+}
+
+fn maintenance_window() -> Sim {
+    let mut policy = Policy::default();
+    policy.maintenance.enabled = true;
+    let mut sim = Sim::new(policy);
+    sim.add_kube_node("k1").add_kube_node("k2");
+    sim.add_slurm_node("n1").add_pod("n1", "k1");
+    sim.add_slurm_node("n2").add_pod("n2", "k1");
+    sim.add_slurm_node("n3").add_pod("n3", "k2");
+    sim.advance_s(10)
+        .start_job(1001, &["n1"])
+        .start_job(1002, &["n2"])
+        .actuate();
+    sim.advance_s(50)
+        .kube_change("k1", |k| k.maintenance = Some(window(10, 40)))
+        .actuate();
+    sim.advance_s(60)
+        .kube_change("k2", |k| k.maintenance = Some(window(20, 30)))
+        .actuate();
+    // 03:05: job 1002 ends; k2's maintenance is called off.
+    sim.idle_s(180, 60);
+    sim.end_job(1002).actuate();
+    sim.kube_change("k2", |k| k.maintenance = None).actuate();
+    // 03:10: the window opens; 03:15: job 1001 ends.
+    sim.run_s(600, 60);
+    sim.end_job(1001).actuate();
+    // 03:40: the window closes, the node is Ready.
+    sim.run_s(1500, 60);
+    sim.advance_s(60)
+        .kube_change("k1", |k| k.maintenance = None)
+        .actuate();
     sim
 }

@@ -997,3 +997,77 @@ fn slurm_to_kubernetes_is_damped_and_a_drained_node_that_stops_answering_shows_u
     assert!(n8[2] - back_ms >= 600_000, "held for flap_hold_s");
     assert!(sim.kube["k8"].taints.is_empty());
 }
+
+#[test]
+fn maintenance_reserves_ahead_drains_in_the_window_shows_progress_and_gives_back() {
+    let sim = build("maintenance-window");
+    let epoch = lockstep_replay_tests::EPOCH_MS;
+    let at = |kind: ActionKind, target: &str| -> Vec<u64> {
+        sim.actions
+            .iter()
+            .filter(|a| a.action.kind() == kind && a.action.target().to_string() == target)
+            .map(|a| a.time_ms)
+            .collect()
+    };
+    // The reservation is made at the announcement, 9 minutes ahead.
+    let reserved = at(
+        ActionKind::SlurmReserve,
+        "slurm:reservation/lockstep_maint_k1",
+    );
+    assert_eq!(reserved, [epoch + 60_000]);
+    // The drain comes at the window's start, not before.
+    let window = "lockstep: maintenance 2026-03-01T03:10:00Z/2026-03-01T03:40:00Z";
+    for n in ["n1", "n2"] {
+        assert_eq!(drains_of(&sim, n), [window]);
+        assert_eq!(
+            at(ActionKind::SlurmDrain, &format!("slurm:{n}/state")),
+            [epoch + 600_000]
+        );
+        assert_eq!(
+            at(ActionKind::SlurmResume, &format!("slurm:{n}/state")),
+            [epoch + 2_400_000]
+        );
+    }
+    // k1 shows the drain's progress: in progress while job 1001 runs, done after.
+    let conditions: Vec<(u64, String, lockstep_schemas::ConditionStatus)> = sim
+        .actions
+        .iter()
+        .filter_map(|a| match &a.action {
+            Action::KubeSetNodeCondition { node, condition } if node == "k1" => {
+                Some((a.time_ms, condition.type_.clone(), condition.status))
+            }
+            _ => None,
+        })
+        .collect();
+    use lockstep_schemas::ConditionStatus::{False, True};
+    let t = |min: u64| epoch + min * 60_000;
+    assert_eq!(
+        conditions,
+        [
+            (t(10), "DrainInProgress".to_owned(), True),
+            (t(10), "Drained".to_owned(), False),
+            (t(15), "DrainInProgress".to_owned(), False),
+            (t(15), "Drained".to_owned(), True),
+            (t(40), "Drained".to_owned(), False),
+        ]
+    );
+    // Released at the end; k2's, cancelled, released before its start; n3
+    // never drained.
+    assert_eq!(
+        at(
+            ActionKind::SlurmUnreserve,
+            "slurm:reservation/lockstep_maint_k1"
+        ),
+        [t(40)]
+    );
+    assert_eq!(
+        at(
+            ActionKind::SlurmUnreserve,
+            "slurm:reservation/lockstep_maint_k2"
+        ),
+        [t(5)]
+    );
+    assert!(drains_of(&sim, "n3").is_empty());
+    assert!(sim.reservations.is_empty(), "{:?}", sim.reservations);
+    assert_eq!(sim.phase("n1"), Phase::InService);
+}

@@ -98,6 +98,35 @@ pub enum Action {
         /// Replicas wanted.
         replicas: u32,
     },
+    /// Create, or bring up to date, a maintenance reservation
+    /// (`Flags=MAINT,IGNORE_JOBS`): the scheduler starts no job on these
+    /// nodes that would still run at `start_ms`.
+    SlurmReserve {
+        /// Reservation name, with the policy's reservation prefix.
+        name: String,
+        /// Slurm nodes, sorted.
+        nodes: Vec<String>,
+        /// Start (ms since the epoch); one in the past starts it now.
+        start_ms: u64,
+        /// End (ms since the epoch); `None`: until it is removed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        end_ms: Option<u64>,
+        /// Slurm users who may still run jobs in it (`Users=`).
+        users: String,
+    },
+    /// Delete a reservation lockstep made.
+    SlurmUnreserve {
+        /// Reservation name.
+        name: String,
+    },
+    /// Set (create or update) one condition on a Kubernetes node's status,
+    /// e.g. the node lifecycle conditions `DrainInProgress` and `Drained`.
+    KubeSetNodeCondition {
+        /// Kubernetes node.
+        node: String,
+        /// The condition as it should be (the shape pods and nodes share).
+        condition: PodCondition,
+    },
 }
 
 /// The kind of an action: a closed set, usable as a metric label.
@@ -128,6 +157,12 @@ pub enum ActionKind {
     KubeDeletePod,
     /// [`Action::KubeScale`].
     KubeScale,
+    /// [`Action::SlurmReserve`].
+    SlurmReserve,
+    /// [`Action::SlurmUnreserve`].
+    SlurmUnreserve,
+    /// [`Action::KubeSetNodeCondition`].
+    KubeSetNodeCondition,
 }
 
 impl ActionKind {
@@ -145,6 +180,9 @@ impl ActionKind {
             Self::KubeLabelPod => "kube_label_pod",
             Self::KubeDeletePod => "kube_delete_pod",
             Self::KubeScale => "kube_scale",
+            Self::SlurmReserve => "slurm_reserve",
+            Self::SlurmUnreserve => "slurm_unreserve",
+            Self::KubeSetNodeCondition => "kube_set_node_condition",
         }
     }
 }
@@ -213,6 +251,18 @@ pub enum Target {
         /// Which object.
         target: ScaleTargetRef,
     },
+    /// A Slurm reservation's existence and extent.
+    SlurmReservation {
+        /// Reservation name.
+        name: String,
+    },
+    /// One condition type on one Kubernetes node.
+    NodeCondition {
+        /// Kubernetes node.
+        node: String,
+        /// Condition type.
+        condition: String,
+    },
 }
 
 impl std::fmt::Display for Target {
@@ -234,6 +284,10 @@ impl std::fmt::Display for Target {
             Self::Pod { namespace, pod } => write!(f, "pod:{namespace}/{pod}"),
             Self::NodeTaint { node, key } => write!(f, "node:{node}/taint/{key}"),
             Self::Scale { target } => write!(f, "scale:{target}"),
+            Self::SlurmReservation { name } => write!(f, "slurm:reservation/{name}"),
+            Self::NodeCondition { node, condition } => {
+                write!(f, "node:{node}/condition/{condition}")
+            }
         }
     }
 }
@@ -253,6 +307,9 @@ impl Action {
             Self::KubeLabelPod { .. } => ActionKind::KubeLabelPod,
             Self::KubeDeletePod { .. } => ActionKind::KubeDeletePod,
             Self::KubeScale { .. } => ActionKind::KubeScale,
+            Self::SlurmReserve { .. } => ActionKind::SlurmReserve,
+            Self::SlurmUnreserve { .. } => ActionKind::SlurmUnreserve,
+            Self::KubeSetNodeCondition { .. } => ActionKind::KubeSetNodeCondition,
         }
     }
 
@@ -298,6 +355,13 @@ impl Action {
             Self::KubeScale { target, .. } => Target::Scale {
                 target: target.clone(),
             },
+            Self::SlurmReserve { name, .. } | Self::SlurmUnreserve { name } => {
+                Target::SlurmReservation { name: name.clone() }
+            }
+            Self::KubeSetNodeCondition { node, condition } => Target::NodeCondition {
+                node: node.clone(),
+                condition: condition.type_.clone(),
+            },
         }
     }
 
@@ -320,25 +384,26 @@ impl Action {
                 namespace,
                 pod,
                 condition,
-            } => {
-                let status = match condition.status {
-                    ConditionStatus::True => "True",
-                    ConditionStatus::False => "False",
-                    ConditionStatus::Unknown => "Unknown",
-                };
-                let mut s = format!(
-                    "set condition {}={status} on pod {namespace}/{pod}",
-                    condition.type_
-                );
-                if !condition.reason.is_empty() {
-                    s.push_str(&format!(" ({}", condition.reason));
-                    if !condition.message.is_empty() {
-                        s.push_str(&format!(": {}", condition.message));
-                    }
-                    s.push(')');
-                }
-                s
+            } => describe_condition(condition, &format!("pod {namespace}/{pod}")),
+            Self::KubeSetNodeCondition { node, condition } => {
+                describe_condition(condition, &format!("kubernetes node {node}"))
             }
+            Self::SlurmReserve {
+                name,
+                nodes,
+                start_ms,
+                end_ms,
+                ..
+            } => {
+                let end =
+                    end_ms.map_or_else(|| "open end".to_owned(), |e| format!("to {}", utc(e)));
+                format!(
+                    "reserve slurm nodes {} for maintenance as {name} (from {}, {end})",
+                    nodes.join(","),
+                    utc(*start_ms)
+                )
+            }
+            Self::SlurmUnreserve { name } => format!("remove slurm reservation {name}"),
             Self::KubeTaintNode { node, taint } => format!(
                 "taint kubernetes node {node} {}={}:{:?}",
                 taint.key, taint.value, taint.effect
@@ -370,6 +435,30 @@ impl Action {
             Self::KubeScale { target, replicas } => format!("scale {target} to {replicas}"),
         }
     }
+}
+
+/// A log time in RFC 3339, UTC, to the second.
+fn utc(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// `set condition T=S on WHAT (reason: message)`.
+fn describe_condition(condition: &PodCondition, what: &str) -> String {
+    let status = match condition.status {
+        ConditionStatus::True => "True",
+        ConditionStatus::False => "False",
+        ConditionStatus::Unknown => "Unknown",
+    };
+    let mut s = format!("set condition {}={status} on {what}", condition.type_);
+    if !condition.reason.is_empty() {
+        s.push_str(&format!(" ({}", condition.reason));
+        if !condition.message.is_empty() {
+            s.push_str(&format!(": {}", condition.message));
+        }
+        s.push(')');
+    }
+    s
 }
 
 /// An action's id, derived from (causing sequence, kind, target): the same log

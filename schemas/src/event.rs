@@ -277,6 +277,11 @@ fn is_zero(v: &u64) -> bool {
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
 fn is_true(v: &bool) -> bool {
     *v
 }
@@ -326,7 +331,8 @@ same_but_version!(KubeNode {
     conditions,
     labels,
     taints,
-    read_labels
+    read_labels,
+    maintenance
 });
 same_but_version!(KubePod {
     namespace,
@@ -682,6 +688,9 @@ pub struct KubeNode {
     /// recorded it: every key the policy reads counts as looked at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_labels: Option<Vec<String>>,
+    /// Maintenance announced for this node (see [`Maintenance`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<Maintenance>,
     /// The object's own version: Kubernetes `metadata.resourceVersion` (an
     /// etcd revision), the Slurm observer's poll generation (poll time in ms,
     /// monotonic). 0: unknown, always applied. An observation older than the
@@ -689,6 +698,29 @@ pub struct KubeNode {
     /// deduplication window).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub version: u64,
+}
+
+/// Maintenance of a Kubernetes node, as announced by its node lifecycle
+/// conditions (Kubernetes v1.37, feature gate `NodeLifecycleConditions`):
+/// `MaintenancePlanned=True` with the window `START/END` (RFC 3339, END
+/// optional) in its message, `MaintenanceInProgress=True`; or, on clusters
+/// without the gate, by the annotation `lockstep.dev/maintenance-window`
+/// (the same `START/END`), which wins over the message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Maintenance {
+    /// The window as announced, normalised to `START/END` (`START/` with no
+    /// end); empty when only `MaintenanceInProgress` announces it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub window: String,
+    /// Start, ms since the epoch; 0: started already (no window known).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub start_ms: u64,
+    /// End, ms since the epoch; `None`: until no longer announced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_ms: Option<u64>,
+    /// `MaintenanceInProgress` is True.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub in_progress: bool,
 }
 
 /// Pod phase.

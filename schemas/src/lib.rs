@@ -19,14 +19,15 @@ pub use action::{Action, ActionId, ActionKind, IssuedAction, Target};
 pub use envelope::{Envelope, EventId, Source, SourceDetail, SCHEMA_VERSION};
 pub use event::{
     ActionOutcome, ConditionStatus, Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget,
-    NodeCondition, OutcomeResult, OwnerRef, PodCondition, PodPhase, ScaleTargetRef, SlurmBaseState,
-    SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint, TaintEffect,
+    Maintenance, NodeCondition, OutcomeResult, OwnerRef, PodCondition, PodPhase, ScaleTargetRef,
+    SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint,
+    TaintEffect,
 };
 pub use log::{EventRecord, Record};
 pub use policy::{
     valid_topology_token, ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, LabelFeature,
-    Mapping, MappingMode, Policy, PolicyError, Removal, ScaleRule, ScalingPolicy, TaintSpec,
-    TopologyPolicy, COUNT_MAX, DURATION_S_MAX,
+    MaintenancePolicy, Mapping, MappingMode, Policy, PolicyError, Removal, ScaleRule,
+    ScalingPolicy, TaintSpec, TopologyPolicy, COUNT_MAX, DURATION_S_MAX,
 };
 
 /// Every event kind's wire name, as [`Event::kind`] gives it.

@@ -30,6 +30,49 @@ pub struct Policy {
     pub topology: TopologyPolicy,
     /// Replica counts of scale targets from Slurm demand, and safe scale-in.
     pub scaling: ScalingPolicy,
+    /// Planned maintenance of Kubernetes nodes: a Slurm maintenance
+    /// reservation ahead of the window, a drain during it, node lifecycle
+    /// conditions that show the drain's progress.
+    #[serde(skip_serializing_if = "MaintenancePolicy::is_default")]
+    pub maintenance: MaintenancePolicy,
+}
+
+/// Maintenance policy (`engine/src/maintenance.rs` has its rule table).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct MaintenancePolicy {
+    /// Act on announced maintenance (the `MaintenancePlanned` and
+    /// `MaintenanceInProgress` node conditions, the
+    /// `lockstep.dev/maintenance-window` annotation). Off by default, so a
+    /// log recorded before this policy existed replays as it was decided.
+    /// Reservations are made with scontrol: turn it on where lockstep has
+    /// scontrol (`[slurm] slurm_conf`, the chart's `slurm.scontrol`).
+    pub enabled: bool,
+    /// Names of lockstep's reservations start with this, followed by the
+    /// Kubernetes node name. Reservations of other names are never touched.
+    pub reservation_prefix: String,
+    /// `Users=` of the reservation: who may still run jobs inside it.
+    pub reservation_users: String,
+    /// Set the node lifecycle conditions `DrainInProgress` and `Drained` on
+    /// a Kubernetes node whose Slurm nodes lockstep drains.
+    pub node_conditions: bool,
+}
+
+impl Default for MaintenancePolicy {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            reservation_prefix: "lockstep_maint_".to_owned(),
+            reservation_users: "root".to_owned(),
+            node_conditions: true,
+        }
+    }
+}
+
+impl MaintenancePolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// How the reducer joins a Slurm node with its pod and Kubernetes node.
@@ -601,6 +644,24 @@ impl Policy {
         }
         if self.mapping.mode == MappingMode::Pod && self.mapping.pod_selector.trim().is_empty() {
             return range("mapping.pod_selector", "must not be empty in pod mode");
+        }
+        if !crate::policy::valid_topology_token(&self.maintenance.reservation_prefix) {
+            return range(
+                "maintenance.reservation_prefix",
+                "must be a non-empty name of letters, digits, '-', '_' or '.': it is how lockstep knows its own reservations",
+            );
+        }
+        if self.maintenance.reservation_users.is_empty()
+            || !self
+                .maintenance
+                .reservation_users
+                .split(',')
+                .all(valid_topology_token)
+        {
+            return range(
+                "maintenance.reservation_users",
+                "must be a comma-separated list of Slurm user names",
+            );
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ fn records() -> Vec<Record> {
         slurm_node("n1", "IDLE"),
         Event::KubeNode(KubeNode {
             read_labels: None,
+            maintenance: None,
             name: "k1".into(),
             unschedulable: true,
             ready: ConditionStatus::Unknown,

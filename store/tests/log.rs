@@ -12,6 +12,7 @@ fn node(i: u64) -> Envelope {
         1_000 + i,
         Event::KubeNode(KubeNode {
             read_labels: None,
+            maintenance: None,
             name: format!("k{i}"),
             unschedulable: i.is_multiple_of(2),
             ready: lockstep_schemas::ConditionStatus::True,

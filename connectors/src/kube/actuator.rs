@@ -178,11 +178,16 @@ impl Actuator {
                 uid,
             } => self.delete_pod(namespace, pod, uid).await,
             Action::KubeScale { target, replicas } => self.scale(target, *replicas).await,
+            Action::KubeSetNodeCondition { node, condition } => {
+                self.set_node_condition(node, condition).await
+            }
             Action::SlurmDrain { .. }
             | Action::SlurmResume { .. }
             | Action::SlurmDown { .. }
             | Action::SlurmSetFeatures { .. }
-            | Action::SlurmSetTopology { .. } => Err(Error::NotKubernetes(action.kind().name())),
+            | Action::SlurmSetTopology { .. }
+            | Action::SlurmReserve { .. }
+            | Action::SlurmUnreserve { .. } => Err(Error::NotKubernetes(action.kind().name())),
         }
     }
 
@@ -209,31 +214,37 @@ impl Actuator {
             .unwrap_or_default()
             .iter()
             .find(|c| c.type_ == want.type_);
-        let status_changes = current.is_none_or(|c| condition_status(&c.status) != want.status);
-        if let Some(c) = current {
-            if !status_changes
-                && c.reason.as_deref().unwrap_or_default() == want.reason
-                && c.message.as_deref().unwrap_or_default() == want.message
-            {
-                return Ok(Done::Already);
-            }
-        }
-        let mut condition = json!({
-            "type": want.type_,
-            "status": condition_status_str(want.status),
-            "reason": want.reason,
-            "message": want.message,
-        });
-        if status_changes {
-            condition["lastTransitionTime"] = json!(rfc3339_now());
-        }
-        // A strategic merge patch merges pod conditions by type: the other
-        // conditions, and the fields of this one not sent (its
-        // lastTransitionTime when the status stays), are kept.
-        let patch = json!({"status": {"conditions": [condition]}});
+        let current =
+            current.map(|c| (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()));
+        let Some(patch) = condition_patch(current, want) else {
+            return Ok(Done::Already);
+        };
         api.patch_status(name, &Self::params(), &Patch::Strategic(patch))
             .await
             .map_err(|e| Error::from_kube(format!("patch status of pod {namespace}/{name}"), e))?;
+        Ok(Done::Changed)
+    }
+
+    /// Sets one condition on a node's status (the node lifecycle conditions
+    /// `DrainInProgress`, `Drained`): a strategic merge by type, as for pods.
+    async fn set_node_condition(&self, name: &str, want: &PodCondition) -> Result<Done> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let what = format!("get node {name}");
+        let node = api.get(name).await.map_err(|e| Error::from_kube(what, e))?;
+        let current = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .find(|c| c.type_ == want.type_)
+            .map(|c| (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()));
+        let Some(patch) = condition_patch(current, want) else {
+            return Ok(Done::Already);
+        };
+        api.patch_status(name, &Self::params(), &Patch::Strategic(patch))
+            .await
+            .map_err(|e| Error::from_kube(format!("patch status of node {name}"), e))?;
         Ok(Done::Changed)
     }
 
@@ -375,6 +386,36 @@ impl Actuator {
             .map_err(|e| Error::from_kube(format!("scale {target}"), e))?;
         Ok(Done::Changed)
     }
+}
+
+/// The strategic merge patch that makes a condition (current: status,
+/// reason, message) what is wanted, or `None` when it already is. Conditions
+/// merge by type: the others, and the fields of this one not sent (its
+/// `lastTransitionTime` when the status stays), are kept.
+fn condition_patch(
+    current: Option<(&str, Option<&str>, Option<&str>)>,
+    want: &PodCondition,
+) -> Option<serde_json::Value> {
+    let status_changes =
+        current.is_none_or(|(status, _, _)| condition_status(status) != want.status);
+    if let Some((_, reason, message)) = current {
+        if !status_changes
+            && reason.unwrap_or_default() == want.reason
+            && message.unwrap_or_default() == want.message
+        {
+            return None;
+        }
+    }
+    let mut condition = json!({
+        "type": want.type_,
+        "status": condition_status_str(want.status),
+        "reason": want.reason,
+        "message": want.message,
+    });
+    if status_changes {
+        condition["lastTransitionTime"] = json!(rfc3339_now());
+    }
+    Some(json!({"status": {"conditions": [condition]}}))
 }
 
 fn failed(e: &Error) -> OutcomeResult {

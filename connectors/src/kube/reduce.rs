@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ApiResource, DynamicObject};
 use lockstep_schemas::{
-    ConditionStatus, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, PodCondition,
-    PodPhase, Policy, Removal, ScaleTargetRef, Taint, TaintEffect,
+    ConditionStatus, KubeNode, KubePod, KubeScaleTarget, Maintenance, NodeCondition, OwnerRef,
+    PodCondition, PodPhase, Policy, Removal, ScaleTargetRef, Taint, TaintEffect,
 };
 
 /// Prefix of a `node_labels` entry that names an annotation instead of a label.
@@ -22,6 +22,20 @@ pub const ANNOTATION_PREFIX: &str = "annotation:";
 /// The pod deletion cost annotation as a `pod_labels` key: a ReplicaSet
 /// removes the pods with the lowest cost first (see `Removal::DeletionCost`).
 pub const POD_DELETION_COST: &str = "annotation:controller.kubernetes.io/pod-deletion-cost";
+
+/// The annotation that announces a maintenance window on clusters without
+/// node lifecycle conditions: `START/END` in RFC 3339 (`START/`: no end yet).
+pub const MAINTENANCE_WINDOW_ANNOTATION: &str = "lockstep.dev/maintenance-window";
+
+/// Node lifecycle condition (Kubernetes v1.37, `NodeLifecycleConditions`):
+/// maintenance is planned; lockstep reads its window from the message.
+pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
+
+/// Node lifecycle condition: maintenance is under way.
+pub const MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
+
+/// Node lifecycle conditions lockstep sets from the progress of its drain.
+pub const DRAIN_CONDITIONS: [&str; 2] = ["DrainInProgress", "Drained"];
 
 /// The label a StatefulSet (or a Slinky NodeSet) puts the pod's revision in.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -149,6 +163,9 @@ pub struct ObserveSpec {
     pub scale_kinds: Vec<ScaleKind>,
     /// Label selector of the scale targets; `None`: all of each kind.
     pub scale_selector: Option<String>,
+    /// Read announced maintenance (`maintenance.enabled`): the node's
+    /// [`Maintenance`], and the drain conditions lockstep sets.
+    pub maintenance: bool,
 }
 
 impl ObserveSpec {
@@ -182,7 +199,20 @@ impl ObserveSpec {
             node_selector: None,
             pod_selector: non_empty(&policy.mapping.pod_selector),
             namespace: None,
-            node_conditions: policy.health.node_conditions.clone(),
+            node_conditions: policy
+                .health
+                .node_conditions
+                .iter()
+                .cloned()
+                .chain(
+                    DRAIN_CONDITIONS
+                        .iter()
+                        .filter(|_| {
+                            policy.maintenance.enabled && policy.maintenance.node_conditions
+                        })
+                        .map(|c| (*c).to_owned()),
+                )
+                .collect(),
             node_labels: node_labels
                 .iter()
                 .map(|s| (*s).to_owned())
@@ -224,6 +254,7 @@ impl ObserveSpec {
                 kinds
             },
             scale_selector: None,
+            maintenance: policy.maintenance.enabled,
         };
         spec.normalize();
         spec
@@ -372,6 +403,10 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         ))
     });
 
+    let maintenance = spec
+        .maintenance
+        .then(|| maintenance(&name, node, conditions))
+        .flatten();
     Some(KubeNode {
         name,
         unschedulable: node_spec.and_then(|s| s.unschedulable).unwrap_or(false),
@@ -380,8 +415,98 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         labels,
         taints,
         read_labels: Some(spec.node_labels.clone()),
+        maintenance,
         version: resource_version(node.metadata.resource_version.as_deref()),
     })
+}
+
+/// The maintenance a node announces: the window of its
+/// `lockstep.dev/maintenance-window` annotation, else the one in the message
+/// of its `MaintenancePlanned=True` condition; and whether
+/// `MaintenanceInProgress` is True. A window that does not parse is left out
+/// (and logged): lockstep never guesses a time.
+fn maintenance(
+    name: &str,
+    node: &Node,
+    conditions: &[k8s_openapi::api::core::v1::NodeCondition],
+) -> Option<Maintenance> {
+    let is_true = |t: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .filter(|c| c.status == "True")
+    };
+    let in_progress = is_true(MAINTENANCE_IN_PROGRESS).is_some();
+    let annotated = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MAINTENANCE_WINDOW_ANNOTATION));
+    let window = match annotated {
+        Some(text) => match parse_window(text) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(node = name, annotation = MAINTENANCE_WINDOW_ANNOTATION, value = %text, error = %e, "maintenance window ignored");
+                None
+            }
+        },
+        None => is_true(MAINTENANCE_PLANNED).and_then(|c| {
+            let message = c.message.as_deref().unwrap_or_default();
+            let found = message
+                .split_whitespace()
+                .map(|w| w.trim_end_matches(['.', ',', ';', ')']).trim_start_matches('('))
+                .find_map(|w| parse_window(w).ok());
+            if found.is_none() {
+                tracing::warn!(node = name, message, "MaintenancePlanned without a START/END window (RFC 3339) in its message: nothing reserved");
+            }
+            found
+        }),
+    };
+    match window {
+        Some((start_ms, end_ms, window)) => Some(Maintenance {
+            window,
+            start_ms,
+            end_ms,
+            in_progress,
+        }),
+        None if in_progress => Some(Maintenance {
+            window: String::new(),
+            start_ms: 0,
+            end_ms: None,
+            in_progress,
+        }),
+        None => None,
+    }
+}
+
+/// Parses a maintenance window `START/END`, `START/` or `START` (RFC 3339
+/// times, any offset) into (start ms, end ms, the window normalised to UTC).
+pub fn parse_window(text: &str) -> Result<(u64, Option<u64>, String), String> {
+    use k8s_openapi::jiff::Timestamp;
+    let text = text.trim();
+    let (start, end) = text.split_once('/').unwrap_or((text, ""));
+    let time = |s: &str| -> Result<Timestamp, String> {
+        s.trim()
+            .parse::<Timestamp>()
+            .map_err(|e| format!("`{s}` is not an RFC 3339 time: {e}"))
+    };
+    let start = time(start)?;
+    let start_ms = u64::try_from(start.as_millisecond())
+        .map_err(|_| format!("start {start} is before 1970"))?;
+    let end = match end.trim() {
+        "" => None,
+        e => Some(time(e)?),
+    };
+    let end_ms = match end {
+        Some(e) if e <= start => return Err(format!("end {e} is not after start {start}")),
+        Some(e) => Some(u64::try_from(e.as_millisecond()).map_err(|_| "end before 1970")?),
+        None => None,
+    };
+    let window = match end {
+        Some(e) => format!("{start}/{e}"),
+        None => format!("{start}/"),
+    };
+    Ok((start_ms, end_ms, window))
 }
 
 /// A pod's observation, or `None` if it has no name.
@@ -504,7 +629,7 @@ pub fn scale_target(obj: &DynamicObject, kind: &ScaleKind) -> Option<KubeScaleTa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn spec() -> ObserveSpec {
         let mut policy = Policy::default();
@@ -571,6 +696,123 @@ mod tests {
     }
 
     #[test]
+    fn maintenance_windows_parse_in_any_offset_and_normalise_to_utc() {
+        let cases: [(&str, Result<(u64, Option<u64>, &str), ()>); 7] = [
+            (
+                "2026-12-01T03:00:00Z/2026-12-01T05:00:00Z",
+                Ok((
+                    1_796_094_000_000,
+                    Some(1_796_101_200_000),
+                    "2026-12-01T03:00:00Z/2026-12-01T05:00:00Z",
+                )),
+            ),
+            (
+                " 2026-12-01T04:00:00+01:00/2026-12-01T06:00:00+01:00 ",
+                Ok((
+                    1_796_094_000_000,
+                    Some(1_796_101_200_000),
+                    "2026-12-01T03:00:00Z/2026-12-01T05:00:00Z",
+                )),
+            ),
+            (
+                "2026-12-01T03:00:00Z/",
+                Ok((1_796_094_000_000, None, "2026-12-01T03:00:00Z/")),
+            ),
+            (
+                "2026-12-01T03:00:00Z",
+                Ok((1_796_094_000_000, None, "2026-12-01T03:00:00Z/")),
+            ),
+            ("2026-12-01T05:00:00Z/2026-12-01T03:00:00Z", Err(())),
+            ("tomorrow/", Err(())),
+            ("", Err(())),
+        ];
+        for (text, want) in cases {
+            let got = parse_window(text);
+            match want {
+                Ok((start, end, norm)) => {
+                    assert_eq!(got, Ok((start, end, norm.to_owned())), "{text:?}");
+                }
+                Err(()) => assert!(got.is_err(), "{text:?}: {got:?}"),
+            }
+        }
+    }
+
+    fn maintenance_spec() -> ObserveSpec {
+        let mut policy = Policy::default();
+        policy.maintenance.enabled = true;
+        ObserveSpec::from_policy(&policy, &[])
+    }
+
+    fn maintenance_node(annotation: Option<&str>, conditions: Value) -> Node {
+        let mut n = json!({
+            "metadata": {"name": "k1"},
+            "status": {"conditions": conditions},
+        });
+        if let Some(a) = annotation {
+            n["metadata"]["annotations"] = json!({MAINTENANCE_WINDOW_ANNOTATION: a});
+        }
+        serde_json::from_value(n).unwrap()
+    }
+
+    #[test]
+    fn maintenance_comes_from_the_annotation_else_the_planned_condition() {
+        let spec = maintenance_spec();
+        let planned = json!([
+            {"type": "Ready", "status": "True"},
+            {"type": "MaintenancePlanned", "status": "True", "reason": "MaintenanceWindow",
+             "message": "BIOS update in window 2026-12-01T03:00:00Z/2026-12-01T05:00:00Z."},
+            {"type": "Drained", "status": "True", "reason": "LockstepSlurmDrain"},
+        ]);
+        let from_condition = node(&maintenance_node(None, planned.clone()), &spec).unwrap();
+        let m = from_condition.maintenance.unwrap();
+        assert_eq!(m.window, "2026-12-01T03:00:00Z/2026-12-01T05:00:00Z");
+        assert!(!m.in_progress);
+        // The drain conditions lockstep sets are observed with it.
+        assert_eq!(from_condition.conditions.len(), 1);
+        assert_eq!(from_condition.conditions[0].type_, "Drained");
+
+        let from_annotation = node(
+            &maintenance_node(Some("2026-12-02T03:00:00Z/"), planned),
+            &spec,
+        )
+        .unwrap();
+        assert_eq!(from_annotation.maintenance.unwrap().end_ms, None);
+
+        let in_progress = json!([{"type": "MaintenanceInProgress", "status": "True"}]);
+        let m = node(&maintenance_node(None, in_progress), &spec)
+            .unwrap()
+            .maintenance
+            .unwrap();
+        assert!(m.in_progress && m.window.is_empty() && m.start_ms == 0);
+
+        // Nothing usable: no window in the message, a malformed annotation,
+        // a planned maintenance that is False; or the policy off.
+        let vague = json!([{"type": "MaintenancePlanned", "status": "True", "message": "soon"}]);
+        assert_eq!(
+            node(&maintenance_node(None, vague), &spec)
+                .unwrap()
+                .maintenance,
+            None
+        );
+        assert_eq!(
+            node(&maintenance_node(Some("next tuesday"), json!([])), &spec)
+                .unwrap()
+                .maintenance,
+            None
+        );
+        let off = json!([{"type": "MaintenancePlanned", "status": "False",
+                          "message": "2026-12-01T03:00:00Z/2026-12-01T05:00:00Z"}]);
+        assert_eq!(
+            node(&maintenance_node(None, off), &spec)
+                .unwrap()
+                .maintenance,
+            None
+        );
+        let n = maintenance_node(Some("2026-12-02T03:00:00Z/"), json!([]));
+        assert_eq!(node(&n, &self::spec()).unwrap().maintenance, None);
+    }
+
+    #[test]
     fn node_keeps_only_what_the_policy_names() {
         let got = node(&node_json("2025-01-01T00:00:00Z", "17"), &spec()).unwrap();
         let want = KubeNode {
@@ -578,6 +820,7 @@ mod tests {
                 "annotation:rack".to_owned(),
                 "topology.kubernetes.io/zone".to_owned(),
             ]),
+            maintenance: None,
             name: "n1".to_owned(),
             unschedulable: true,
             ready: ConditionStatus::False,

@@ -26,7 +26,7 @@ use tokio::sync::OnceCell;
 
 use super::error::{Error, Result};
 use super::rest::RestClient;
-use super::scontrol::{Scontrol, SlurmVersion};
+use super::scontrol::{ReservationVerb, Scontrol, SlurmVersion};
 
 /// Bounds of the actuator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,7 +236,93 @@ impl Actuator {
                 }
                 self.write(node, Write::Topology(topology)).await?;
             }
+            Action::SlurmReserve {
+                name,
+                nodes,
+                start_ms,
+                end_ms,
+                users,
+            } => return self.reserve(name, nodes, *start_ms, *end_ms, users).await,
+            Action::SlurmUnreserve { name } => {
+                let sc = self.reservations_through()?;
+                if sc.reservation(name).await?.is_none() {
+                    return Ok(false);
+                }
+                sc.write_reservation(ReservationVerb::Delete, name, &[])
+                    .await?;
+            }
             other => return Err(Error::NotSlurm(other.kind().name())),
+        }
+        Ok(true)
+    }
+
+    /// Reservations are written with scontrol, on every Slurm version.
+    fn reservations_through(&self) -> Result<&Scontrol> {
+        self.scontrol.as_ref().ok_or_else(|| {
+            Error::Unsupported(
+                "maintenance reservations are made with scontrol, and none is configured ([slurm] slurm_conf, scontrol in PATH)".to_owned(),
+            )
+        })
+    }
+
+    /// Creates the maintenance reservation, or brings the one of that name
+    /// to these nodes and this window. A start in the past starts it now (and
+    /// is then no longer compared: Slurm moved it to the time it was made).
+    async fn reserve(
+        &self,
+        name: &str,
+        nodes: &[String],
+        start_ms: u64,
+        end_ms: Option<u64>,
+        users: &str,
+    ) -> Result<bool> {
+        let sc = self.reservations_through()?;
+        for n in nodes {
+            super::scontrol::check_node_name(n)?;
+        }
+        if nodes.is_empty() {
+            return Err(Error::InvalidValue {
+                what: "slurm reservation nodes",
+                value: String::new(),
+            });
+        }
+        let mut want_nodes = nodes.to_vec();
+        want_nodes.sort();
+        want_nodes.dedup();
+        let started = start_ms <= wall_ms();
+        let start = utc_time(start_ms);
+        let end = end_ms.map(utc_time);
+        let mut settings: Vec<(&str, String)> = vec![("nodes", want_nodes.join(","))];
+        if !started {
+            settings.push(("starttime", start.clone()));
+        }
+        match &end {
+            Some(e) => settings.push(("endtime", e.clone())),
+            None => settings.push(("duration", "UNLIMITED".to_owned())),
+        }
+        match sc.reservation(name).await? {
+            Some(r) => {
+                let same = r.nodes == want_nodes
+                    && (started || r.start == start)
+                    && match &end {
+                        Some(e) => r.end == *e && !r.open_ended(),
+                        None => r.open_ended(),
+                    };
+                if same {
+                    return Ok(false);
+                }
+                sc.write_reservation(ReservationVerb::Update, name, &settings)
+                    .await?;
+            }
+            None => {
+                if started {
+                    settings.push(("starttime", "now".to_owned()));
+                }
+                settings.push(("users", users.to_owned()));
+                settings.push(("flags", "MAINT,IGNORE_JOBS".to_owned()));
+                sc.write_reservation(ReservationVerb::Create, name, &settings)
+                    .await?;
+            }
         }
         Ok(true)
     }
@@ -412,6 +498,26 @@ pub fn clean_reason(reason: &str) -> Result<String> {
         });
     }
     Ok(cut)
+}
+
+/// Milliseconds since the epoch, by the wall clock.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` in UTC, as scontrol reads and prints times under
+/// `TZ=UTC`.
+fn utc_time(ms: u64) -> String {
+    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    let t = k8s_openapi::jiff::Timestamp::from_second(secs)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::MAX);
+    let mut s = t.to_string();
+    if s.ends_with('Z') {
+        s.pop();
+    }
+    s
 }
 
 #[cfg(test)]

@@ -99,9 +99,14 @@ impl Scontrol {
 
     /// Runs `scontrol ARGS`; stdout on success.
     pub async fn run(&self, args: &[&str]) -> Result<String> {
+        self.run_env(args, &[]).await
+    }
+
+    async fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<String> {
         let what = format!("scontrol {}", args.join(" "));
         let mut cmd = Command::new(&self.config.program);
         cmd.args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -188,6 +193,53 @@ impl Scontrol {
         parse_partitions(&out)
     }
 
+    /// One reservation (`scontrol show reservation NAME`, times in UTC);
+    /// `Ok(None)` if slurmctld has none of that name.
+    pub async fn reservation(&self, name: &str) -> Result<Option<Reservation>> {
+        check_reservation_name(name)?;
+        match self
+            .run_utc(&["--oneliner", "show", "reservation", name])
+            .await
+        {
+            Ok(out) => out
+                .lines()
+                .map(parse_reservation)
+                .find(|r| r.as_ref().map_or(true, |r| r.name == name))
+                .transpose(),
+            Err(Error::Command { stderr, .. }) if stderr.contains("not found") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `scontrol create|update reservation ReservationName=NAME KEY=VALUE...`
+    /// (times in UTC); `scontrol delete reservation NAME`.
+    pub async fn write_reservation(
+        &self,
+        verb: ReservationVerb,
+        name: &str,
+        settings: &[(&str, String)],
+    ) -> Result<()> {
+        check_reservation_name(name)?;
+        let mut args: Vec<String> = match verb {
+            ReservationVerb::Create => vec!["create".into(), "reservation".into()],
+            ReservationVerb::Update => vec!["update".into()],
+            ReservationVerb::Delete => vec!["delete".into(), "reservation".into()],
+        };
+        match verb {
+            ReservationVerb::Delete => args.push(name.to_owned()),
+            _ => args.push(format!("reservationname={name}")),
+        }
+        args.extend(settings.iter().map(|(k, v)| format!("{k}={v}")));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run_utc(&args).await.map(drop)
+    }
+
+    /// [`Scontrol::run`] with `TZ=UTC`: scontrol reads and prints times in
+    /// its local time zone.
+    async fn run_utc(&self, args: &[&str]) -> Result<String> {
+        self.run_env(args, &[("TZ", "UTC")]).await
+    }
+
     /// `scontrol update nodename=NODE KEY=VALUE...`.
     pub async fn update_node(&self, node: &str, settings: &[(&str, &str)]) -> Result<()> {
         check_node_name(node)?;
@@ -195,6 +247,90 @@ impl Scontrol {
         args.extend(settings.iter().map(|(k, v)| format!("{k}={v}")));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.run(&args).await.map(drop)
+    }
+}
+
+/// What [`Scontrol::write_reservation`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservationVerb {
+    /// `scontrol create reservation`.
+    Create,
+    /// `scontrol update reservationname=...`.
+    Update,
+    /// `scontrol delete reservation`.
+    Delete,
+}
+
+/// A reservation as scontrol shows it (what lockstep compares).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// `ReservationName`.
+    pub name: String,
+    /// `Nodes`, expanded and sorted.
+    pub nodes: Vec<String>,
+    /// `StartTime`, as printed (UTC under [`ReservationVerb`]'s runs).
+    pub start: String,
+    /// `EndTime`, as printed.
+    pub end: String,
+    /// `Duration`, as printed (`365-00:00:00` for `Duration=UNLIMITED`:
+    /// Slurm keeps an open reservation for a year).
+    pub duration: String,
+    /// `Flags`, split.
+    pub flags: Vec<String>,
+}
+
+/// One line of `scontrol -o show reservation`.
+pub fn parse_reservation(line: &str) -> Result<Reservation> {
+    let f = fields(line);
+    let get = |k: &str| f.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
+    let name = get("ReservationName").ok_or_else(|| Error::ScontrolOutput {
+        what: "scontrol show reservation".to_owned(),
+        detail: format!("no ReservationName in {line:?}"),
+    })?;
+    let nodes = match get("Nodes") {
+        None | Some("" | "(null)") => Vec::new(),
+        Some(expr) => {
+            let mut v = hostlist::expand(expr)?;
+            v.sort();
+            v
+        }
+    };
+    Ok(Reservation {
+        name: name.to_owned(),
+        nodes,
+        start: get("StartTime").unwrap_or_default().to_owned(),
+        end: get("EndTime").unwrap_or_default().to_owned(),
+        duration: get("Duration").unwrap_or_default().to_owned(),
+        flags: get("Flags")
+            .unwrap_or_default()
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
+}
+
+impl Reservation {
+    /// Made with `Duration=UNLIMITED` (shown as a year).
+    pub fn open_ended(&self) -> bool {
+        self.duration == "UNLIMITED" || self.duration == "365-00:00:00"
+    }
+}
+
+/// Rejects reservation names that scontrol would read as something else.
+pub(crate) fn check_reservation_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 256
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: "slurm reservation name",
+            value: name.to_owned(),
+        })
     }
 }
 

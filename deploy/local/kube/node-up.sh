@@ -48,6 +48,8 @@ BRIDGE=${LOCKSTEP_NODE_BRIDGE:-lsnode0}
 read -r -a HOST_PORTS <<< "${LOCKSTEP_NODE_HOST_PORTS//,/ }"
 READY_TIMEOUT=${LOCKSTEP_NODE_READY_TIMEOUT:-180}
 MONITOR_GRACE=${LOCKSTEP_NODE_MONITOR_GRACE:-20s}
+# The same feature gates as the API server (deploy/local/kube/up.sh).
+FEATURE_GATES=${LOCKSTEP_KUBE_FEATURE_GATES:-NodeLifecycleConditions=true}
 SERVICE_CIDR=${LOCKSTEP_KUBE_SERVICE_CIDR:-10.96.0.0/24}
 KUBELET_PORT=${LOCKSTEP_NODE_KUBELET_PORT:-10250}
 KUBELET_HEALTHZ_PORT=${LOCKSTEP_NODE_KUBELET_HEALTHZ_PORT:-27248}
@@ -313,7 +315,7 @@ else
     --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --leader-elect=false \
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/serving.crt" \
     --use-service-account-credentials=false --controllers='*' \
-    --node-monitor-grace-period="$MONITOR_GRACE" --v=1
+    --node-monitor-grace-period="$MONITOR_GRACE" --feature-gates="$FEATURE_GATES" --v=1
 fi
 if alive kube-scheduler; then
   log "kube-scheduler already running"
@@ -321,7 +323,8 @@ else
   log "starting kube-scheduler"
   start kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig="$KC" --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
-    --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false --v=1
+    --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false \
+    --feature-gates="$FEATURE_GATES" --v=1
 fi
 
 # ---- kubelet -----------------------------------------------------------------
@@ -335,6 +338,7 @@ kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://$SOCK
 cgroupDriver: cgroupfs
 failCgroupV1: false            # this machine has cgroup v1 only
+featureGates: {NodeLifecycleConditions: true}
 failSwapOn: false
 address: $GATEWAY
 port: $KUBELET_PORT

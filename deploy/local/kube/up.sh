@@ -18,6 +18,10 @@ ETCD_CLIENT_PORT=${LOCKSTEP_ETCD_CLIENT_PORT:-2479}
 ETCD_PEER_PORT=${LOCKSTEP_ETCD_PEER_PORT:-2480}
 READY_TIMEOUT=${LOCKSTEP_KUBE_READY_TIMEOUT:-120}
 SERVICE_CIDR=${LOCKSTEP_KUBE_SERVICE_CIDR:-10.96.0.0/24}
+# Node lifecycle conditions (MaintenancePlanned, MaintenanceInProgress,
+# DrainInProgress, Drained; alpha in v1.37) are on, as lockstep's
+# maintenance policy reads and writes them.
+FEATURE_GATES=${LOCKSTEP_KUBE_FEATURE_GATES:-NodeLifecycleConditions=true}
 # No controller-manager runs, so nothing creates the "default" ServiceAccount
 # of a namespace, and the ServiceAccount admission plugin rejects every Pod
 # (see README "Quirks").  Set to "" to keep the plugin on.
@@ -215,6 +219,7 @@ else
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --allow-privileged=true \
     --profiling=false \
+    --feature-gates="$FEATURE_GATES" \
     "${extra[@]}"
 fi
 wait_for kube-apiserver api_ready

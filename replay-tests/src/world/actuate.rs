@@ -74,6 +74,18 @@ impl World {
         };
         let issued_ms = *issued_ms;
         match action {
+            // This world announces no maintenance, and its policies never
+            // turn the maintenance policy on: such an action is unwanted.
+            Action::SlurmReserve { .. }
+            | Action::SlurmUnreserve { .. }
+            | Action::KubeSetNodeCondition { .. } => {
+                let msg = format!(
+                    "lockstep acted on maintenance nobody announced: {}",
+                    action.describe()
+                );
+                self.violation(Property::NothingUnwantedSet, msg);
+                failed(false, "no such object in this world")
+            }
             Action::SlurmDrain { node, reason } => {
                 let Some(n) = self.slurm.nodes.get(node) else {
                     return failed(false, "invalid node name specified");

@@ -179,6 +179,7 @@ impl Spec {
                 .collect(),
             taints,
             read_labels: Some(self.node_labels.clone()),
+            maintenance: None,
             version: n.rv,
         }
     }
