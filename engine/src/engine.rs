@@ -946,17 +946,12 @@ impl Engine {
 
     /// Keeps a vanished object's slot while its action is in flight.
     fn park(&mut self, slot: Slot) {
-        let timeout_ms = ms(self.policy.actions.timeout_s);
-        let now = self.now_ms;
-        self.orphans.retain(|_, s| {
-            s.pending()
-                .is_some_and(|f| now < after_ms(f.issued_ms, timeout_ms))
-        });
-        if let Some(f) = slot.pending() {
-            if now < after_ms(f.issued_ms, timeout_ms) {
-                self.orphans.insert(f.action.target(), slot);
-            }
-        }
+        park(
+            &mut self.orphans,
+            slot,
+            self.now_ms,
+            ms(self.policy.actions.timeout_s),
+        );
     }
 
     fn remove_slurm_node(&mut self, name: &str) {
@@ -2049,8 +2044,11 @@ impl Engine {
             .filter(|(_, v)| !rules.iter().any(|r| r.target == v.target))
             .map(|(n, _)| n.clone())
             .collect();
+        let timeout_ms = ms(self.policy.actions.timeout_s);
         for n in stale {
-            self.victims.remove(&n);
+            if let Some(v) = self.victims.remove(&n) {
+                park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+            }
             self.touch_slurm(&n);
         }
         let mut wake: Option<u64> = None;
@@ -2193,7 +2191,9 @@ impl Engine {
             for node in &replacing {
                 let v = self.victims.get_mut(node).expect("listed above");
                 let Some(pod) = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid) else {
-                    self.victims.remove(node);
+                    if let Some(v) = self.victims.remove(node) {
+                        park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+                    }
                     touched.push(node.clone());
                     continue;
                 };
@@ -2244,7 +2244,9 @@ impl Engine {
                     }
                     Some(_) => {}
                 }
-                self.victims.remove(node);
+                if let Some(v) = self.victims.remove(node) {
+                    park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+                }
                 touched.push(node.clone());
             }
             let down_ready_at = ctl
@@ -2287,7 +2289,9 @@ impl Engine {
             // Victims: drop the ones no longer wanted, add the new ones.
             for node in present.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>() {
                 if !plan.victims.contains(&node) {
-                    self.victims.remove(&node);
+                    if let Some(v) = self.victims.remove(&node) {
+                        park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+                    }
                     touched.push(node);
                 }
             }
@@ -2307,7 +2311,7 @@ impl Engine {
                         pod_key: key.clone(),
                         uid: uid.clone(),
                         gone_at_replicas: None,
-                        delete_slot: Slot::default(),
+                        delete_slot: self.orphans.remove(&pod_target(key)).unwrap_or_default(),
                     },
                 );
                 touched.push(node.clone());
@@ -2440,10 +2444,10 @@ impl Engine {
                         Victim {
                             target: rule.target.clone(),
                             kind: VictimKind::Replace,
+                            delete_slot: self.orphans.remove(&pod_target(&key)).unwrap_or_default(),
                             pod_key: key,
                             uid,
                             gone_at_replicas: None,
-                            delete_slot: Slot::default(),
                         },
                     );
                     touched.push(slurm);
@@ -2751,6 +2755,30 @@ fn adopt(
     keys.into_iter()
         .filter_map(|(t, k)| orphans.remove(&t).map(|s| (k, s)))
         .collect()
+}
+
+/// Keeps a slot whose action is still in flight (until its outcome or its
+/// timeout) after its owner went, so that an owner made again for the same
+/// target adopts it instead of racing it with a second action.
+fn park(orphans: &mut BTreeMap<Target, Slot>, slot: Slot, now: u64, timeout_ms: u64) {
+    orphans.retain(|_, s| {
+        s.pending()
+            .is_some_and(|f| now < after_ms(f.issued_ms, timeout_ms))
+    });
+    if let Some(f) = slot.pending() {
+        if now < after_ms(f.issued_ms, timeout_ms) {
+            orphans.insert(f.action.target(), slot);
+        }
+    }
+}
+
+/// The target of a victim's pod deletion.
+fn pod_target(pod_key: &str) -> Target {
+    let (namespace, pod) = pod_key.split_once('/').unwrap_or(("", pod_key));
+    Target::Pod {
+        namespace: namespace.to_owned(),
+        pod: pod.to_owned(),
+    }
 }
 
 /// Keeps one timer per node: the earliest time it needs another look.

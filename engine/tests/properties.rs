@@ -923,3 +923,72 @@ fn an_unhealthy_condition_already_shown_is_kept_through_the_grace_period() {
         .any(|a| matches!(a.action, Action::KubeUntaintNode { .. }));
     assert!(!flipped && !untainted, "{:?}", run.actions);
 }
+
+/// Found by `never_resumes_a_drain_it_does_not_own_and_never_two_in_flight`:
+/// a scale-in victim dropped (a policy change) while the deletion of its pod
+/// was in flight, then picked again, deleted the pod a second time before
+/// the first deletion's outcome or timeout. The slot is now parked and
+/// adopted by the new victim.
+#[test]
+fn a_victim_dropped_while_its_pod_deletion_is_in_flight_does_not_race_it() {
+    use Op::*;
+    let slurm = |state, drain| Slurm {
+        node: 0,
+        state,
+        drain,
+        not_responding: false,
+    };
+    let ops = vec![
+        slurm(0, None),
+        Pod {
+            node: 0,
+            on: 1,
+            deleting: false,
+            evicted: false,
+            cond: 1,
+        },
+        SlurmGone { node: 0 },
+        slurm(0, None),
+        Scale {
+            replicas: 2,
+            revision: false,
+        },
+        slurm(3, None),
+        Policy {
+            host: false,
+            delete_pod: true,
+        },
+        Advance { s: 30 },
+        SlurmGone { node: 1 },
+        Kube {
+            node: 1,
+            cordoned: false,
+            ready: 0,
+            xid: false,
+            taint: false,
+        },
+        slurm(3, Some(false)),
+        SlurmVisible(true),
+        Advance { s: 1 },
+        slurm(0, None),
+        slurm(0, None),
+        slurm(0, None),
+        Advance { s: 1 },
+        Policy {
+            host: false,
+            delete_pod: false,
+        },
+        slurm(0, Some(false)),
+        SlurmGone { node: 1 },
+        Advance { s: 1 },
+        Advance { s: 1 },
+    ];
+    let run = run_once(&build_log(&ops));
+    let deletions: Vec<&str> = run
+        .actions
+        .iter()
+        .filter(|a| matches!(a.action, Action::KubeDeletePod { .. }))
+        .map(|a| a.id.0.as_str())
+        .collect();
+    assert_eq!(deletions.len(), 1, "{deletions:?}");
+}
