@@ -243,20 +243,23 @@ mod tests {
         }
     }
 
-    /// Rows 1 and 2, one case a line: (window, Slurm nodes on the node,
-    /// confirmed reservation, now) -> (slot wants, next look).
+    /// (window, Slurm nodes on the node, confirmed reservation, now) ->
+    /// (slot wants, next look).
+    type Case = (
+        Option<Maintenance>,
+        Vec<String>,
+        Option<Action>,
+        u64,
+        Option<Action>,
+        Option<u64>,
+    );
+
+    /// Rows 1 and 2, one case a line.
     #[test]
     fn reservation_rows() {
         let w = Some(window(10 * H, Some(11 * H)));
         let made = reserve(10 * H, Some(11 * H), nodes());
-        let cases: [(
-            Option<Maintenance>,
-            Vec<String>,
-            Option<Action>,
-            u64,
-            Option<Action>,
-            Option<u64>,
-        ); 8] = [
+        let cases: [Case; 8] = [
             // row 1: ahead, nothing reserved yet -> reserve; look at the start
             (
                 w.clone(),

@@ -695,9 +695,12 @@ mod tests {
         .unwrap()
     }
 
+    /// A window as written -> (start ms, end ms, normalised), or refused.
+    type WindowCase = (&'static str, Result<(u64, Option<u64>, &'static str), ()>);
+
     #[test]
     fn maintenance_windows_parse_in_any_offset_and_normalise_to_utc() {
-        let cases: [(&str, Result<(u64, Option<u64>, &str), ()>); 7] = [
+        let cases: [WindowCase; 7] = [
             (
                 "2026-12-01T03:00:00Z/2026-12-01T05:00:00Z",
                 Ok((
