@@ -4,14 +4,16 @@
 #
 # What takes time on a fresh 2-core machine is building Kubernetes from the
 # Go module proxy (deploy/local/kube/build.sh) and the real-node scenarios
-# (tests/node_e2e.rs, ~20 min, mostly waiting on kubelet and controllers).
+# (tests/node_e2e.rs, ~8 min, mostly waiting on kubelet and controllers).
 # So the parts run as soon as what they need is there:
 #
 #   background  Debian roots of Slurm 24.11 / 26.05; Kubernetes: the control
 #               plane first, then the node and helm
 #   foreground  fmt; compile every test; the tests that need no Kubernetes;
 #               once the control plane is built, the ones that need it;
-#               clippy; fuzz (when its build is cached)
+#               clippy
+#   background  beside the control-plane tests: each fuzz target for 30 s
+#               (when its instrumented build is cached on this machine)
 #   background  once the node is built: deploy/helm/check.sh, tests/chart.rs,
 #               tests/node_e2e.rs (its own API server, Slurm and NATS on their
 #               own ports)
@@ -202,6 +204,21 @@ else
   failed+=("Slurm versions group (no Debian roots)")
 fi
 
+# Each fuzz target for 30 s (fuzz/run.sh: AFL++ through cargo-afl), only
+# when the instrumented build is cached on this machine (building it from
+# nothing takes longer than the rest of this script). In the background
+# beside the control-plane tests, which mostly wait on the API server and
+# Slurm: its incremental rebuild after a change takes minutes here.
+fuzz_pid=
+fuzz_cache=${LOCKSTEP_FUZZ_TARGET_DIR:-$HOME/.cache/lockstep/fuzz-target}/release
+if cargo afl --version >/dev/null 2>&1 && [[ -x $fuzz_cache/slurm_rest ]]; then
+  echo "fuzz: started at $(elapsed)" >"$logs/fuzz.log"
+  LOCKSTEP_FUZZ_OUT=$(mktemp -d /tmp/lockstep-fuzz.XXXXXX) fuzz/run.sh all 30 >>"$logs/fuzz.log" 2>&1 &
+  fuzz_pid=$!
+else
+  echo "not run: no cached fuzz build in $fuzz_cache (fuzz/run.sh TARGET SECONDS builds it)" >"$logs/fuzz.log"
+fi
+
 step "Kubernetes control plane (deploy/local/kube/build.sh control-plane)"
 if await "$logs/kube-control-plane.ok" "$kube_build"; then
   grep -E 'built in|done in' "$logs/kube-control-plane.log" || echo "all cached"
@@ -215,16 +232,11 @@ fi
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || failed+=("clippy")
 
-# Each fuzz target for 30 s (fuzz/run.sh: AFL++ through cargo-afl), only
-# when the instrumented build is cached on this machine (building it from
-# nothing takes longer than the rest of this script).
-step "fuzz: each target for 30 s"
-fuzz_cache=${LOCKSTEP_FUZZ_TARGET_DIR:-$HOME/.cache/lockstep/fuzz-target}/release
-if cargo afl --version >/dev/null 2>&1 && [[ -x $fuzz_cache/slurm_rest ]]; then
-  LOCKSTEP_FUZZ_OUT=$(mktemp -d /tmp/lockstep-fuzz.XXXXXX) fuzz/run.sh all 30 || failed+=("fuzz")
-else
-  echo "not run: no cached fuzz build in $fuzz_cache (fuzz/run.sh TARGET SECONDS builds it)"
+step "fuzz: each target for 30 s (started in the background)"
+if [[ -n $fuzz_pid ]]; then
+  wait "$fuzz_pid" || failed+=("fuzz")
 fi
+cat "$logs/fuzz.log"
 
 step "the real node: ${real_node[*]} (started in the background)"
 wait "$real_node_pid" || failed+=("real-node group")
