@@ -578,7 +578,18 @@ fn lockstep_waits_for_a_majority_of_the_cluster_and_says_why() {
     lockstep
         .wait_applied(head, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(lockstep.get("/readyz").map(|r| r.0), Some(200));
+    // Ready once the loop, idle, finds itself at the log's head: one read
+    // after it applied the last record.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lockstep.get("/readyz").map(|r| r.0) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "not ready after applying the log: {:?}; log: {}",
+            lockstep.get("/readyz"),
+            lockstep.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(lockstep.log().contains("the event log answers; starting"));
     lockstep.stop().unwrap();
 }
