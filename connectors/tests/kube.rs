@@ -1291,6 +1291,33 @@ async fn set_pod_condition_patches_status_once() {
         OutcomeResult::AlreadyDone
     );
 
+    // A condition lockstep wrote is observed even under a policy that no
+    // longer names it (so that it can be retired); somebody else's is not.
+    cp.kubectl(&[
+        "patch",
+        "pod",
+        &pod,
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        r#"{"status": {"conditions": [{"type": "SiteCheck", "status": "True"}]}}"#,
+    ]);
+    let obj: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(cp.get(&["pod", &pod, "-n", NS, "--show-managed-fields"])).unwrap();
+    let mut renamed = Policy::default();
+    renamed.drain.foreign_drain_condition = "SlurmDrainedByOthers".to_owned();
+    let observed =
+        lockstep_connectors::kube::reduce::pod(&obj, &ObserveSpec::from_policy(&renamed, &[]))
+            .unwrap();
+    let types: Vec<&str> = observed
+        .conditions
+        .iter()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(types, ["SlurmNodeDrained"], "{observed:?}");
+
     cp.kubectl(&[
         "delete",
         "pod",

@@ -342,6 +342,39 @@ fn pod_phase(s: Option<&str>) -> PodPhase {
     }
 }
 
+/// The pod condition types lockstep itself wrote (its field manager owns
+/// them in `managedFields`): always reported, whatever the policy names now,
+/// so that a condition set under a name a later policy dropped is still seen
+/// and retired (the condition analogue of labels under `lockstep.io/`).
+fn written_by_lockstep(pod: &Pod) -> Vec<String> {
+    let mut types = Vec::new();
+    for entry in pod.metadata.managed_fields.iter().flatten() {
+        if entry.manager.as_deref() != Some(super::actuator::FIELD_MANAGER)
+            || entry.subresource.as_deref() != Some("status")
+        {
+            continue;
+        }
+        let Some(fields) = &entry.fields_v1 else {
+            continue;
+        };
+        let conditions = fields.0.get("f:status").and_then(|s| s.get("f:conditions"));
+        let Some(keys) = conditions.and_then(serde_json::Value::as_object) else {
+            continue;
+        };
+        for key in keys.keys() {
+            let Some(k) = key.strip_prefix("k:") else {
+                continue;
+            };
+            if let Ok(serde_json::Value::Object(o)) = serde_json::from_str(k) {
+                if let Some(t) = o.get("type").and_then(serde_json::Value::as_str) {
+                    types.push(t.to_owned());
+                }
+            }
+        }
+    }
+    types
+}
+
 /// A node's observation, or `None` if it has no name.
 pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
     let name = node.metadata.name.clone().filter(|n| !n.is_empty())?;
@@ -523,9 +556,12 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
     let ready = conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
+    let written = written_by_lockstep(pod);
     let mut managed: Vec<PodCondition> = conditions
         .iter()
-        .filter(|c| spec.pod_conditions.binary_search(&c.type_).is_ok())
+        .filter(|c| {
+            spec.pod_conditions.binary_search(&c.type_).is_ok() || written.contains(&c.type_)
+        })
         .map(|c| PodCondition {
             type_: c.type_.clone(),
             status: condition_status(&c.status),

@@ -211,10 +211,12 @@ impl Spec {
                         .map(|(k, v)| (k.clone(), v.0.clone())),
                 )
                 .collect(),
+            // Conditions lockstep wrote are always reported (the API server
+            // names their writer in managedFields).
             conditions: p
                 .conditions
                 .iter()
-                .filter(|(t, _)| self.pod_conditions.contains(t))
+                .filter(|(t, (_, by))| self.pod_conditions.contains(t) || by.is_lockstep())
                 .map(|(_, (c, _))| c.clone())
                 .collect(),
             owner: Some(OwnerRef {
