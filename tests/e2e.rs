@@ -292,11 +292,7 @@ impl Drop for Scenario {
 }
 
 fn now_rfc3339() -> String {
-    let out = Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    rfc3339_in(0)
 }
 
 /// No jobs, every Slurm node resumed and without features, none of the

@@ -22,7 +22,7 @@ use crate::model::{
 };
 use crate::retired::{self, Retired};
 use crate::scaling::{self, PodFacts, ScaleCtl, ScaleIn, Victim, VictimKind};
-use crate::slot::{Flight, Issue, Slot, Step};
+use crate::slot::{reconcile_keyed, Flight, Issue, Slot, Step};
 use crate::sorted;
 use crate::stale::{self, ObjectKey, Tombstones};
 use crate::topology::{self, TopologyWant};
@@ -1343,11 +1343,7 @@ impl Engine {
         // Rows 4-6: how lockstep's drain of the node's Slurm nodes stands.
         let mut conditions: Vec<(String, Option<Action>)> = Vec::new();
         if mp.enabled && mp.node_conditions {
-            let own = Ownership {
-                prefix: &policy.drain.reason_prefix,
-                earlier_prefixes: &self.retired.prefixes,
-                slurm_user: policy.drain.slurm_user.as_deref(),
-            };
+            let own = self.ownership();
             let mut all_out = !names.is_empty();
             let mut busy = false;
             for n in &names {
@@ -1360,7 +1356,10 @@ impl Engine {
                 (true, true) => maintenance::DrainProgress::Draining,
                 (true, false) => maintenance::DrainProgress::Drained,
             };
-            for t in ["DrainInProgress", "Drained"] {
+            for t in [
+                lockstep_schemas::DRAIN_IN_PROGRESS,
+                lockstep_schemas::DRAINED,
+            ] {
                 let shown = node.and_then(|n| n.conditions.iter().find(|c| c.type_ == t));
                 let want = node
                     .and(maintenance::drain_condition(t, progress, shown))
@@ -1396,25 +1395,15 @@ impl Engine {
             min_wake(&mut wake, w);
         }
         for (t, want) in conditions {
-            let idx = match m.condition_slots.iter().position(|(k, _)| *k == t) {
-                Some(i) => i,
-                None if want.is_none() => continue,
-                None => {
-                    m.condition_slots.push((t, Slot::default()));
-                    m.condition_slots.len() - 1
-                }
-            };
-            let (_, w) = m.condition_slots[idx].1.reconcile(
+            if let Some(w) = reconcile_keyed(
+                &mut m.condition_slots,
+                &t,
                 want,
                 &issue(Rule::DrainConditions),
                 &policy.actions,
                 &mut out.actions,
-            );
-            if let Some(w) = w {
+            ) {
                 min_wake(&mut wake, w);
-            }
-            if m.condition_slots[idx].1.current.is_none() {
-                m.condition_slots.remove(idx);
             }
         }
         set_timer(&mut self.timers, &mut m.wake_ms, wake, || {
@@ -1987,34 +1976,21 @@ impl Engine {
                 .get_mut(&key)
                 .expect("pod seen in this view");
             for (slot_key, want, rule) in pod_wants {
-                let idx = match entry
-                    .condition_slots
-                    .iter()
-                    .position(|(t, _)| *t == slot_key)
-                {
-                    Some(i) => i,
-                    None => {
-                        entry.condition_slots.push((slot_key, Slot::default()));
-                        entry.condition_slots.len() - 1
-                    }
-                };
                 let issue = Issue {
                     seq: ctx.seq,
                     now_ms: now,
                     cause: ctx.event,
                     rule,
                 };
-                let (_, w) = entry.condition_slots[idx].1.reconcile(
+                if let Some(w) = reconcile_keyed(
+                    &mut entry.condition_slots,
+                    &slot_key,
                     want,
                     &issue,
                     &policy.actions,
                     &mut out.actions,
-                );
-                if let Some(w) = w {
+                ) {
                     min_wake(&mut wake, w);
-                }
-                if entry.condition_slots[idx].1.current.is_none() {
-                    entry.condition_slots.remove(idx);
                 }
             }
         }
@@ -2634,28 +2610,21 @@ impl Engine {
             .expect("looked up above");
         let mut wake = None;
         for (key, want, rule) in wants {
-            let idx = match entry.taint_slots.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    entry.taint_slots.push((key, Slot::default()));
-                    entry.taint_slots.len() - 1
-                }
-            };
             let issue = Issue {
                 seq: ctx.seq,
                 now_ms: ctx.now_ms,
                 cause: ctx.event,
                 rule: rule.name(),
             };
-            let (_, w) =
-                entry.taint_slots[idx]
-                    .1
-                    .reconcile(want, &issue, &policy.actions, &mut out.actions);
-            if let Some(w) = w {
+            if let Some(w) = reconcile_keyed(
+                &mut entry.taint_slots,
+                &key,
+                want,
+                &issue,
+                &policy.actions,
+                &mut out.actions,
+            ) {
                 min_wake(&mut wake, w);
-            }
-            if entry.taint_slots[idx].1.current.is_none() {
-                entry.taint_slots.remove(idx);
             }
         }
         set_timer(&mut self.timers, &mut entry.wake_ms, wake, || {

@@ -24,6 +24,7 @@
 
 use lockstep_schemas::{
     Action, ConditionStatus, KubeNode, Maintenance, MaintenancePolicy, PodCondition,
+    DRAIN_IN_PROGRESS,
 };
 
 /// The reason of the drain conditions lockstep sets.
@@ -156,7 +157,7 @@ pub(crate) fn drain_condition(
 ) -> Option<PodCondition> {
     let truth = match (type_, progress) {
         (_, DrainProgress::NotDraining) => None,
-        ("DrainInProgress", p) => Some(p == DrainProgress::Draining),
+        (DRAIN_IN_PROGRESS, p) => Some(p == DrainProgress::Draining),
         (_, p) => Some(p == DrainProgress::Drained),
     };
     let status = match truth {

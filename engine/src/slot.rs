@@ -195,6 +195,32 @@ impl Slot {
     }
 }
 
+/// Reconciles the slot under `key` among keyed slots (one per taint key,
+/// condition type or label): made when something is wanted, dropped once it
+/// holds nothing. Returns when it needs another look.
+pub(crate) fn reconcile_keyed(
+    slots: &mut Vec<(String, Slot)>,
+    key: &str,
+    want: Option<Action>,
+    issue: &Issue<'_>,
+    policy: &ActionPolicy,
+    out: &mut Vec<IssuedAction>,
+) -> Option<u64> {
+    let idx = match slots.iter().position(|(k, _)| k == key) {
+        Some(i) => i,
+        None if want.is_none() => return None,
+        None => {
+            slots.push((key.to_owned(), Slot::default()));
+            slots.len() - 1
+        }
+    };
+    let (_, wake) = slots[idx].1.reconcile(want, issue, policy, out);
+    if slots[idx].1.current.is_none() {
+        slots.remove(idx);
+    }
+    wake
+}
+
 /// Retry delay after the `attempt`-th attempt failed: doubling from the
 /// initial delay, bounded by the maximum.
 pub(crate) fn backoff_ms(policy: &ActionPolicy, attempt: u32) -> u64 {

@@ -700,6 +700,13 @@ pub struct KubeNode {
     pub version: u64,
 }
 
+/// The node lifecycle condition (Kubernetes v1.37) saying a node is being
+/// drained; lockstep sets it from its drain of the node's Slurm nodes.
+pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
+
+/// The node lifecycle condition saying a node's drain is complete.
+pub const DRAINED: &str = "Drained";
+
 /// Maintenance of a Kubernetes node, as announced by its node lifecycle
 /// conditions (Kubernetes v1.37, feature gate `NodeLifecycleConditions`):
 /// `MaintenancePlanned=True` with the window `START/END` (RFC 3339, END

@@ -21,7 +21,7 @@ pub use event::{
     ActionOutcome, ConditionStatus, Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget,
     Maintenance, NodeCondition, OutcomeResult, OwnerRef, PodCondition, PodPhase, ScaleTargetRef,
     SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint,
-    TaintEffect,
+    TaintEffect, DRAINED, DRAIN_IN_PROGRESS,
 };
 pub use log::{EventRecord, Record};
 pub use policy::{

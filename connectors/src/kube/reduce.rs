@@ -35,7 +35,10 @@ pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
 pub const MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
 
 /// Node lifecycle conditions lockstep sets from the progress of its drain.
-pub const DRAIN_CONDITIONS: [&str; 2] = ["DrainInProgress", "Drained"];
+pub const DRAIN_CONDITIONS: [&str; 2] = [
+    lockstep_schemas::DRAIN_IN_PROGRESS,
+    lockstep_schemas::DRAINED,
+];
 
 /// The label a StatefulSet (or a Slinky NodeSet) puts the pod's revision in.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
