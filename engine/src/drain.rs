@@ -25,7 +25,7 @@ use lockstep_schemas::{
 use serde::{Deserialize, Serialize};
 
 use crate::model::NodeView;
-use crate::transition::Rule;
+use lockstep_schemas::Rule;
 
 /// A reason lockstep wants a Slurm node out of service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -26,8 +26,8 @@ use crate::slot::{reconcile_keyed, Flight, Issue, Slot, Step};
 use crate::sorted;
 use crate::stale::{self, ObjectKey, Tombstones};
 use crate::topology::{self, TopologyWant};
-use crate::transition::{Phase, Rule, Transition};
 use crate::units::{after_ms, after_s, ms};
+use lockstep_schemas::{Phase, Rule, Transition};
 
 // `Engine::stats`: counts for metrics, read-only (a child module, so that it
 // reads the private state without widening it).

@@ -29,8 +29,7 @@ mod slot;
 mod sorted;
 mod stale;
 mod topology;
-mod transition;
 mod units;
 
 pub use engine::{Engine, Output, SnapshotError};
-pub use transition::{Phase, Rule, Transition};
+pub use lockstep_schemas::{Phase, Rule, Transition};

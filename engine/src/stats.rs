@@ -14,7 +14,7 @@ use lockstep_schemas::{SlurmBaseState, SlurmJobState, SlurmNode, SlurmNodeFlag};
 
 use super::Engine;
 use crate::slot::Slot;
-use crate::transition::{Phase, Rule};
+use lockstep_schemas::{Phase, Rule};
 
 /// Counts of the model at one moment; see [`Engine::stats`].
 ///

@@ -1,5 +1,6 @@
 //! lockstep's wire types: the [`Envelope`] every event travels in, the
-//! [`Event`] and [`Action`] vocabularies, the [`Policy`], the exported log
+//! [`Event`] and [`Action`] vocabularies, the [`Policy`], the audit trail's
+//! [`Transition`]s (with their [`Phase`] and [`Rule`]), the exported log
 //! file's [`Record`]s, and their codecs (MessagePack with named fields, JSON).
 //!
 //! This crate owns the formats that outlive a process: logs written today must
@@ -14,6 +15,7 @@ pub mod log;
 mod open_enum;
 mod policy;
 pub mod schema;
+mod transition;
 
 pub use action::{Action, ActionId, ActionKind, IssuedAction, Target};
 pub use envelope::{Envelope, EventId, Source, SourceDetail, SCHEMA_VERSION};
@@ -29,6 +31,7 @@ pub use policy::{
     MaintenancePolicy, Mapping, MappingMode, Policy, PolicyError, Removal, ScaleRule,
     ScalingPolicy, TaintSpec, TopologyPolicy, COUNT_MAX, DURATION_S_MAX,
 };
+pub use transition::{Phase, Rule, Transition};
 
 /// Every event kind's wire name, as [`Event::kind`] gives it.
 pub const EVENT_KINDS: &[&str] = &[

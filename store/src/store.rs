@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use lockstep_engine::Transition;
+use lockstep_schemas::Transition;
 use lockstep_schemas::{ActionId, IssuedAction, OutcomeResult};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

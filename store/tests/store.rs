@@ -1,8 +1,8 @@
 //! The store: checkpoints verified, ledger and audit index idempotent,
 //! formats refused when newer.
 
-use lockstep_engine::{Phase, Rule, Transition};
 use lockstep_schemas::{Action, ActionId, EventId, IssuedAction, OutcomeResult};
+use lockstep_schemas::{Phase, Rule, Transition};
 use lockstep_store::testing::temp_dir;
 use lockstep_store::{store::Error, Checkpoint, Commit, Store};
 

@@ -1,7 +1,7 @@
 //! Transitions: the audit trail of every change in what lockstep thinks of a
 //! Slurm node, each with the rule that decided it and the event that caused it.
 
-use lockstep_schemas::EventId;
+use crate::EventId;
 use serde::{Deserialize, Serialize};
 
 /// Where a Slurm node stands, as lockstep sees the joined model.
