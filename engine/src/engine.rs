@@ -3,7 +3,7 @@
 //! observed state decides, never the event alone) and every node whose timer
 //! is due.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
@@ -25,6 +25,7 @@ use crate::scaling::{self, PodFacts, ScaleCtl, ScaleIn, Victim, VictimKind};
 use crate::slot::{reconcile_keyed, Flight, Issue, Slot, Step};
 use crate::sorted;
 use crate::stale::{self, ObjectKey, Tombstones};
+use crate::timers::{Timers, Wake, WakeOf};
 use crate::topology::{self, TopologyWant};
 use crate::units::{after_ms, after_s, ms};
 use lockstep_schemas::{Phase, Rule, Transition};
@@ -50,17 +51,6 @@ impl Output {
         self.transitions.clear();
         self.actions.clear();
     }
-}
-
-/// A node to re-evaluate.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-enum Wake {
-    Slurm(String),
-    Kube(String),
-    /// Every scale target (scaling is evaluated for all targets at once).
-    Scale,
-    /// A Kubernetes node's maintenance: its reservation and drain conditions.
-    Maint(String),
 }
 
 /// The phase of a node and why.
@@ -98,7 +88,6 @@ struct NodeCtl {
     /// When and by which event the last cause cleared (resume hysteresis,
     /// and the cause of the resume in the audit trail).
     cleared: Option<Origin>,
-    wake_ms: Option<u64>,
     features_slot: Slot,
     topology_slot: Slot,
     /// Why the node's topology label cannot be used, while it cannot.
@@ -119,8 +108,6 @@ struct MaintCtl {
     /// Condition type -> slot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     condition_slots: Vec<(String, Slot)>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    wake_ms: Option<u64>,
 }
 
 impl MaintCtl {
@@ -128,7 +115,6 @@ impl MaintCtl {
         self.reserved.is_none()
             && self.reservation_slot.current.is_none()
             && self.condition_slots.is_empty()
-            && self.wake_ms.is_none()
     }
 }
 
@@ -152,7 +138,7 @@ pub struct Engine {
     model: Model,
     #[serde(with = "sorted")]
     ctl: FxHashMap<String, NodeCtl>,
-    timers: BTreeSet<(u64, Wake)>,
+    timers: Timers,
     /// Log times of recent health drains, cluster-wide (rate bound).
     health_drains: VecDeque<u64>,
     /// Log times of nodes recently shown unhealthy in Kubernetes,
@@ -170,7 +156,6 @@ pub struct Engine {
     /// Slurm node -> since when it runs no job (log time).
     #[serde(with = "sorted")]
     idle_since: FxHashMap<String, u64>,
-    scale_wake: Option<u64>,
     /// Deleted objects and the version they were deleted at, so that an
     /// older observation re-delivered later does not bring them back.
     #[serde(default, skip_serializing_if = "Tombstones::is_empty")]
@@ -230,14 +215,13 @@ impl Engine {
             now_ms: 0,
             model,
             ctl: FxHashMap::default(),
-            timers: BTreeSet::new(),
+            timers: Timers::default(),
             health_drains: VecDeque::new(),
             slurm_marks: VecDeque::new(),
             orphans: BTreeMap::new(),
             scale: BTreeMap::new(),
             victims: BTreeMap::new(),
             idle_since: FxHashMap::default(),
-            scale_wake: None,
             tombstones: Tombstones::default(),
             retired: Retired::default(),
             maintenance: BTreeMap::new(),
@@ -269,7 +253,7 @@ impl Engine {
     /// or after it, a `Tick` if nothing else, lets it fire. `None`: nothing
     /// is waiting on time, so a quiet log needs no `Tick` at all.
     pub fn next_wake_ms(&self) -> Option<u64> {
-        self.timers.first().map(|(at, _)| *at)
+        self.timers.next()
     }
 
     fn ownership(&self) -> Ownership<'_> {
@@ -375,6 +359,7 @@ impl Engine {
         let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
         e.model.rebuild_indexes(&e.policy);
         e.tombstones.rebuild();
+        e.timers.rebuild();
         e.rebuild_busy();
         Ok(e)
     }
@@ -407,29 +392,7 @@ impl Engine {
         };
         self.dirty.clear();
         self.handle_event(&rec.envelope.event, &ctx);
-        while let Some((at, _)) = self.timers.first() {
-            if *at > ctx.now_ms {
-                break;
-            }
-            let (_, wake) = self.timers.pop_first().expect("checked above");
-            match &wake {
-                Wake::Slurm(n) => {
-                    if let Some(c) = self.ctl.get_mut(n) {
-                        c.wake_ms = None;
-                    }
-                }
-                Wake::Kube(n) => {
-                    if let Some(k) = self.model.kube_nodes.get_mut(n) {
-                        k.wake_ms = None;
-                    }
-                }
-                Wake::Scale => self.scale_wake = None,
-                Wake::Maint(n) => {
-                    if let Some(m) = self.maintenance.get_mut(n) {
-                        m.wake_ms = None;
-                    }
-                }
-            }
+        while let Some(wake) = self.timers.pop_due(ctx.now_ms) {
             self.dirty.push(wake);
         }
         if self.dirty.is_empty() {
@@ -689,7 +652,6 @@ impl Engine {
                             gen,
                             not_ready_since: None,
                             taint_slots,
-                            wake_ms: None,
                             unseen_labels: Vec::new(),
                         },
                     );
@@ -970,9 +932,7 @@ impl Engine {
     /// relist) and remembers that its host is gone (health row 6).
     fn remove_kube_node(&mut self, name: &str, ctx: &Ctx<'_>) {
         if let Some(entry) = self.model.kube_nodes.remove(name) {
-            if let Some(at) = entry.wake_ms {
-                self.timers.remove(&(at, Wake::Kube(name.to_owned())));
-            }
+            self.timers.set(WakeOf::Kube(name), None);
             for (_, slot) in entry.taint_slots {
                 self.park(slot);
             }
@@ -1099,12 +1059,10 @@ impl Engine {
             return;
         }
         let at = after_s(now_ms, self.policy.scaling.evaluate_every_s);
-        if self.scale_wake.is_some_and(|t| t <= at) {
+        if self.timers.get(WakeOf::Scale).is_some_and(|t| t <= at) {
             return;
         }
-        set_timer(&mut self.timers, &mut self.scale_wake, Some(at), || {
-            Wake::Scale
-        });
+        self.timers.set(WakeOf::Scale, Some(at));
     }
 
     /// Everything of the domain not listed since `SyncStarted` is gone.
@@ -1375,6 +1333,7 @@ impl Engine {
             && conditions.iter().all(|(_, w)| w.is_none())
             && self.maintenance.get(kube).is_none_or(MaintCtl::is_idle)
             && wake.is_none()
+            && self.timers.get(WakeOf::Maint(kube)).is_none()
         {
             return;
         }
@@ -1406,10 +1365,8 @@ impl Engine {
                 min_wake(&mut wake, w);
             }
         }
-        set_timer(&mut self.timers, &mut m.wake_ms, wake, || {
-            Wake::Maint(kube.to_owned())
-        });
-        if m.is_idle() {
+        self.timers.set(WakeOf::Maint(kube), wake);
+        if wake.is_none() && m.is_idle() {
             self.maintenance.remove(kube);
         }
     }
@@ -1488,7 +1445,7 @@ impl Engine {
 
         let Some(slurm) = view.slurm else {
             // Slurm does not know this node: nothing to drain or resume.
-            if let Some(mut ctl) = self.ctl.remove(name) {
+            if let Some(ctl) = self.ctl.remove(name) {
                 let status = Status {
                     phase: Phase::Unknown,
                     rule: Rule::Gone,
@@ -1506,9 +1463,7 @@ impl Engine {
                         detail: "slurm no longer reports the node".to_owned(),
                     });
                 }
-                if let Some(at) = ctl.wake_ms.take() {
-                    self.timers.remove(&(at, Wake::Slurm(name.to_owned())));
-                }
+                self.timers.set(WakeOf::Slurm(name), None);
                 self.park(ctl.state_slot);
             }
             self.scratch_causes = causes;
@@ -1996,10 +1951,7 @@ impl Engine {
         }
 
         self.scratch_causes = causes;
-        let ctl = self.ctl.get_mut(name).expect("inserted above");
-        set_timer(&mut self.timers, &mut ctl.wake_ms, wake, || {
-            Wake::Slurm(name.to_owned())
-        });
+        self.timers.set(WakeOf::Slurm(name), wake);
         if shown != shown_before {
             // The taint of the Kubernetes node under it follows.
             if let Some(k) = self.model.placement(name, &self.policy) {
@@ -2502,7 +2454,7 @@ impl Engine {
                 after_s(now, self.policy.scaling.evaluate_every_s),
             );
         }
-        set_timer(&mut self.timers, &mut self.scale_wake, wake, || Wake::Scale);
+        self.timers.set(WakeOf::Scale, wake);
     }
 
     /// Re-evaluates one Kubernetes node's taints from the Slurm nodes on it.
@@ -2627,9 +2579,7 @@ impl Engine {
                 min_wake(&mut wake, w);
             }
         }
-        set_timer(&mut self.timers, &mut entry.wake_ms, wake, || {
-            Wake::Kube(name.to_owned())
-        });
+        self.timers.set(WakeOf::Kube(name), wake);
     }
 }
 
@@ -2747,25 +2697,6 @@ fn pod_target(pod_key: &str) -> Target {
     Target::Pod {
         namespace: namespace.to_owned(),
         pod: pod.to_owned(),
-    }
-}
-
-/// Keeps one timer per node: the earliest time it needs another look.
-fn set_timer(
-    timers: &mut BTreeSet<(u64, Wake)>,
-    current: &mut Option<u64>,
-    next: Option<u64>,
-    key: impl Fn() -> Wake,
-) {
-    if *current == next {
-        return;
-    }
-    if let Some(at) = current.take() {
-        timers.remove(&(at, key()));
-    }
-    if let Some(at) = next {
-        timers.insert((at, key()));
-        *current = Some(at);
     }
 }
 

@@ -222,7 +222,6 @@ mod tests {
             gen: 0,
             not_ready_since: not_ready_since.map(origin),
             taint_slots: vec![],
-            wake_ms: None,
             unseen_labels: vec![],
         }
     }

@@ -28,6 +28,7 @@ mod scaling;
 mod slot;
 mod sorted;
 mod stale;
+mod timers;
 mod topology;
 mod units;
 

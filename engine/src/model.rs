@@ -57,8 +57,6 @@ pub(crate) struct KubeEntry {
     pub not_ready_since: Option<Origin>,
     /// Taint key -> slot.
     pub taint_slots: Vec<(String, Slot)>,
-    /// Pending timer, if any.
-    pub wake_ms: Option<u64>,
     /// Labels the policy started to read since this node was last observed
     /// (`retired::newly_read_labels`): not acted on until it is observed again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
