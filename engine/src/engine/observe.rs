@@ -1,0 +1,768 @@
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+impl Engine {
+    /// Marks a Slurm node and the Kubernetes node under it for evaluation.
+    pub(super) fn touch_slurm(&mut self, name: &str) {
+        self.dirty.push(Wake::Slurm(name.to_owned()));
+        if let Some(k) = self.model.placement(name, &self.policy) {
+            self.dirty.push(Wake::Kube(k.to_owned()));
+            if self.policy.maintenance.enabled {
+                self.dirty.push(Wake::Maint(k.to_owned()));
+            }
+        }
+    }
+
+    /// A Slurm node started or stopped running jobs: the drain conditions
+    /// of the Kubernetes node under it may change (maintenance rows 4-5).
+    pub(super) fn touch_drain_progress(&mut self, name: &str) {
+        let m = &self.policy.maintenance;
+        if m.enabled && m.node_conditions {
+            if let Some(k) = self.model.placement(name, &self.policy) {
+                self.dirty.push(Wake::Maint(k.to_owned()));
+            }
+        }
+    }
+
+    /// Marks a Kubernetes node and the Slurm nodes on it for evaluation.
+    pub(super) fn touch_kube(&mut self, name: &str) {
+        let mut names = std::mem::take(&mut self.scratch_names);
+        names.clear();
+        self.model.slurm_nodes_on(name, &self.policy, &mut names);
+        self.dirty.extend(names.drain(..).map(Wake::Slurm));
+        self.scratch_names = names;
+        self.dirty.push(Wake::Kube(name.to_owned()));
+        if self.policy.maintenance.enabled || self.maintenance.contains_key(name) {
+            self.dirty.push(Wake::Maint(name.to_owned()));
+        }
+    }
+
+    pub(super) fn touch_all(&mut self) {
+        let mut names: Vec<String> = self.model.slurm_nodes.keys().cloned().collect();
+        names.extend(self.ctl.keys().cloned());
+        self.dirty.extend(names.into_iter().map(Wake::Slurm));
+        let kube: Vec<String> = self.model.kube_nodes.keys().cloned().collect();
+        if self.policy.maintenance.enabled {
+            self.dirty.extend(kube.iter().cloned().map(Wake::Maint));
+        }
+        self.dirty.extend(kube.into_iter().map(Wake::Kube));
+        let maint: Vec<String> = self.maintenance.keys().cloned().collect();
+        self.dirty.extend(maint.into_iter().map(Wake::Maint));
+    }
+
+    /// The object an event observes or deletes, and the version the model
+    /// holds of it (`None`: not held).
+    pub(super) fn held(&self, event: &Event) -> Option<(ObjectKey, Option<u64>)> {
+        let m = &self.model;
+        Some(match event {
+            Event::SlurmNode(SlurmNode { name, .. }) | Event::SlurmNodeGone { name, .. } => (
+                ObjectKey::SlurmNode(name.clone()),
+                m.slurm_nodes.get(name).map(|s| s.obs.version),
+            ),
+            Event::SlurmJob(SlurmJob { job_id, .. }) | Event::SlurmJobGone { job_id, .. } => (
+                ObjectKey::SlurmJob(*job_id),
+                m.jobs.get(job_id).map(|s| s.obs.version),
+            ),
+            Event::SlurmPartition(SlurmPartition { name, .. })
+            | Event::SlurmPartitionGone { name, .. } => (
+                ObjectKey::SlurmPartition(name.clone()),
+                m.partitions.get(name).map(|s| s.obs.version),
+            ),
+            Event::KubeNode(KubeNode { name, .. }) | Event::KubeNodeGone { name, .. } => (
+                ObjectKey::KubeNode(name.clone()),
+                m.kube_nodes.get(name).map(|k| k.obs.version),
+            ),
+            Event::KubePod(KubePod {
+                namespace, name, ..
+            })
+            | Event::KubePodGone {
+                namespace, name, ..
+            } => {
+                let key = pod_key(namespace, name);
+                let held = m.pods.get(&key).map(|p| p.obs.version);
+                (ObjectKey::Pod(key), held)
+            }
+            Event::KubeScaleTarget(KubeScaleTarget { target, .. })
+            | Event::KubeScaleTargetGone { target, .. } => (
+                ObjectKey::ScaleTarget(target.clone()),
+                m.scale_targets.get(target).map(|t| t.obs.version),
+            ),
+            _ => return None,
+        })
+    }
+
+    /// Whether an observation or deletion is older than what the model holds
+    /// (or than the deletion of the object it observes): then it changes
+    /// nothing. An observation that is applied to an object not held lifts
+    /// its tombstone; a deletion that is applied leaves one.
+    pub(super) fn stale(&mut self, event: &Event, now_ms: u64) -> bool {
+        let Some((key, held)) = self.held(event) else {
+            return false;
+        };
+        let version = event.version();
+        if stale::older_than_held(version, held) {
+            return true;
+        }
+        let gone = matches!(
+            event,
+            Event::SlurmNodeGone { .. }
+                | Event::SlurmJobGone { .. }
+                | Event::SlurmPartitionGone { .. }
+                | Event::KubeNodeGone { .. }
+                | Event::KubePodGone { .. }
+                | Event::KubeScaleTargetGone { .. }
+        );
+        if held.is_none() && stale::buried(version, self.tombstones.version(&key, now_ms)) {
+            // Deleted since: an observation, or an older deletion, of it.
+            return true;
+        }
+        if gone {
+            self.tombstones
+                .bury(key, version.max(held.unwrap_or(0)), now_ms);
+        } else if held.is_none() {
+            self.tombstones.lift(&key);
+        }
+        false
+    }
+
+    pub(super) fn handle_event(&mut self, event: &Event, ctx: &Ctx<'_>) {
+        if self.stale(event, ctx.now_ms) {
+            return;
+        }
+        match event {
+            Event::SlurmNode(node) => {
+                let gen = self.gen(Domain::SlurmNodes);
+                match self.model.slurm_nodes.get_mut(&node.name) {
+                    // Only the version moved (a relist): nothing to decide.
+                    Some(seen) if seen.obs.same_but_version(node) => {
+                        seen.obs.version = node.version;
+                        seen.gen = gen;
+                    }
+                    Some(seen) => {
+                        // Jobs flip nodes between IDLE, MIXED and ALLOCATED
+                        // all the time; no rule reads that, so such a change
+                        // only updates the model.
+                        let relevant = drain::decision_differs(&seen.obs, node);
+                        let own = Ownership {
+                            prefix: &self.policy.drain.reason_prefix,
+                            earlier_prefixes: &self.retired.prefixes,
+                            slurm_user: self.policy.drain.slurm_user.as_deref(),
+                        };
+                        let side_changed =
+                            SlurmSide::of(&seen.obs, &own) != SlurmSide::of(node, &own);
+                        let busy_changed =
+                            scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
+                        seen.obs.clone_from(node);
+                        seen.gen = gen;
+                        if side_changed {
+                            self.touch_slurm(&node.name);
+                        } else if relevant
+                            || (busy_changed && !self.policy.scaling.busy_label.is_empty())
+                        {
+                            self.dirty.push(Wake::Slurm(node.name.clone()));
+                        }
+                        if busy_changed {
+                            self.update_busy(&node.name);
+                            self.touch_drain_progress(&node.name);
+                        }
+                        // Drains and known nodes matter to scaling only for
+                        // victims and scale-in, which always scan.
+                        if relevant || busy_changed {
+                            self.schedule_scaling(ctx.now_ms);
+                        }
+                    }
+                    None => {
+                        self.model.slurm_nodes.insert(
+                            node.name.clone(),
+                            Seen {
+                                obs: node.clone(),
+                                gen,
+                            },
+                        );
+                        if self.model.jobs_on(&node.name) == 0 {
+                            self.idle_since.insert(node.name.clone(), ctx.now_ms);
+                        }
+                        self.update_busy(&node.name);
+                        self.touch_slurm(&node.name);
+                        self.schedule_scaling(ctx.now_ms);
+                    }
+                }
+            }
+            Event::SlurmNodeGone { name, .. } => self.remove_slurm_node(name),
+            Event::SlurmJob(job) => {
+                let gen = self.gen(Domain::SlurmJobs);
+                let mut flipped = std::mem::take(&mut self.scratch_names);
+                flipped.clear();
+                self.model.upsert_job(job, gen, &mut flipped);
+                self.jobs_flipped(&mut flipped, ctx.now_ms);
+                self.scratch_names = flipped;
+                self.schedule_scaling(ctx.now_ms);
+            }
+            Event::SlurmJobGone { job_id, .. } => self.remove_job(*job_id),
+            Event::SlurmPartition(p) => {
+                // No rule reads partitions yet; kept for the audit trail.
+                let gen = self.gen(Domain::SlurmPartitions);
+                self.model.partitions.insert(
+                    p.name.clone(),
+                    Seen {
+                        obs: p.clone(),
+                        gen,
+                    },
+                );
+            }
+            Event::SlurmPartitionGone { name, .. } => {
+                self.model.partitions.remove(name);
+            }
+            Event::KubeNode(node) => {
+                let gen = self.gen(Domain::KubeNodes);
+                let now = ctx.now_ms;
+                let new = !self.model.kube_nodes.contains_key(&node.name);
+                if new {
+                    let taint_slots = adopt(&mut self.orphans, |t| match t {
+                        Target::NodeTaint { node: n, key } if *n == node.name => Some(key.clone()),
+                        _ => None,
+                    });
+                    self.model.kube_nodes.insert(
+                        node.name.clone(),
+                        KubeEntry {
+                            obs: node.clone(),
+                            gen,
+                            not_ready_since: None,
+                            taint_slots,
+                            unseen_labels: Vec::new(),
+                        },
+                    );
+                }
+                let entry = self
+                    .model
+                    .kube_nodes
+                    .get_mut(&node.name)
+                    .expect("inserted above");
+                entry.gen = gen;
+                // The same version is the same object: a copy that looked
+                // for fewer labels was taken under an earlier policy (a late
+                // re-delivery of it) and says less than the one held.
+                if !new
+                    && node.version != 0
+                    && node.version == entry.obs.version
+                    && !stale::reads_at_least(&node.read_labels, &entry.obs.read_labels)
+                {
+                    return;
+                }
+                let ready = node.ready == ConditionStatus::True;
+                let spell_changed = ready == entry.not_ready_since.is_some();
+                // The labels the policy started to read are usable once an
+                // observation looked for them; one taken under the earlier
+                // policy (a stale re-delivery) did not, and changes nothing.
+                let before = entry.unseen_labels.len();
+                match &node.read_labels {
+                    Some(read) => entry.unseen_labels.retain(|l| !read.contains(l)),
+                    None => entry.unseen_labels.clear(),
+                }
+                let labels_seen = entry.unseen_labels.len() != before;
+                // A node seen for the first time is news even though its
+                // entry was just made from it: the Slurm nodes on it must
+                // be looked at with its labels and cordon.
+                if !new && entry.obs.same_but_version(node) && !spell_changed && !labels_seen {
+                    entry.obs.version = node.version;
+                    return;
+                }
+                entry.obs.clone_from(node);
+                // Its host is back once a node of that name is Ready.
+                if ready {
+                    self.model.kube_gone.remove(&node.name);
+                }
+                let entry = self
+                    .model
+                    .kube_nodes
+                    .get_mut(&node.name)
+                    .expect("inserted above");
+                if ready {
+                    entry.not_ready_since = None;
+                } else if entry.not_ready_since.is_none() {
+                    entry.not_ready_since = Some(Origin {
+                        ms: now,
+                        seq: ctx.seq,
+                        event: ctx.event.clone(),
+                    });
+                }
+                self.touch_kube(&node.name);
+            }
+            Event::KubeNodeGone { name, .. } => self.remove_kube_node(name, ctx),
+            Event::KubePod(pod) => {
+                let gen = self.gen(Domain::KubePods);
+                let key = pod_key(&pod.namespace, &pod.name);
+                let old = match self.model.pods.get_mut(&key) {
+                    Some(e) if e.obs.same_but_version(pod) => {
+                        e.obs.version = pod.version;
+                        e.gen = gen;
+                        return;
+                    }
+                    Some(e) => {
+                        e.gen = gen;
+                        Some(e.obs.clone())
+                    }
+                    None => None,
+                };
+                if let Some(old) = &old {
+                    self.unindex_pod(&key, old);
+                }
+                if old.is_none() {
+                    let condition_slots = adopt(&mut self.orphans, |t| match t {
+                        Target::PodCondition {
+                            namespace,
+                            pod: p,
+                            condition,
+                        } if *namespace == pod.namespace && *p == pod.name => {
+                            Some(condition.clone())
+                        }
+                        Target::PodLabel {
+                            namespace,
+                            pod: p,
+                            key,
+                        } if *namespace == pod.namespace && *p == pod.name => {
+                            Some(format!("label:{key}"))
+                        }
+                        _ => None,
+                    });
+                    self.model.pods.insert(
+                        key.clone(),
+                        PodEntry {
+                            obs: pod.clone(),
+                            gen,
+                            condition_slots,
+                        },
+                    );
+                } else if let Some(entry) = self.model.pods.get_mut(&key) {
+                    entry.obs.clone_from(pod);
+                }
+                let pod = pod.clone();
+                self.index_pod(&key, &pod);
+                self.scaling_needs_scan(ctx.now_ms);
+            }
+            Event::KubePodGone {
+                namespace, name, ..
+            } => {
+                self.remove_pod(&pod_key(namespace, name), ctx);
+                self.scaling_needs_scan(ctx.now_ms);
+            }
+            Event::KubeScaleTarget(t) => {
+                let gen = self.gen(Domain::KubeScaleTargets);
+                let same = self
+                    .model
+                    .scale_targets
+                    .get(&t.target)
+                    .is_some_and(|held| held.obs.same_but_version(t));
+                self.model.scale_targets.insert(
+                    t.target.clone(),
+                    Seen {
+                        obs: t.clone(),
+                        gen,
+                    },
+                );
+                if !same {
+                    self.scaling_needs_scan(ctx.now_ms);
+                }
+            }
+            Event::KubeScaleTargetGone { target, .. } => {
+                self.model.scale_targets.remove(target);
+                self.scaling_needs_scan(ctx.now_ms);
+            }
+            Event::SyncStarted { domain } => {
+                let s = &mut self.model.sync[domain_index(*domain)];
+                s.gen += 1;
+                s.listing = true;
+            }
+            Event::SyncDone { domain } => self.finish_sync(*domain, ctx),
+            Event::ConnectorStatus {
+                connector, visible, ..
+            } => {
+                let flag = match connector {
+                    lockstep_schemas::Connector::Slurm => &mut self.model.slurm_visible,
+                    lockstep_schemas::Connector::Kubernetes => &mut self.model.kube_visible,
+                };
+                if *flag != *visible {
+                    *flag = *visible;
+                    self.touch_all();
+                    self.scaling_needs_scan(ctx.now_ms);
+                }
+            }
+            Event::Tick => {}
+            Event::ActionOutcome(o) => self.handle_outcome(o, ctx.now_ms),
+            Event::PolicyChanged(policy) => {
+                if self.pinned || **policy == self.policy {
+                    return;
+                }
+                let old = std::mem::replace(&mut self.policy, (**policy).clone());
+                self.retired.policy_changed(&old, &self.policy);
+                let added = retired::newly_read_labels(&old, &self.policy);
+                if !added.is_empty() {
+                    for entry in self.model.kube_nodes.values_mut() {
+                        for l in &added {
+                            if !entry.unseen_labels.contains(l) {
+                                entry.unseen_labels.push(l.clone());
+                            }
+                        }
+                    }
+                }
+                self.model.rebuild_indexes(&self.policy);
+                self.rebuild_busy();
+                self.touch_all();
+                self.scaling_needs_scan(ctx.now_ms);
+            }
+        }
+    }
+
+    pub(super) fn gen(&self, d: Domain) -> u32 {
+        self.model.sync[domain_index(d)].gen
+    }
+
+    pub(super) fn index_pod(&mut self, key: &str, pod: &lockstep_schemas::KubePod) {
+        self.model.index_pod(key, pod, &self.policy, true);
+        if let Some(s) = slurm_name_of_pod(pod, &self.policy) {
+            self.touch_slurm(s);
+        }
+    }
+
+    /// Removes a pod's claim; touches its Slurm node and the node it was on.
+    pub(super) fn unindex_pod(&mut self, key: &str, pod: &lockstep_schemas::KubePod) {
+        if let Some(s) = slurm_name_of_pod(pod, &self.policy) {
+            let s = s.to_owned();
+            self.touch_slurm(&s);
+            self.model.index_pod(key, pod, &self.policy, false);
+            self.touch_slurm(&s);
+        }
+    }
+
+    /// Forgets a pod that is gone, however it went (a delete observed from
+    /// its start, a force delete, a relist that no longer lists it).
+    pub(super) fn remove_pod(&mut self, key: &str, ctx: &Ctx<'_>) {
+        if let Some(entry) = self.model.pods.get(key) {
+            let pod = entry.obs.clone();
+            self.unindex_pod(key, &pod);
+            if let Some(entry) = self.model.pods.remove(key) {
+                for (_, slot) in entry.condition_slots {
+                    self.park(slot);
+                }
+            }
+            self.note_pod_lost(&pod, ctx);
+            if let Some(kube) = &pod.node_name {
+                self.forget_gone_kube_node(kube);
+            }
+            self.scaling_needs_scan(self.now_ms);
+        }
+    }
+
+    /// A pod gone without a `deleting` phase seen first (a force delete, a
+    /// delete while the watch was down) is as much a loss as any other: its
+    /// Slurm node's slurmd is gone with it. Drain row 4 (`drain.pod_missing`)
+    /// holds while a pod loss is among the causes before; this makes it one,
+    /// dated by the event that showed the pod gone.
+    pub(super) fn note_pod_lost(&mut self, pod: &lockstep_schemas::KubePod, ctx: &Ctx<'_>) {
+        let policy = &self.policy;
+        if policy.mapping.mode != lockstep_schemas::MappingMode::Pod
+            || !policy.drain.on_pod_disruption
+        {
+            return;
+        }
+        let Some(slurm) = slurm_name_of_pod(pod, policy) else {
+            return;
+        };
+        let Some(ctl) = self.ctl.get_mut(slurm) else {
+            return;
+        };
+        if !ctl.causes.iter().any(|(c, _)| c.is_pod_loss()) {
+            ctl.causes.push((
+                Cause::PodMissing,
+                Origin {
+                    ms: ctx.now_ms,
+                    seq: ctx.seq,
+                    event: ctx.event.clone(),
+                },
+            ));
+        }
+    }
+
+    /// Keeps a vanished object's slot while its action is in flight.
+    pub(super) fn park(&mut self, slot: Slot) {
+        park(
+            &mut self.orphans,
+            slot,
+            self.now_ms,
+            ms(self.policy.actions.timeout_s),
+        );
+    }
+
+    pub(super) fn remove_slurm_node(&mut self, name: &str) {
+        if self.model.slurm_nodes.remove(name).is_some() {
+            self.update_busy(name);
+            self.touch_slurm(name);
+            if let Some(kube) = self.model.placement(name, &self.policy) {
+                let kube = kube.to_owned();
+                self.forget_gone_kube_node(&kube);
+            }
+            self.schedule_scaling(self.now_ms);
+        }
+    }
+
+    /// Forgets a Kubernetes node that was deleted (or is missing from a
+    /// relist) and remembers that its host is gone (health row 6).
+    pub(super) fn remove_kube_node(&mut self, name: &str, ctx: &Ctx<'_>) {
+        if let Some(entry) = self.model.kube_nodes.remove(name) {
+            self.timers.set(WakeOf::Kube(name), None);
+            for (_, slot) in entry.taint_slots {
+                self.park(slot);
+            }
+            let gone = &mut self.model.kube_gone;
+            gone.entry(name.to_owned()).or_insert_with(|| Origin {
+                ms: ctx.now_ms,
+                seq: ctx.seq,
+                event: ctx.event.clone(),
+            });
+            if gone.len() > crate::model::KUBE_NODES_GONE_MAX {
+                let oldest = gone
+                    .iter()
+                    .min_by_key(|(n, o)| (o.seq, (*n).clone()))
+                    .map(|(n, _)| n.clone());
+                if let Some(n) = oldest {
+                    gone.remove(&n);
+                }
+            }
+            self.touch_kube(name);
+        }
+    }
+
+    /// A deleted Kubernetes node is forgotten once no Slurm node is on it:
+    /// nothing can be kept out for it any more.
+    pub(super) fn forget_gone_kube_node(&mut self, kube: &str) {
+        if !self.model.kube_gone.contains_key(kube) {
+            return;
+        }
+        let mut names = std::mem::take(&mut self.scratch_names);
+        names.clear();
+        self.model.slurm_nodes_on(kube, &self.policy, &mut names);
+        let host_mode = self.policy.mapping.mode == lockstep_schemas::MappingMode::Host;
+        let empty = if host_mode {
+            !self.model.slurm_nodes.contains_key(kube)
+        } else {
+            names.is_empty()
+        };
+        self.scratch_names = names;
+        if empty {
+            self.model.kube_gone.remove(kube);
+        }
+    }
+
+    pub(super) fn remove_job(&mut self, job_id: u64) {
+        let mut flipped = std::mem::take(&mut self.scratch_names);
+        flipped.clear();
+        self.model.remove_job(job_id, &mut flipped);
+        self.jobs_flipped(&mut flipped, self.now_ms);
+        self.scratch_names = flipped;
+        self.schedule_scaling(self.now_ms);
+    }
+
+    /// Nodes whose jobs went from none to some or back: their idle clock,
+    /// and their busy label.
+    pub(super) fn jobs_flipped(&mut self, flipped: &mut Vec<String>, now_ms: u64) {
+        let label = !self.policy.scaling.busy_label.is_empty();
+        for node in flipped.drain(..) {
+            if self.model.jobs_on(&node) == 0 {
+                self.idle_since.insert(node.clone(), now_ms);
+            } else {
+                self.idle_since.remove(&node);
+            }
+            self.update_busy(&node);
+            self.touch_drain_progress(&node);
+            if label {
+                self.dirty.push(Wake::Slurm(node));
+            }
+        }
+    }
+
+    /// Keeps `busy_nodes` and the per-rule busy counts current. Without
+    /// scale targets there is nothing to keep: the set is rebuilt when a
+    /// policy brings some.
+    pub(super) fn update_busy(&mut self, node: &str) {
+        if self.policy.scaling.targets.is_empty() {
+            return;
+        }
+        let busy = self.model.jobs_on(node) > 0
+            || self
+                .model
+                .slurm_nodes
+                .get(node)
+                .is_some_and(|n| scaling::slurm_busy(&n.obs));
+        if busy == self.busy_nodes.contains(node) {
+            return;
+        }
+        if busy {
+            self.busy_nodes.insert(node.to_owned());
+        } else {
+            self.busy_nodes.remove(node);
+        }
+        let rule = self.scale_rule_of.get(node).copied();
+        if let Some(count) = rule.and_then(|r| self.scale_busy.get_mut(r)) {
+            *count = if busy {
+                *count + 1
+            } else {
+                count.saturating_sub(1)
+            };
+        }
+    }
+
+    /// Rebuilds the busy set from the model. Busy: running a job (whether
+    /// Slurm's node list has the node yet or not) or finishing one.
+    pub(super) fn rebuild_busy(&mut self) {
+        self.busy_nodes.clear();
+        let mut names: Vec<String> = self.model.slurm_nodes.keys().cloned().collect();
+        names.extend(self.model.nodes_with_jobs());
+        for n in names {
+            self.update_busy(&n);
+        }
+    }
+
+    /// Something scaling reads beyond job counts changed: the next
+    /// evaluation scans the targets' pods.
+    pub(super) fn scaling_needs_scan(&mut self, now_ms: u64) {
+        self.scale_scan_needed = true;
+        self.schedule_scaling(now_ms);
+    }
+
+    /// Scaling looks again within `evaluate_every_s`; changes in between are
+    /// taken together.
+    pub(super) fn schedule_scaling(&mut self, now_ms: u64) {
+        if self.policy.scaling.targets.is_empty() {
+            return;
+        }
+        let at = after_s(now_ms, self.policy.scaling.evaluate_every_s);
+        if self.timers.get(WakeOf::Scale).is_some_and(|t| t <= at) {
+            return;
+        }
+        self.timers.set(WakeOf::Scale, Some(at));
+    }
+
+    /// Everything of the domain not listed since `SyncStarted` is gone.
+    pub(super) fn finish_sync(&mut self, domain: Domain, ctx: &Ctx<'_>) {
+        if domain == Domain::SlurmNodes {
+            // Level-triggered after every relist (after a restart, a restore,
+            // a lost watch): each drain lockstep owns is looked at again, so
+            // one whose cause no longer holds is resumed even when nothing
+            // else about its node changed.
+            let own = self.ownership();
+            let owned: Vec<String> = self
+                .model
+                .slurm_nodes
+                .iter()
+                .filter(|(_, s)| SlurmSide::of(&s.obs, &own).owned_out())
+                .map(|(n, _)| n.clone())
+                .collect();
+            self.dirty.extend(owned.into_iter().map(Wake::Slurm));
+        }
+        let state = self.model.sync[domain_index(domain)];
+        if !state.listing {
+            // A log cut in the middle of a listing: we did not see its start,
+            // so we cannot tell what was listed. Keep everything.
+            return;
+        }
+        self.model.sync[domain_index(domain)].listing = false;
+        let gen = state.gen;
+        fn stale<K: Clone + Ord, V>(
+            m: &FxHashMap<K, V>,
+            gen: u32,
+            g: impl Fn(&V) -> u32,
+        ) -> Vec<K> {
+            let mut v: Vec<K> = m
+                .iter()
+                .filter(|(_, e)| g(e) < gen)
+                .map(|(k, _)| k.clone())
+                .collect();
+            v.sort();
+            v
+        }
+        match domain {
+            // Gone by absence: the version last held dates the deletion.
+            Domain::SlurmNodes => {
+                for n in stale(&self.model.slurm_nodes, gen, |e| e.gen) {
+                    let v = self.model.slurm_nodes[&n].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::SlurmNode(n.clone()), v, self.now_ms);
+                    self.remove_slurm_node(&n);
+                }
+            }
+            Domain::SlurmJobs => {
+                for j in stale(&self.model.jobs, gen, |e| e.gen) {
+                    let v = self.model.jobs[&j].obs.version;
+                    self.tombstones.bury(ObjectKey::SlurmJob(j), v, self.now_ms);
+                    self.remove_job(j);
+                }
+            }
+            Domain::SlurmPartitions => {
+                for p in stale(&self.model.partitions, gen, |e| e.gen) {
+                    let v = self.model.partitions[&p].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::SlurmPartition(p.clone()), v, self.now_ms);
+                    self.model.partitions.remove(&p);
+                }
+            }
+            Domain::KubeNodes => {
+                for n in stale(&self.model.kube_nodes, gen, |e| e.gen) {
+                    let v = self.model.kube_nodes[&n].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::KubeNode(n.clone()), v, self.now_ms);
+                    self.remove_kube_node(&n, ctx);
+                }
+            }
+            Domain::KubePods => {
+                for k in stale(&self.model.pods, gen, |e| e.gen) {
+                    let v = self.model.pods[&k].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::Pod(k.clone()), v, self.now_ms);
+                    self.remove_pod(&k, ctx);
+                }
+            }
+            Domain::KubeScaleTargets => {
+                for t in stale(&self.model.scale_targets, gen, |e| e.gen) {
+                    let v = self.model.scale_targets[&t].obs.version;
+                    self.tombstones
+                        .bury(ObjectKey::ScaleTarget(t.clone()), v, self.now_ms);
+                    self.model.scale_targets.remove(&t);
+                    self.scaling_needs_scan(self.now_ms);
+                }
+            }
+        }
+    }
+}
+
+/// Takes the orphaned slots whose target `key_of` recognises, keyed by what
+/// it returns.
+pub(super) fn adopt(
+    orphans: &mut BTreeMap<Target, Slot>,
+    key_of: impl Fn(&Target) -> Option<String>,
+) -> Vec<(String, Slot)> {
+    if orphans.is_empty() {
+        return Vec::new();
+    }
+    let keys: Vec<(Target, String)> = orphans
+        .keys()
+        .filter_map(|t| key_of(t).map(|k| (t.clone(), k)))
+        .collect();
+    keys.into_iter()
+        .filter_map(|(t, k)| orphans.remove(&t).map(|s| (k, s)))
+        .collect()
+}
+
+/// Keeps a slot whose action is still in flight (until its outcome or its
+/// timeout) after its owner went, so that an owner made again for the same
+/// target adopts it instead of racing it with a second action.
+pub(super) fn park(orphans: &mut BTreeMap<Target, Slot>, slot: Slot, now: u64, timeout_ms: u64) {
+    orphans.retain(|_, s| {
+        s.pending()
+            .is_some_and(|f| now < after_ms(f.issued_ms, timeout_ms))
+    });
+    if let Some(f) = slot.pending() {
+        if now < after_ms(f.issued_ms, timeout_ms) {
+            orphans.insert(f.action.target(), slot);
+        }
+    }
+}
