@@ -20,7 +20,8 @@
 //! later append that to the reason lockstep set), never lockstep's.
 
 use lockstep_schemas::{
-    DrainPolicy, KubePod, MappingMode, SlurmBaseState, SlurmNode, SlurmNodeFlag,
+    Action, DrainPolicy, HealthAction, KubePod, MappingMode, Phase, Policy, SlurmBaseState,
+    SlurmNode, SlurmNodeFlag,
 };
 use serde::{Deserialize, Serialize};
 
@@ -106,12 +107,13 @@ impl Cause {
     }
 }
 
-/// Rows 1-4 of the table. `previous` are the causes in force before.
+/// Rows 1-4 of the table. `had_pod_loss`: a pod loss (rows 2-4) was among
+/// the causes in force before.
 pub(crate) fn causes(
     view: &NodeView<'_>,
     policy: &DrainPolicy,
     mode: MappingMode,
-    previous: &[Cause],
+    had_pod_loss: bool,
     out: &mut Vec<Cause>,
 ) {
     if policy.on_cordon && view.kube.is_some_and(|k| k.obs.unschedulable) {
@@ -128,12 +130,115 @@ pub(crate) fn causes(
             }
         } else if mode == MappingMode::Pod
             && !pod.is_some_and(KubePod::running_and_ready)
-            && previous.iter().any(Cause::is_pod_loss)
+            && had_pod_loss
         {
             // A replacement that is Pending, or Running but not Ready, does
             // not serve yet: slurmd in it may not even have started.
             out.push(Cause::PodMissing);
         }
+    }
+}
+
+/// What lockstep wants Slurm to show of one node, and the phase and rule
+/// that say why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StateWant {
+    pub phase: Phase,
+    pub rule: Rule,
+    /// The drain, down or resume that makes Slurm show it; `None`: Slurm
+    /// shows it already, or nothing is wanted.
+    pub action: Option<Action>,
+    /// Health damping holds the node until then: nothing is sent now.
+    pub held_until: Option<u64>,
+}
+
+/// Where a node stood after its last evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Before {
+    pub phase: Phase,
+    pub rule: Rule,
+    /// Whether a cause was in force.
+    pub had_cause: bool,
+}
+
+/// The state rows: a cause in force takes the node out (drained, or DOWN for
+/// a health cause with `health.action: down`), and puts it back out when an
+/// owned drain was removed while its cause holds (`drain.reapply`); with no
+/// cause, lockstep's own drain is resumed (`drain.cause_cleared`) unless
+/// health damping holds it (`resume_hold`, asked only then); anybody
+/// else's drain or Slurm's own unhealthy state is shown, never undone.
+pub(crate) fn state_want(
+    primary: Option<&Cause>,
+    view: &NodeView<'_>,
+    slurm: &SlurmNode,
+    side: SlurmSide,
+    before: Before,
+    resume_hold: impl FnOnce() -> Option<(Rule, u64)>,
+    policy: &Policy,
+) -> StateWant {
+    let quiet = |phase, rule| StateWant {
+        phase,
+        rule,
+        action: None,
+        held_until: None,
+    };
+    let Some(primary) = primary else {
+        if side.owned_out() {
+            return match resume_hold() {
+                Some((rule, until)) => StateWant {
+                    held_until: Some(until),
+                    ..quiet(Phase::Resuming, rule)
+                },
+                None => StateWant {
+                    action: Some(Action::SlurmResume {
+                        node: slurm.name.clone(),
+                    }),
+                    ..quiet(Phase::Resuming, Rule::CauseCleared)
+                },
+            };
+        }
+        return if side.foreign_drain() {
+            quiet(Phase::ForeignDrain, Rule::ForeignDrain)
+        } else if side.unhealthy {
+            quiet(Phase::SlurmUnhealthy, Rule::SlurmUnhealthy)
+        } else {
+            quiet(Phase::InService, Rule::Observed)
+        };
+    };
+    let down = primary.is_health() && policy.health.action == HealthAction::Down;
+    let reason = format!("{} {}", policy.drain.reason_prefix, primary.describe(view));
+    let shown = if down {
+        side.down
+    } else {
+        side.drained || (side.down && side.owned)
+    };
+    // A cause that names itself rewrites only lockstep's own reason: a drain
+    // somebody else set already keeps the node out, and its reason is
+    // theirs (replacing it would make it lockstep's, to be resumed later).
+    let satisfied = shown
+        && (!primary.names_itself() || !side.owned || slurm.reason.as_deref() == Some(&reason));
+    if satisfied {
+        return quiet(Phase::Drained, primary.rule());
+    }
+    // Drained for a cause that still holds, and Slurm no longer shows it:
+    // somebody removed lockstep's drain early. (Not a drain that only needs
+    // to say its new cause.)
+    let reapply = (before.phase == Phase::Drained && before.had_cause && !shown)
+        || (before.phase == Phase::Draining && before.rule == Rule::Reapplied);
+    let rule = if reapply {
+        Rule::Reapplied
+    } else {
+        primary.rule()
+    };
+    let node = slurm.name.clone();
+    let action = if down {
+        Action::SlurmDown { node, reason }
+    } else {
+        Action::SlurmDrain { node, reason }
+    };
+    StateWant {
+        action: Some(action),
+        ..quiet(Phase::Draining, rule)
     }
 }
 
@@ -328,7 +433,14 @@ mod tests {
                 kube_gone: None,
             };
             let mut got = Vec::new();
-            causes(&view, &DrainPolicy::default(), *mode, previous, &mut got);
+            let had_pod_loss = previous.iter().any(Cause::is_pod_loss);
+            causes(
+                &view,
+                &DrainPolicy::default(),
+                *mode,
+                had_pod_loss,
+                &mut got,
+            );
             assert_eq!(got, *want, "row {i}");
         }
     }
@@ -472,6 +584,77 @@ mod tests {
                 (s.drained, s.down, s.owned, s.unhealthy),
                 *want,
                 "{state:?} {flags:?} {reason:?}"
+            );
+        }
+    }
+
+    /// The state rows, one case per line: (cause, Slurm shows (drained,
+    /// down, owned, unhealthy), before, damping holds) -> (phase, rule,
+    /// action).
+    #[test]
+    fn state_rows_table() {
+        use Phase::{Drained as Dd, Draining as Dg, ForeignDrain as Fd, InService as In};
+        use Phase::{Resuming as Rs, SlurmUnhealthy as Su};
+        let side = |d, dn, o, u| SlurmSide {
+            drained: d,
+            down: dn,
+            owned: o,
+            unhealthy: u,
+        };
+        let (none, out_owned, out_other) = (
+            side(false, false, false, false),
+            side(true, false, true, false),
+            side(true, false, false, false),
+        );
+        let drained = (Dd, Rule::Cordoned, true);
+        let fresh = (In, Rule::Observed, false);
+        let hold = Some((Rule::FlapHold, 99));
+        type Case = (
+            Option<Cause>,
+            SlurmSide,
+            (Phase, Rule, bool),
+            Option<(Rule, u64)>,
+            (Phase, Rule, Option<&'static str>),
+        );
+        #[rustfmt::skip]
+        let cases: &[Case] = &[
+            (Some(Cause::Cordoned), none, fresh, None, (Dg, Rule::Cordoned, Some("slurm_drain"))),
+            (Some(Cause::Cordoned), out_owned, fresh, None, (Dd, Rule::Cordoned, None)),
+            // somebody else's drain keeps it out already
+            (Some(Cause::Cordoned), out_other, fresh, None, (Dd, Rule::Cordoned, None)),
+            // lockstep's drain removed while its cause holds
+            (Some(Cause::Cordoned), none, drained, None, (Dg, Rule::Reapplied, Some("slurm_drain"))),
+            (Some(Cause::NotReady), none, fresh, None, (Dg, Rule::NotReady, Some("slurm_drain"))),
+            // names itself: lockstep's drain for another cause says so
+            (Some(Cause::KubeNodeGone), out_owned, drained, None, (Dg, Rule::KubeNodeGone, Some("slurm_drain"))),
+            (None, out_owned, drained, None, (Rs, Rule::CauseCleared, Some("slurm_resume"))),
+            (None, out_owned, drained, hold, (Rs, Rule::FlapHold, None)),
+            (None, out_other, fresh, None, (Fd, Rule::ForeignDrain, None)),
+            (None, side(false, true, false, true), fresh, None, (Su, Rule::SlurmUnhealthy, None)),
+            (None, none, drained, None, (In, Rule::Observed, None)),
+        ];
+        let n = node(SlurmBaseState::Idle, &[], Some("lockstep: earlier"));
+        let view = NodeView {
+            slurm: Some(&n),
+            pod_key: None,
+            pod: None,
+            kube_name: Some("k1"),
+            kube: None,
+            kube_gone: None,
+        };
+        let policy = Policy::default();
+        for (i, (cause, side, (phase, rule, had_cause), hold, want)) in cases.iter().enumerate() {
+            let before = Before {
+                phase: *phase,
+                rule: *rule,
+                had_cause: *had_cause,
+            };
+            let got = state_want(cause.as_ref(), &view, &n, *side, before, || *hold, &policy);
+            let kind = got.action.as_ref().map(|a| a.kind().name());
+            assert_eq!((got.phase, got.rule, kind), *want, "case {i}");
+            assert_eq!(
+                got.held_until,
+                hold.filter(|_| got.phase == Rs).map(|h| h.1)
             );
         }
     }

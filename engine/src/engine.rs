@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
-    KubeScaleTarget, OutcomeResult, PodCondition, Policy, Removal, ScaleTargetRef, SlurmJob,
-    SlurmNode, SlurmPartition, Taint, TaintSpec, Target,
+    KubeScaleTarget, OutcomeResult, Policy, Removal, ScaleTargetRef, SlurmJob, SlurmNode,
+    SlurmPartition, Target,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -26,7 +26,7 @@ use crate::slot::{reconcile_keyed, Flight, Issue, Slot, Step};
 use crate::sorted;
 use crate::stale::{self, ObjectKey, Tombstones};
 use crate::timers::{Timers, Wake, WakeOf};
-use crate::topology::{self, TopologyWant};
+use crate::topology;
 use crate::units::{after_ms, after_s, ms};
 use lockstep_schemas::{Phase, Rule, Transition};
 

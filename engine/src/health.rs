@@ -35,7 +35,7 @@
 
 use std::collections::VecDeque;
 
-use lockstep_schemas::{ConditionStatus, HealthPolicy};
+use lockstep_schemas::{ConditionStatus, HealthPolicy, Rule};
 use serde::{Deserialize, Serialize};
 
 use crate::drain::Cause;
@@ -135,6 +135,24 @@ pub(crate) fn slurm_health_step(
         st.shown = false;
         st.healthy_since = None;
         None
+    }
+}
+
+/// Whether the resume of lockstep's drain after a health cause cleared at
+/// `cleared_ms` waits: `health.flap_hold` while the node flaps, else
+/// `health.resume_delay` until it has been healthy for `resume_after_s`;
+/// with the log time it waits until.
+pub(crate) fn resume_hold(
+    drains: &VecDeque<u64>,
+    cleared_ms: u64,
+    now_ms: u64,
+    policy: &HealthPolicy,
+) -> Option<(Rule, u64)> {
+    let resume_at = after_s(cleared_ms, policy.resume_after_s);
+    match flap_hold(drains, now_ms, policy) {
+        Some(until) => Some((Rule::FlapHold, until.max(resume_at))),
+        None if now_ms < resume_at => Some((Rule::ResumeDelayed, resume_at)),
+        None => None,
     }
 }
 

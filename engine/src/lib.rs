@@ -25,6 +25,7 @@ mod model;
 pub mod replay;
 mod retired;
 mod scaling;
+mod shown;
 mod slot;
 mod sorted;
 mod stale;

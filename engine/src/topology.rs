@@ -17,7 +17,7 @@
 //! the topology stay as they are (absent there means "not seen yet", not
 //! "not set").
 
-use lockstep_schemas::{valid_topology_token, KubeNode, SlurmNode, TopologyPolicy};
+use lockstep_schemas::{valid_topology_token, Action, KubeNode, SlurmNode, TopologyPolicy};
 
 /// The feature list lockstep wants, or `None` when the node already has it
 /// (or lockstep cannot see the Kubernetes node's labels).
@@ -109,6 +109,41 @@ pub(crate) fn topology_want(
             }
         }
     }
+}
+
+/// What rows 1-3 want for one Slurm node: its features, its topology, and
+/// why its unit label cannot be used (row 3), if it cannot.
+pub(crate) fn wants(
+    name: &str,
+    slurm: &SlurmNode,
+    kube: Option<(&str, &KubeNode)>,
+    policy: &TopologyPolicy,
+    unseen: &[String],
+    retired_prefixes: &[String],
+) -> (Option<Action>, Option<Action>, Option<String>) {
+    let features = features_want(
+        slurm,
+        kube.map(|(_, k)| k),
+        policy,
+        unseen,
+        retired_prefixes,
+    )
+    .map(|features| Action::SlurmSetFeatures {
+        node: name.to_owned(),
+        features,
+    });
+    let (topology, invalid) = match topology_want(slurm, kube, policy, unseen) {
+        TopologyWant::Leave => (None, None),
+        TopologyWant::Set(topology) => (
+            Some(Action::SlurmSetTopology {
+                node: name.to_owned(),
+                topology,
+            }),
+            None,
+        ),
+        TopologyWant::Invalid(why) => (None, Some(why)),
+    };
+    (features, topology, invalid)
 }
 
 #[cfg(test)]
