@@ -331,20 +331,6 @@ impl SlurmSide {
     }
 }
 
-/// Whether two observations of a Slurm node differ in anything a rule reads.
-/// Every rule that starts reading another field of [`SlurmNode`] must add it
-/// here; a change that differs only in the rest (IDLE, MIXED and ALLOCATED
-/// as jobs come and go) needs no evaluation.
-pub(crate) fn decision_differs(a: &SlurmNode, b: &SlurmNode) -> bool {
-    (a.state == SlurmBaseState::Down) != (b.state == SlurmBaseState::Down)
-        || a.flags != b.flags
-        || a.reason != b.reason
-        || a.reason_user != b.reason_user
-        || a.features != b.features
-        || a.topology != b.topology
-        || a.partitions != b.partitions
-}
-
 /// Slurm's word for what is wrong, for pod conditions: `SlurmDown`,
 /// `SlurmNotResponding` or `SlurmFail`.
 pub(crate) fn unhealthy_reason(node: &SlurmNode) -> &'static str {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lockstep_schemas::{
     Domain, EventId, KubeNode, KubePod, KubeScaleTarget, MappingMode, Policy, ScaleTargetRef,
-    SlurmJob, SlurmNode, SlurmPartition,
+    SlurmBaseState, SlurmJob, SlurmNode, SlurmPartition,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -413,4 +413,18 @@ impl Model {
             demand(&mut self.pending_nodes, &self.unscalable, &seen.obs, true);
         }
     }
+}
+/// The relevance filter: whether two observations of a Slurm node differ in
+/// anything a rule reads.
+/// Every rule that starts reading another field of [`SlurmNode`] must add it
+/// here; a change that differs only in the rest (IDLE, MIXED and ALLOCATED
+/// as jobs come and go) needs no evaluation.
+pub(crate) fn slurm_relevant_change(a: &SlurmNode, b: &SlurmNode) -> bool {
+    (a.state == SlurmBaseState::Down) != (b.state == SlurmBaseState::Down)
+        || a.flags != b.flags
+        || a.reason != b.reason
+        || a.reason_user != b.reason_user
+        || a.features != b.features
+        || a.topology != b.topology
+        || a.partitions != b.partitions
 }

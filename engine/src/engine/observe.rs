@@ -130,64 +130,7 @@ impl Engine {
             return;
         }
         match event {
-            Event::SlurmNode(node) => {
-                let gen = self.gen(Domain::SlurmNodes);
-                match self.model.slurm_nodes.get_mut(&node.name) {
-                    // Only the version moved (a relist): nothing to decide.
-                    Some(seen) if seen.obs.same_but_version(node) => {
-                        seen.obs.version = node.version;
-                        seen.gen = gen;
-                    }
-                    Some(seen) => {
-                        // Jobs flip nodes between IDLE, MIXED and ALLOCATED
-                        // all the time; no rule reads that, so such a change
-                        // only updates the model.
-                        let relevant = drain::decision_differs(&seen.obs, node);
-                        let own = Ownership {
-                            prefix: &self.policy.drain.reason_prefix,
-                            earlier_prefixes: &self.retired.prefixes,
-                            slurm_user: self.policy.drain.slurm_user.as_deref(),
-                        };
-                        let side_changed =
-                            SlurmSide::of(&seen.obs, &own) != SlurmSide::of(node, &own);
-                        let busy_changed =
-                            scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
-                        seen.obs.clone_from(node);
-                        seen.gen = gen;
-                        if side_changed {
-                            self.touch_slurm(&node.name);
-                        } else if relevant
-                            || (busy_changed && !self.policy.scaling.busy_label.is_empty())
-                        {
-                            self.dirty.push(Wake::Slurm(node.name.clone()));
-                        }
-                        if busy_changed {
-                            self.update_busy(&node.name);
-                            self.touch_drain_progress(&node.name);
-                        }
-                        // Drains and known nodes matter to scaling only for
-                        // victims and scale-in, which always scan.
-                        if relevant || busy_changed {
-                            self.schedule_scaling(ctx.now_ms);
-                        }
-                    }
-                    None => {
-                        self.model.slurm_nodes.insert(
-                            node.name.clone(),
-                            Seen {
-                                obs: node.clone(),
-                                gen,
-                            },
-                        );
-                        if self.model.jobs_on(&node.name) == 0 {
-                            self.idle_since.insert(node.name.clone(), ctx.now_ms);
-                        }
-                        self.update_busy(&node.name);
-                        self.touch_slurm(&node.name);
-                        self.schedule_scaling(ctx.now_ms);
-                    }
-                }
-            }
+            Event::SlurmNode(node) => self.observe_slurm_node(node, ctx),
             Event::SlurmNodeGone { name, .. } => self.remove_slurm_node(name),
             Event::SlurmJob(job) => {
                 let gen = self.gen(Domain::SlurmJobs);
@@ -213,133 +156,9 @@ impl Engine {
             Event::SlurmPartitionGone { name, .. } => {
                 self.model.partitions.remove(name);
             }
-            Event::KubeNode(node) => {
-                let gen = self.gen(Domain::KubeNodes);
-                let now = ctx.now_ms;
-                let new = !self.model.kube_nodes.contains_key(&node.name);
-                if new {
-                    let taint_slots = adopt(&mut self.orphans, |t| match t {
-                        Target::NodeTaint { node: n, key } if *n == node.name => Some(key.clone()),
-                        _ => None,
-                    });
-                    self.model.kube_nodes.insert(
-                        node.name.clone(),
-                        KubeEntry {
-                            obs: node.clone(),
-                            gen,
-                            not_ready_since: None,
-                            taint_slots,
-                            unseen_labels: Vec::new(),
-                        },
-                    );
-                }
-                let entry = self
-                    .model
-                    .kube_nodes
-                    .get_mut(&node.name)
-                    .expect("inserted above");
-                entry.gen = gen;
-                // The same version is the same object: a copy that looked
-                // for fewer labels was taken under an earlier policy (a late
-                // re-delivery of it) and says less than the one held.
-                if !new
-                    && node.version != 0
-                    && node.version == entry.obs.version
-                    && !stale::reads_at_least(&node.read_labels, &entry.obs.read_labels)
-                {
-                    return;
-                }
-                let ready = node.ready == ConditionStatus::True;
-                let spell_changed = ready == entry.not_ready_since.is_some();
-                // The labels the policy started to read are usable once an
-                // observation looked for them; one taken under the earlier
-                // policy (a stale re-delivery) did not, and changes nothing.
-                let before = entry.unseen_labels.len();
-                match &node.read_labels {
-                    Some(read) => entry.unseen_labels.retain(|l| !read.contains(l)),
-                    None => entry.unseen_labels.clear(),
-                }
-                let labels_seen = entry.unseen_labels.len() != before;
-                // A node seen for the first time is news even though its
-                // entry was just made from it: the Slurm nodes on it must
-                // be looked at with its labels and cordon.
-                if !new && entry.obs.same_but_version(node) && !spell_changed && !labels_seen {
-                    entry.obs.version = node.version;
-                    return;
-                }
-                entry.obs.clone_from(node);
-                // Its host is back once a node of that name is Ready.
-                if ready {
-                    self.model.kube_gone.remove(&node.name);
-                }
-                let entry = self
-                    .model
-                    .kube_nodes
-                    .get_mut(&node.name)
-                    .expect("inserted above");
-                if ready {
-                    entry.not_ready_since = None;
-                } else if entry.not_ready_since.is_none() {
-                    entry.not_ready_since = Some(Origin {
-                        ms: now,
-                        seq: ctx.seq,
-                        event: ctx.event.clone(),
-                    });
-                }
-                self.touch_kube(&node.name);
-            }
+            Event::KubeNode(node) => self.observe_kube_node(node, ctx),
             Event::KubeNodeGone { name, .. } => self.remove_kube_node(name, ctx),
-            Event::KubePod(pod) => {
-                let gen = self.gen(Domain::KubePods);
-                let key = pod_key(&pod.namespace, &pod.name);
-                let old = match self.model.pods.get_mut(&key) {
-                    Some(e) if e.obs.same_but_version(pod) => {
-                        e.obs.version = pod.version;
-                        e.gen = gen;
-                        return;
-                    }
-                    Some(e) => {
-                        e.gen = gen;
-                        Some(e.obs.clone())
-                    }
-                    None => None,
-                };
-                if let Some(old) = &old {
-                    self.unindex_pod(&key, old);
-                }
-                if old.is_none() {
-                    let condition_slots = adopt(&mut self.orphans, |t| match t {
-                        Target::PodCondition {
-                            namespace,
-                            pod: p,
-                            condition,
-                        } if *namespace == pod.namespace && *p == pod.name => {
-                            Some(condition.clone())
-                        }
-                        Target::PodLabel {
-                            namespace,
-                            pod: p,
-                            key,
-                        } if *namespace == pod.namespace && *p == pod.name => {
-                            Some(format!("label:{key}"))
-                        }
-                        _ => None,
-                    });
-                    self.model.pods.insert(
-                        key.clone(),
-                        PodEntry {
-                            obs: pod.clone(),
-                            gen,
-                            condition_slots,
-                        },
-                    );
-                } else if let Some(entry) = self.model.pods.get_mut(&key) {
-                    entry.obs.clone_from(pod);
-                }
-                let pod = pod.clone();
-                self.index_pod(&key, &pod);
-                self.scaling_needs_scan(ctx.now_ms);
-            }
+            Event::KubePod(pod) => self.observe_pod(pod, ctx),
             Event::KubePodGone {
                 namespace, name, ..
             } => {
@@ -389,28 +208,217 @@ impl Engine {
             }
             Event::Tick => {}
             Event::ActionOutcome(o) => self.handle_outcome(o, ctx.now_ms),
-            Event::PolicyChanged(policy) => {
-                if self.pinned || **policy == self.policy {
-                    return;
+            Event::PolicyChanged(policy) => self.policy_changed(policy, ctx),
+        }
+    }
+
+    /// A Slurm node observed: the model takes it; the relevance filter
+    /// ([`slurm_relevant_change`]) says which rules look again.
+    fn observe_slurm_node(&mut self, node: &SlurmNode, ctx: &Ctx<'_>) {
+        let gen = self.gen(Domain::SlurmNodes);
+        match self.model.slurm_nodes.get_mut(&node.name) {
+            // Only the version moved (a relist): nothing to decide.
+            Some(seen) if seen.obs.same_but_version(node) => {
+                seen.obs.version = node.version;
+                seen.gen = gen;
+            }
+            Some(seen) => {
+                // Jobs flip nodes between IDLE, MIXED and ALLOCATED
+                // all the time; no rule reads that, so such a change
+                // only updates the model.
+                let relevant = crate::model::slurm_relevant_change(&seen.obs, node);
+                let own = Ownership {
+                    prefix: &self.policy.drain.reason_prefix,
+                    earlier_prefixes: &self.retired.prefixes,
+                    slurm_user: self.policy.drain.slurm_user.as_deref(),
+                };
+                let side_changed = SlurmSide::of(&seen.obs, &own) != SlurmSide::of(node, &own);
+                let busy_changed = scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
+                seen.obs.clone_from(node);
+                seen.gen = gen;
+                if side_changed {
+                    self.touch_slurm(&node.name);
+                } else if relevant || (busy_changed && !self.policy.scaling.busy_label.is_empty()) {
+                    self.dirty.push(Wake::Slurm(node.name.clone()));
                 }
-                let old = std::mem::replace(&mut self.policy, (**policy).clone());
-                self.retired.policy_changed(&old, &self.policy);
-                let added = retired::newly_read_labels(&old, &self.policy);
-                if !added.is_empty() {
-                    for entry in self.model.kube_nodes.values_mut() {
-                        for l in &added {
-                            if !entry.unseen_labels.contains(l) {
-                                entry.unseen_labels.push(l.clone());
-                            }
-                        }
-                    }
+                if busy_changed {
+                    self.update_busy(&node.name);
+                    self.touch_drain_progress(&node.name);
                 }
-                self.model.rebuild_indexes(&self.policy);
-                self.rebuild_busy();
-                self.touch_all();
-                self.scaling_needs_scan(ctx.now_ms);
+                // Drains and known nodes matter to scaling only for
+                // victims and scale-in, which always scan.
+                if relevant || busy_changed {
+                    self.schedule_scaling(ctx.now_ms);
+                }
+            }
+            None => {
+                self.model.slurm_nodes.insert(
+                    node.name.clone(),
+                    Seen {
+                        obs: node.clone(),
+                        gen,
+                    },
+                );
+                if self.model.jobs_on(&node.name) == 0 {
+                    self.idle_since.insert(node.name.clone(), ctx.now_ms);
+                }
+                self.update_busy(&node.name);
+                self.touch_slurm(&node.name);
+                self.schedule_scaling(ctx.now_ms);
             }
         }
+    }
+
+    /// A Kubernetes node observed: its NotReady spell, the labels the policy
+    /// started to read; the Slurm nodes on it look again.
+    fn observe_kube_node(&mut self, node: &KubeNode, ctx: &Ctx<'_>) {
+        let gen = self.gen(Domain::KubeNodes);
+        let now = ctx.now_ms;
+        let new = !self.model.kube_nodes.contains_key(&node.name);
+        if new {
+            let taint_slots = adopt(&mut self.orphans, |t| match t {
+                Target::NodeTaint { node: n, key } if *n == node.name => Some(key.clone()),
+                _ => None,
+            });
+            self.model.kube_nodes.insert(
+                node.name.clone(),
+                KubeEntry {
+                    obs: node.clone(),
+                    gen,
+                    not_ready_since: None,
+                    taint_slots,
+                    unseen_labels: Vec::new(),
+                },
+            );
+        }
+        let entry = self
+            .model
+            .kube_nodes
+            .get_mut(&node.name)
+            .expect("inserted above");
+        entry.gen = gen;
+        // The same version is the same object: a copy that looked
+        // for fewer labels was taken under an earlier policy (a late
+        // re-delivery of it) and says less than the one held.
+        if !new
+            && node.version != 0
+            && node.version == entry.obs.version
+            && !stale::reads_at_least(&node.read_labels, &entry.obs.read_labels)
+        {
+            return;
+        }
+        let ready = node.ready == ConditionStatus::True;
+        let spell_changed = ready == entry.not_ready_since.is_some();
+        // The labels the policy started to read are usable once an
+        // observation looked for them; one taken under the earlier
+        // policy (a stale re-delivery) did not, and changes nothing.
+        let before = entry.unseen_labels.len();
+        match &node.read_labels {
+            Some(read) => entry.unseen_labels.retain(|l| !read.contains(l)),
+            None => entry.unseen_labels.clear(),
+        }
+        let labels_seen = entry.unseen_labels.len() != before;
+        // A node seen for the first time is news even though its
+        // entry was just made from it: the Slurm nodes on it must
+        // be looked at with its labels and cordon.
+        if !new && entry.obs.same_but_version(node) && !spell_changed && !labels_seen {
+            entry.obs.version = node.version;
+            return;
+        }
+        entry.obs.clone_from(node);
+        // Its host is back once a node of that name is Ready.
+        if ready {
+            self.model.kube_gone.remove(&node.name);
+        }
+        let entry = self
+            .model
+            .kube_nodes
+            .get_mut(&node.name)
+            .expect("inserted above");
+        if ready {
+            entry.not_ready_since = None;
+        } else if entry.not_ready_since.is_none() {
+            entry.not_ready_since = Some(Origin {
+                ms: now,
+                seq: ctx.seq,
+                event: ctx.event.clone(),
+            });
+        }
+        self.touch_kube(&node.name);
+    }
+
+    /// A pod observed: re-indexed to its Slurm node; slots of a pod seen
+    /// again are adopted.
+    fn observe_pod(&mut self, pod: &KubePod, ctx: &Ctx<'_>) {
+        let gen = self.gen(Domain::KubePods);
+        let key = pod_key(&pod.namespace, &pod.name);
+        let old = match self.model.pods.get_mut(&key) {
+            Some(e) if e.obs.same_but_version(pod) => {
+                e.obs.version = pod.version;
+                e.gen = gen;
+                return;
+            }
+            Some(e) => {
+                e.gen = gen;
+                Some(e.obs.clone())
+            }
+            None => None,
+        };
+        if let Some(old) = &old {
+            self.unindex_pod(&key, old);
+        }
+        if old.is_none() {
+            let condition_slots = adopt(&mut self.orphans, |t| match t {
+                Target::PodCondition {
+                    namespace,
+                    pod: p,
+                    condition,
+                } if *namespace == pod.namespace && *p == pod.name => Some(condition.clone()),
+                Target::PodLabel {
+                    namespace,
+                    pod: p,
+                    key,
+                } if *namespace == pod.namespace && *p == pod.name => Some(format!("label:{key}")),
+                _ => None,
+            });
+            self.model.pods.insert(
+                key.clone(),
+                PodEntry {
+                    obs: pod.clone(),
+                    gen,
+                    condition_slots,
+                },
+            );
+        } else if let Some(entry) = self.model.pods.get_mut(&key) {
+            entry.obs.clone_from(pod);
+        }
+        let pod = pod.clone();
+        self.index_pod(&key, &pod);
+        self.scaling_needs_scan(ctx.now_ms);
+    }
+
+    /// A new policy: names it retires, labels it starts to read, indexes;
+    /// every node looks again.
+    fn policy_changed(&mut self, policy: &Policy, ctx: &Ctx<'_>) {
+        if self.pinned || *policy == self.policy {
+            return;
+        }
+        let old = std::mem::replace(&mut self.policy, policy.clone());
+        self.retired.policy_changed(&old, &self.policy);
+        let added = retired::newly_read_labels(&old, &self.policy);
+        if !added.is_empty() {
+            for entry in self.model.kube_nodes.values_mut() {
+                for l in &added {
+                    if !entry.unseen_labels.contains(l) {
+                        entry.unseen_labels.push(l.clone());
+                    }
+                }
+            }
+        }
+        self.model.rebuild_indexes(&self.policy);
+        self.rebuild_busy();
+        self.touch_all();
+        self.scaling_needs_scan(ctx.now_ms);
     }
 
     pub(super) fn gen(&self, d: Domain) -> u32 {
