@@ -367,7 +367,6 @@ mod tests {
                 version: 0,
             },
             gen: 0,
-            condition_slots: vec![],
         }
     }
 

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::drain::{self, Cause, Ownership, SlurmSide};
+use crate::flights::{Aspect, AspectRef, Flights, Key, Owner, OwnerOf};
 use crate::health::{self, min_wake};
 use crate::maintenance;
 use crate::model::{
@@ -22,7 +23,7 @@ use crate::model::{
 };
 use crate::retired::{self, Retired};
 use crate::scaling::{self, PodFacts, ScaleCtl, ScaleIn, Victim, VictimKind};
-use crate::slot::{reconcile_keyed, Flight, Issue, Slot, Step};
+use crate::slot::{Flight, Issue, Step};
 use crate::sorted;
 use crate::stale::{self, ObjectKey, Tombstones};
 use crate::timers::{Timers, Wake, WakeOf};
@@ -83,13 +84,12 @@ impl Default for Status {
     }
 }
 
-/// Per Slurm node: its status, the causes in force with their origins, the
-/// state slot, and damping history.
+/// Per Slurm node: its status, the causes in force with their origins, and
+/// damping history.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct NodeCtl {
     status: Status,
     causes: Vec<(Cause, Origin)>,
-    state_slot: Slot,
     /// Log times of recent health drains (flap damping), bounded.
     health_drains: VecDeque<u64>,
     /// Whether the last drain cause was a health cause (resume hysteresis).
@@ -100,34 +100,8 @@ struct NodeCtl {
     /// When and by which event the last cause cleared (resume hysteresis,
     /// and the cause of the resume in the audit trail).
     cleared: Option<Origin>,
-    features_slot: Slot,
-    topology_slot: Slot,
     /// Why the node's topology label cannot be used, while it cannot.
     topology_issue: Option<String>,
-}
-
-/// Per Kubernetes node under maintenance (`maintenance`): the reservation
-/// Slurm confirmed, the slots of the reservation and of the drain
-/// conditions. Kept apart from the node's entry: a reservation outlives the
-/// Node object, and is removed after it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct MaintCtl {
-    /// The `SlurmReserve` whose success Slurm reported last; `None` once an
-    /// `SlurmUnreserve` succeeded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    reserved: Option<Action>,
-    reservation_slot: Slot,
-    /// Condition type -> slot.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    condition_slots: Vec<(String, Slot)>,
-}
-
-impl MaintCtl {
-    fn is_idle(&self) -> bool {
-        self.reserved.is_none()
-            && self.reservation_slot.current.is_none()
-            && self.condition_slots.is_empty()
-    }
 }
 
 /// Record being applied.
@@ -157,10 +131,8 @@ pub struct Engine {
     /// cluster-wide (rate bound of the Slurm -> Kubernetes direction).
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     slurm_marks: VecDeque<u64>,
-    /// Slots whose object vanished while their action was in flight. Kept
-    /// until the outcome or the timeout, so an object that comes back does
-    /// not get a second action racing the first.
-    orphans: BTreeMap<Target, Slot>,
+    /// Actions in flight, one slot per target.
+    flights: Flights,
     /// Per scale target.
     scale: BTreeMap<ScaleTargetRef, ScaleCtl>,
     /// Slurm nodes on their way out (scale-in, rolling replacement).
@@ -176,9 +148,12 @@ pub struct Engine {
     /// not: cleaned up, and drains under old prefixes still owned.
     #[serde(default, skip_serializing_if = "Retired::is_empty")]
     retired: Retired,
-    /// Kubernetes node -> its maintenance (reservation, drain conditions).
+    /// Kubernetes node -> the maintenance reservation Slurm confirmed last
+    /// (the `SlurmReserve` that succeeded; gone once a `SlurmUnreserve`
+    /// did). Kept apart from the node's entry: a reservation outlives the
+    /// Node object, and is removed after it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    maintenance: BTreeMap<String, MaintCtl>,
+    reservations: BTreeMap<String, Action>,
     // Derived, for scaling's fast path: rebuilt after a restore (the first
     // evaluation then scans), so neither serialized nor hashed.
     /// Slurm nodes that run or finish a job.
@@ -230,13 +205,13 @@ impl Engine {
             timers: Timers::default(),
             health_drains: VecDeque::new(),
             slurm_marks: VecDeque::new(),
-            orphans: BTreeMap::new(),
+            flights: Flights::default(),
             scale: BTreeMap::new(),
             victims: BTreeMap::new(),
             idle_since: FxHashMap::default(),
             tombstones: Tombstones::default(),
             retired: Retired::default(),
-            maintenance: BTreeMap::new(),
+            reservations: BTreeMap::new(),
             busy_nodes: rustc_hash::FxHashSet::default(),
             scale_busy: Vec::new(),
             scale_rollout: Vec::new(),
@@ -306,34 +281,7 @@ impl Engine {
 
     /// Targets with an action sent and no outcome yet, sorted.
     pub fn pending(&self) -> Vec<(Target, lockstep_schemas::ActionId)> {
-        let mut v = Vec::new();
-        let mut add = |slot: &Slot| {
-            if let Some(f) = slot.pending() {
-                v.push((f.action.target(), f.id.clone()));
-            }
-        };
-        for c in self.ctl.values() {
-            add(&c.state_slot);
-        }
-        for p in self.model.pods.values() {
-            p.condition_slots.iter().for_each(|(_, s)| add(s));
-        }
-        for k in self.model.kube_nodes.values() {
-            k.taint_slots.iter().for_each(|(_, s)| add(s));
-        }
-        self.orphans.values().for_each(&mut add);
-        self.victims.values().for_each(|v| add(&v.delete_slot));
-        self.scale.values().for_each(|c| add(&c.slot));
-        for m in self.maintenance.values() {
-            add(&m.reservation_slot);
-            m.condition_slots.iter().for_each(|(_, s)| add(s));
-        }
-        for c in self.ctl.values() {
-            add(&c.features_slot);
-            add(&c.topology_slot);
-        }
-        v.sort();
-        v
+        self.flights.pending()
     }
 
     /// Number of Slurm nodes, Kubernetes nodes, pods and jobs in the model.
@@ -372,6 +320,7 @@ impl Engine {
         e.model.rebuild_indexes(&e.policy);
         e.tombstones.rebuild();
         e.timers.rebuild();
+        e.flights.rebuild();
         e.rebuild_busy();
         Ok(e)
     }

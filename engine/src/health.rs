@@ -239,7 +239,6 @@ mod tests {
             },
             gen: 0,
             not_ready_since: not_ready_since.map(origin),
-            taint_slots: vec![],
             unseen_labels: vec![],
         }
     }

@@ -19,6 +19,7 @@
 
 mod drain;
 mod engine;
+mod flights;
 mod health;
 mod maintenance;
 mod model;

@@ -23,7 +23,7 @@
 //! the Kubernetes API leaves the coordination of writers to them.
 
 use lockstep_schemas::{
-    Action, ConditionStatus, KubeNode, Maintenance, MaintenancePolicy, PodCondition,
+    Action, ConditionStatus, KubeNode, Maintenance, MaintenancePolicy, PodCondition, DRAINED,
     DRAIN_IN_PROGRESS,
 };
 
@@ -146,6 +146,41 @@ pub(crate) enum DrainProgress {
     Draining,
     /// All out by lockstep; none runs a job.
     Drained,
+}
+
+impl DrainProgress {
+    /// From each Slurm node on the Kubernetes node: whether lockstep has it
+    /// out, and whether it runs or finishes a job.
+    pub fn of(nodes: impl IntoIterator<Item = (bool, bool)>) -> Self {
+        let (mut any, mut all_out, mut busy) = (false, true, false);
+        for (out, runs) in nodes {
+            any = true;
+            all_out &= out;
+            busy |= runs;
+        }
+        match (any && all_out, busy) {
+            (false, _) => Self::NotDraining,
+            (true, true) => Self::Draining,
+            (true, false) => Self::Drained,
+        }
+    }
+}
+
+/// Rows 4-6 for a Kubernetes node: the conditions `DrainInProgress` and
+/// `Drained`, each with the action it needs (`None`: shown already).
+pub(crate) fn drain_conditions(
+    node: &KubeNode,
+    progress: DrainProgress,
+) -> [(&'static str, Option<Action>); 2] {
+    [DRAIN_IN_PROGRESS, DRAINED].map(|t| {
+        let shown = node.conditions.iter().find(|c| c.type_ == t);
+        let want =
+            drain_condition(t, progress, shown).map(|condition| Action::KubeSetNodeCondition {
+                node: node.name.clone(),
+                condition,
+            });
+        (t, want)
+    })
 }
 
 /// Rows 4-6: the condition of `type_` lockstep wants on the node, given

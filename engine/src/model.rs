@@ -1,9 +1,10 @@
 //! The joined node model: what the log says Slurm and Kubernetes look like,
 //! with the indexes that join a Slurm node to its pod and Kubernetes node.
 //!
-//! The model only records observations (and the slots of actions in flight on
-//! the objects they target). It decides nothing: the rules in `drain` and
-//! `health` read it through [`NodeView`].
+//! The model only records observations; actions in flight are in `flights`.
+//! It decides nothing: the rules read it through [`NodeView`]. It also holds
+//! the relevance filter ([`slurm_relevant_change`]): which changes of an
+//! observation any rule reads.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,7 +15,6 @@ use lockstep_schemas::{
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::slot::Slot;
 use crate::sorted;
 
 /// An observed object and the sync generation in which it was last listed.
@@ -32,31 +32,20 @@ pub(crate) struct Origin {
     pub event: EventId,
 }
 
-/// A pod and the slots of the actions lockstep has in flight on it.
+/// A pod as last observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PodEntry {
     pub obs: KubePod,
     pub gen: u32,
-    /// Slot key (a condition type, or `label:<key>`) -> slot.
-    pub condition_slots: Vec<(String, Slot)>,
 }
 
-impl PodEntry {
-    /// Whether an action slot (a condition type, or `label:<key>`) exists.
-    pub fn has_slot(&self, key: &str) -> bool {
-        self.condition_slots.iter().any(|(k, _)| k == key)
-    }
-}
-
-/// A Kubernetes node, since when it is not Ready, and its taint slots.
+/// A Kubernetes node, and since when it is not Ready.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct KubeEntry {
     pub obs: KubeNode,
     pub gen: u32,
     /// Log time of the first observation in the current NotReady/Unknown spell.
     pub not_ready_since: Option<Origin>,
-    /// Taint key -> slot.
-    pub taint_slots: Vec<(String, Slot)>,
     /// Labels the policy started to read since this node was last observed
     /// (`retired::newly_read_labels`): not acted on until it is observed again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -33,8 +33,6 @@ use lockstep_schemas::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::slot::Slot;
-
 /// Why a node is being taken out by scaling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum VictimKind {
@@ -56,7 +54,6 @@ pub(crate) struct Victim {
     /// The target's replica count when the pod was seen gone (scale-in),
     /// so the victim is settled once the count drops below it.
     pub gone_at_replicas: Option<u32>,
-    pub delete_slot: Slot,
 }
 
 /// Per scale target.
@@ -64,7 +61,6 @@ pub(crate) struct Victim {
 pub(crate) struct ScaleCtl {
     pub last_up_ms: Option<u64>,
     pub last_down_ms: Option<u64>,
-    pub slot: Slot,
     /// The last desired count, to report changes.
     pub desired: Option<u32>,
     /// Why scale-in does not go further, as last reported.

@@ -24,6 +24,7 @@ use lockstep_schemas::{
 };
 
 use crate::drain::{self, SlurmSide};
+use crate::flights::AspectRef;
 use crate::model::{KubeEntry, PodEntry};
 use crate::retired::Retired;
 
@@ -31,27 +32,25 @@ use crate::retired::Retired;
 /// longer names, once it is left: Unknown, no longer kept current.
 pub(crate) const NOT_MANAGED: &str = "LockstepNotManaged";
 
-/// One thing lockstep shows: its slot key, the action it needs (`None`:
-/// shown already) and the rule.
-pub(crate) type Want = (String, Option<Action>, Rule);
-
-/// The slot key of a pod label.
-pub(crate) fn label_key(label: &str) -> String {
-    format!("label:{label}")
-}
+/// One thing lockstep shows: what of the pod or node it is, the action it
+/// needs (`None`: shown already) and the rule.
+pub(crate) type Want<'a> = (AspectRef<'a>, Option<Action>, Rule);
 
 /// Rows 1-3 and 6 for one pod: `unhealthy_shown` is the health damping's
 /// verdict, `busy` whether its Slurm node runs or finishes a job (asked only
-/// when the policy has a busy label).
-pub(crate) fn pod_wants(
+/// when the policy has a busy label), `holds` whether an action on an
+/// aspect of the pod is not settled.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pod_wants<'a>(
     pod: &PodEntry,
     slurm: &SlurmNode,
     side: SlurmSide,
     unhealthy_shown: bool,
     busy: impl FnOnce() -> bool,
-    policy: &Policy,
-    retired: &Retired,
-) -> Vec<Want> {
+    policy: &'a Policy,
+    retired: &'a Retired,
+    holds: impl Fn(AspectRef<'_>) -> bool,
+) -> Vec<Want<'a>> {
     let mut out = Vec::new();
     let set = |condition: PodCondition| Action::KubeSetPodCondition {
         namespace: pod.obs.namespace.clone(),
@@ -76,8 +75,9 @@ pub(crate) fn pod_wants(
             )
         });
         let want = condition_want(conditions, fd, wanted, "SlurmNotDrained");
-        if want.is_some() || pod.has_slot(fd) {
-            out.push((fd.to_owned(), want.map(set), Rule::ForeignDrain));
+        let aspect = AspectRef::Condition(fd);
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want.map(set), Rule::ForeignDrain));
         }
     }
     // Row 2.
@@ -107,8 +107,9 @@ pub(crate) fn pod_wants(
             (true, false) => kept,
         };
         let want = condition_want_health(conditions, hc, wanted);
-        if want.is_some() || pod.has_slot(hc) {
-            out.push((hc.to_owned(), want.map(set), Rule::SlurmUnhealthy));
+        let aspect = AspectRef::Condition(hc);
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want.map(set), Rule::SlurmUnhealthy));
         }
     }
     // Row 3.
@@ -120,10 +121,10 @@ pub(crate) fn pod_wants(
             (true, _) => Some(Some("true".to_owned())),
             (false, Some(_)) => Some(None),
         };
-        let key = label_key(busy_label);
-        if value.is_some() || pod.has_slot(&key) {
+        let aspect = AspectRef::Label(busy_label);
+        if value.is_some() || holds(aspect) {
             let want = value.map(|value| label(busy_label, value));
-            out.push((key, want, Rule::Busy));
+            out.push((aspect, want, Rule::Busy));
         }
     }
     // Row 6. A condition cannot be removed (the actions set conditions), so
@@ -141,19 +142,20 @@ pub(crate) fn pod_wants(
                     message: "lockstep no longer manages this condition".to_owned(),
                 })
             });
-        if want.is_some() || pod.has_slot(ty) {
-            out.push((ty.clone(), want, Rule::Retired));
+        let aspect = AspectRef::Condition(ty);
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want, Rule::Retired));
         }
     }
     for retired_label in &retired.labels {
-        let key = label_key(retired_label);
+        let aspect = AspectRef::Label(retired_label);
         let want = pod
             .obs
             .labels
             .contains_key(retired_label)
             .then(|| label(retired_label, None));
-        if want.is_some() || pod.has_slot(&key) {
-            out.push((key, want, Rule::Retired));
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want, Rule::Retired));
         }
     }
     out
@@ -170,17 +172,18 @@ pub(crate) struct OnNode {
     pub foreign: bool,
 }
 
-/// Rows 4-6 for one Kubernetes node.
-pub(crate) fn taint_wants(
+/// Rows 4-6 for one Kubernetes node; `holds` as for [`pod_wants`].
+pub(crate) fn taint_wants<'a>(
     node: &KubeEntry,
     on: OnNode,
-    policy: &Policy,
-    retired: &Retired,
-    out: &mut Vec<Want>,
+    policy: &'a Policy,
+    retired: &'a Retired,
+    holds: impl Fn(AspectRef<'_>) -> bool,
+    out: &mut Vec<Want<'a>>,
 ) {
     let name = &node.obs.name;
     let taints = &node.obs.taints;
-    let has_slot = |key: &str| node.taint_slots.iter().any(|(k, _)| k == key);
+    let has_slot = |key: &str| holds(AspectRef::Taint(key));
     let mut unhealthy = on.unhealthy;
     if on.held && !unhealthy {
         let key = policy
@@ -216,7 +219,7 @@ pub(crate) fn taint_wants(
             key: key.clone(),
         });
         if want.is_some() || has_slot(key) {
-            out.push((key.clone(), want, Rule::Retired));
+            out.push((AspectRef::Taint(key), want, Rule::Retired));
         }
     }
     for (spec, needed, rule) in rows {
@@ -239,7 +242,7 @@ pub(crate) fn taint_wants(
             (false, None) => None,
         };
         if want.is_some() || has_slot(&spec.key) {
-            out.push((spec.key.clone(), want, rule));
+            out.push((AspectRef::Taint(&spec.key), want, rule));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Actions in flight, one slot per [`Target`](lockstep_schemas::Target).
+//! One target's action in flight (the table of them is `flights`).
 //!
 //! A slot holds at most one action, so there are never two pending actions
 //! for one target. It owns retries: a failed outcome, an outcome that never
@@ -193,32 +193,6 @@ impl Slot {
     pub fn pending(&self) -> Option<&InFlight> {
         self.current.as_deref().filter(|c| c.flight == Flight::Sent)
     }
-}
-
-/// Reconciles the slot under `key` among keyed slots (one per taint key,
-/// condition type or label): made when something is wanted, dropped once it
-/// holds nothing. Returns when it needs another look.
-pub(crate) fn reconcile_keyed(
-    slots: &mut Vec<(String, Slot)>,
-    key: &str,
-    want: Option<Action>,
-    issue: &Issue<'_>,
-    policy: &ActionPolicy,
-    out: &mut Vec<IssuedAction>,
-) -> Option<u64> {
-    let idx = match slots.iter().position(|(k, _)| k == key) {
-        Some(i) => i,
-        None if want.is_none() => return None,
-        None => {
-            slots.push((key.to_owned(), Slot::default()));
-            slots.len() - 1
-        }
-    };
-    let (_, wake) = slots[idx].1.reconcile(want, issue, policy, out);
-    if slots[idx].1.current.is_none() {
-        slots.remove(idx);
-    }
-    wake
 }
 
 /// Retry delay after the `attempt`-th attempt failed: doubling from the

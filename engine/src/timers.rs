@@ -123,6 +123,14 @@ impl Timers {
         Some(wake)
     }
 
+    /// The Kubernetes nodes with a maintenance timer.
+    pub fn maint_names(&self) -> impl Iterator<Item = &str> {
+        self.named
+            .iter()
+            .filter(|(_, n)| n.maint.is_some())
+            .map(|(name, _)| name.as_str())
+    }
+
     /// Rebuilds the index by name (after a restore).
     pub fn rebuild(&mut self) {
         self.named.clear();

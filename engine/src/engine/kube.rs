@@ -33,32 +33,25 @@ impl Engine {
             }
         }
         self.scratch_names = names;
-        let mut wants: Vec<Want> = Vec::new();
-        shown::taint_wants(entry, on, policy, &self.retired, &mut wants);
+        let mut wants: Vec<Want<'_>> = Vec::new();
+        let holds = |a: AspectRef<'_>| self.flights.holds(Key::Kube(name, a));
+        shown::taint_wants(entry, on, policy, &self.retired, holds, &mut wants);
         if wants.is_empty() {
             return;
         }
-        let entry = self
-            .model
-            .kube_nodes
-            .get_mut(name)
-            .expect("looked up above");
         let mut wake = None;
-        for (key, want, rule) in wants {
+        for (aspect, want, rule) in wants {
             let issue = Issue {
                 seq: ctx.seq,
                 now_ms: ctx.now_ms,
                 cause: ctx.event,
                 rule: rule.name(),
             };
-            if let Some(w) = reconcile_keyed(
-                &mut entry.taint_slots,
-                &key,
-                want,
-                &issue,
-                &policy.actions,
-                &mut out.actions,
-            ) {
+            let key = Key::Kube(name, aspect);
+            let (_, w) =
+                self.flights
+                    .reconcile(key, want, &issue, &policy.actions, &mut out.actions);
+            if let Some(w) = w {
                 min_wake(&mut wake, w);
             }
         }

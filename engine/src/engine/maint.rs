@@ -1,6 +1,8 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
+use crate::maintenance::DrainProgress;
+
 impl Engine {
     /// Re-evaluates one Kubernetes node's maintenance (`maintenance` rows 1,
     /// 2, 4-6): its reservation, and the drain conditions lockstep shows.
@@ -19,8 +21,7 @@ impl Engine {
             names.sort();
         }
         let now = ctx.now_ms;
-        let ctl = self.maintenance.get(kube);
-        let reserved = ctl.and_then(|m| m.reserved.as_ref());
+        let reserved = self.reservations.get(kube);
         let (want, mut wake) = maintenance::reservation(kube, node, mp, &names, reserved, now);
         let reservation = maintenance::reservation_step(want, reserved);
         let rule = match &reservation {
@@ -28,52 +29,34 @@ impl Engine {
             _ => Rule::Reserve,
         };
         // Rows 4-6: how lockstep's drain of the node's Slurm nodes stands.
-        let mut conditions: Vec<(String, Option<Action>)> = Vec::new();
-        if mp.enabled && mp.node_conditions {
-            let own = self.ownership();
-            let mut all_out = !names.is_empty();
-            let mut busy = false;
-            for n in &names {
-                let s = &self.model.slurm_nodes[n].obs;
-                all_out &= SlurmSide::of(s, &own).owned_out();
-                busy |= self.model.jobs_on(n) > 0 || scaling::slurm_busy(s);
+        let conditions = match node.filter(|_| mp.enabled && mp.node_conditions) {
+            Some(node) => {
+                let own = self.ownership();
+                let progress = DrainProgress::of(names.iter().map(|n| {
+                    let s = &self.model.slurm_nodes[n].obs;
+                    let runs = self.model.jobs_on(n) > 0 || scaling::slurm_busy(s);
+                    (SlurmSide::of(s, &own).owned_out(), runs)
+                }));
+                maintenance::drain_conditions(node, progress)
             }
-            let progress = match (all_out, busy) {
-                (false, _) => maintenance::DrainProgress::NotDraining,
-                (true, true) => maintenance::DrainProgress::Draining,
-                (true, false) => maintenance::DrainProgress::Drained,
-            };
-            for t in [
+            None if mp.enabled && mp.node_conditions => [
                 lockstep_schemas::DRAIN_IN_PROGRESS,
                 lockstep_schemas::DRAINED,
-            ] {
-                let shown = node.and_then(|n| n.conditions.iter().find(|c| c.type_ == t));
-                let want = node
-                    .and(maintenance::drain_condition(t, progress, shown))
-                    .map(|condition| Action::KubeSetNodeCondition {
-                        node: kube.to_owned(),
-                        condition,
-                    });
-                conditions.push((t.to_owned(), want));
-            }
-        }
+            ]
+            .map(|t| (t, None)),
+            None => [("", None), ("", None)],
+        };
         self.scratch_names = names;
-        if reservation.is_none()
-            && conditions.iter().all(|(_, w)| w.is_none())
-            && self.maintenance.get(kube).is_none_or(MaintCtl::is_idle)
-            && wake.is_none()
-            && self.timers.get(WakeOf::Maint(kube)).is_none()
-        {
-            return;
-        }
-        let m = self.maintenance.entry(kube.to_owned()).or_default();
         let issue = |rule: Rule| Issue {
             seq: ctx.seq,
             now_ms: now,
             cause: ctx.event,
             rule: rule.name(),
         };
-        let (_, w) = m.reservation_slot.reconcile(
+        let flights = &mut self.flights;
+        let key = Key::Kube(kube, AspectRef::Reservation);
+        let (_, w) = flights.reconcile(
+            key,
             reservation,
             &issue(rule),
             &policy.actions,
@@ -82,21 +65,24 @@ impl Engine {
         if let Some(w) = w {
             min_wake(&mut wake, w);
         }
-        for (t, want) in conditions {
-            if let Some(w) = reconcile_keyed(
-                &mut m.condition_slots,
-                &t,
-                want,
-                &issue(Rule::DrainConditions),
-                &policy.actions,
-                &mut out.actions,
-            ) {
+        for (t, want) in conditions.into_iter().filter(|(t, _)| !t.is_empty()) {
+            let key = Key::Kube(kube, AspectRef::Condition(t));
+            let issue = issue(Rule::DrainConditions);
+            let (_, w) = flights.reconcile(key, want, &issue, &policy.actions, &mut out.actions);
+            if let Some(w) = w {
                 min_wake(&mut wake, w);
             }
         }
         self.timers.set(WakeOf::Maint(kube), wake);
-        if wake.is_none() && m.is_idle() {
-            self.maintenance.remove(kube);
-        }
+    }
+
+    /// Whether a Kubernetes node has maintenance state: a reservation, an
+    /// action of its maintenance not settled, or a timer.
+    pub(super) fn maintained(&self, kube: &str) -> bool {
+        self.reservations.contains_key(kube)
+            || self
+                .flights
+                .owner_holds(Owner::KubeNode, kube, Aspect::is_maintenance)
+            || self.timers.get(WakeOf::Maint(kube)).is_some()
     }
 }

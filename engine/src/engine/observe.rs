@@ -32,7 +32,7 @@ impl Engine {
         self.dirty.extend(names.drain(..).map(Wake::Slurm));
         self.scratch_names = names;
         self.dirty.push(Wake::Kube(name.to_owned()));
-        if self.policy.maintenance.enabled || self.maintenance.contains_key(name) {
+        if self.policy.maintenance.enabled || self.maintained(name) {
             self.dirty.push(Wake::Maint(name.to_owned()));
         }
     }
@@ -46,7 +46,9 @@ impl Engine {
             self.dirty.extend(kube.iter().cloned().map(Wake::Maint));
         }
         self.dirty.extend(kube.into_iter().map(Wake::Kube));
-        let maint: Vec<String> = self.maintenance.keys().cloned().collect();
+        let mut maint: Vec<String> = self.reservations.keys().cloned().collect();
+        maint.extend(self.flights.owners(Owner::KubeNode, Aspect::is_maintenance));
+        maint.extend(self.timers.maint_names().map(str::to_owned));
         self.dirty.extend(maint.into_iter().map(Wake::Maint));
     }
 
@@ -276,17 +278,14 @@ impl Engine {
         let now = ctx.now_ms;
         let new = !self.model.kube_nodes.contains_key(&node.name);
         if new {
-            let taint_slots = adopt(&mut self.orphans, |t| match t {
-                Target::NodeTaint { node: n, key } if *n == node.name => Some(key.clone()),
-                _ => None,
-            });
+            let taints = |a: &Aspect| matches!(a, Aspect::Taint(_));
+            self.flights.adopt(Owner::KubeNode, &node.name, taints);
             self.model.kube_nodes.insert(
                 node.name.clone(),
                 KubeEntry {
                     obs: node.clone(),
                     gen,
                     not_ready_since: None,
-                    taint_slots,
                     unseen_labels: Vec::new(),
                 },
             );
@@ -368,25 +367,12 @@ impl Engine {
             self.unindex_pod(&key, old);
         }
         if old.is_none() {
-            let condition_slots = adopt(&mut self.orphans, |t| match t {
-                Target::PodCondition {
-                    namespace,
-                    pod: p,
-                    condition,
-                } if *namespace == pod.namespace && *p == pod.name => Some(condition.clone()),
-                Target::PodLabel {
-                    namespace,
-                    pod: p,
-                    key,
-                } if *namespace == pod.namespace && *p == pod.name => Some(format!("label:{key}")),
-                _ => None,
-            });
+            self.flights.adopt(Owner::Pod, &key, Aspect::shown_on_pod);
             self.model.pods.insert(
                 key.clone(),
                 PodEntry {
                     obs: pod.clone(),
                     gen,
-                    condition_slots,
                 },
             );
         } else if let Some(entry) = self.model.pods.get_mut(&key) {
@@ -448,11 +434,11 @@ impl Engine {
         if let Some(entry) = self.model.pods.get(key) {
             let pod = entry.obs.clone();
             self.unindex_pod(key, &pod);
-            if let Some(entry) = self.model.pods.remove(key) {
-                for (_, slot) in entry.condition_slots {
-                    self.park(slot);
-                }
-            }
+            self.model.pods.remove(key);
+            let timeout_ms = ms(self.policy.actions.timeout_s);
+            let shown = Aspect::shown_on_pod;
+            self.flights
+                .park(Owner::Pod, key, shown, self.now_ms, timeout_ms);
             self.note_pod_lost(&pod, ctx);
             if let Some(kube) = &pod.node_name {
                 self.forget_gone_kube_node(kube);
@@ -491,16 +477,6 @@ impl Engine {
         }
     }
 
-    /// Keeps a vanished object's slot while its action is in flight.
-    pub(super) fn park(&mut self, slot: Slot) {
-        park(
-            &mut self.orphans,
-            slot,
-            self.now_ms,
-            ms(self.policy.actions.timeout_s),
-        );
-    }
-
     pub(super) fn remove_slurm_node(&mut self, name: &str) {
         if self.model.slurm_nodes.remove(name).is_some() {
             self.update_busy(name);
@@ -516,11 +492,12 @@ impl Engine {
     /// Forgets a Kubernetes node that was deleted (or is missing from a
     /// relist) and remembers that its host is gone (health row 6).
     pub(super) fn remove_kube_node(&mut self, name: &str, ctx: &Ctx<'_>) {
-        if let Some(entry) = self.model.kube_nodes.remove(name) {
+        if self.model.kube_nodes.remove(name).is_some() {
             self.timers.set(WakeOf::Kube(name), None);
-            for (_, slot) in entry.taint_slots {
-                self.park(slot);
-            }
+            let timeout_ms = ms(self.policy.actions.timeout_s);
+            let taints = |a: &Aspect| matches!(a, Aspect::Taint(_));
+            self.flights
+                .park(Owner::KubeNode, name, taints, self.now_ms, timeout_ms);
             let gone = &mut self.model.kube_gone;
             gone.entry(name.to_owned()).or_insert_with(|| Origin {
                 ms: ctx.now_ms,
@@ -738,39 +715,6 @@ impl Engine {
                     self.scaling_needs_scan(self.now_ms);
                 }
             }
-        }
-    }
-}
-
-/// Takes the orphaned slots whose target `key_of` recognises, keyed by what
-/// it returns.
-pub(super) fn adopt(
-    orphans: &mut BTreeMap<Target, Slot>,
-    key_of: impl Fn(&Target) -> Option<String>,
-) -> Vec<(String, Slot)> {
-    if orphans.is_empty() {
-        return Vec::new();
-    }
-    let keys: Vec<(Target, String)> = orphans
-        .keys()
-        .filter_map(|t| key_of(t).map(|k| (t.clone(), k)))
-        .collect();
-    keys.into_iter()
-        .filter_map(|(t, k)| orphans.remove(&t).map(|s| (k, s)))
-        .collect()
-}
-
-/// Keeps a slot whose action is still in flight (until its outcome or its
-/// timeout) after its owner went, so that an owner made again for the same
-/// target adopts it instead of racing it with a second action.
-pub(super) fn park(orphans: &mut BTreeMap<Target, Slot>, slot: Slot, now: u64, timeout_ms: u64) {
-    orphans.retain(|_, s| {
-        s.pending()
-            .is_some_and(|f| now < after_ms(f.issued_ms, timeout_ms))
-    });
-    if let Some(f) = slot.pending() {
-        if now < after_ms(f.issued_ms, timeout_ms) {
-            orphans.insert(f.action.target(), slot);
         }
     }
 }

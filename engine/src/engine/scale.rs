@@ -1,4 +1,3 @@
-use super::observe::park;
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
@@ -18,7 +17,8 @@ impl Engine {
         let timeout_ms = ms(self.policy.actions.timeout_s);
         for n in stale {
             if let Some(v) = self.victims.remove(&n) {
-                park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+                self.flights
+                    .park(Owner::Pod, &v.pod_key, Aspect::is_delete, now, timeout_ms);
             }
             self.touch_slurm(&n);
         }
@@ -63,17 +63,14 @@ impl Engine {
                     let ctl = self.scale.entry(rule.target.clone()).or_default();
                     ctl.desired = Some(desired);
                     ctl.blocked = None;
-                    reconcile_replicas(
-                        ctl,
-                        rule,
+                    let counts = Replicas {
                         current,
                         desired,
-                        None,
-                        ctx,
-                        &self.policy.actions,
-                        &mut wake,
-                        out,
-                    );
+                        lower_to: None,
+                    };
+                    let flights = &mut self.flights;
+                    let policy = &self.policy.actions;
+                    reconcile_replicas(ctl, flights, rule, counts, ctx, policy, &mut wake, out);
                     continue;
                 }
             }
@@ -163,7 +160,13 @@ impl Engine {
                 let v = self.victims.get_mut(node).expect("listed above");
                 let Some(pod) = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid) else {
                     if let Some(v) = self.victims.remove(node) {
-                        park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+                        self.flights.park(
+                            Owner::Pod,
+                            &v.pod_key,
+                            Aspect::is_delete,
+                            now,
+                            timeout_ms,
+                        );
                     }
                     touched.push(node.clone());
                     continue;
@@ -177,9 +180,14 @@ impl Engine {
                     cause: ctx.event,
                     rule: Rule::Scaling.name(),
                 };
-                let (_, w) =
-                    v.delete_slot
-                        .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
+                let key = Key::Pod(&v.pod_key, AspectRef::Delete);
+                let (_, w) = self.flights.reconcile(
+                    key,
+                    want,
+                    &issue,
+                    &self.policy.actions,
+                    &mut out.actions,
+                );
                 if let Some(w) = w {
                     min_wake(&mut wake, w);
                 }
@@ -216,7 +224,8 @@ impl Engine {
                     Some(_) => {}
                 }
                 if let Some(v) = self.victims.remove(node) {
-                    park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+                    self.flights
+                        .park(Owner::Pod, &v.pod_key, Aspect::is_delete, now, timeout_ms);
                 }
                 touched.push(node.clone());
             }
@@ -261,7 +270,13 @@ impl Engine {
             for node in present.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>() {
                 if !plan.victims.contains(&node) {
                     if let Some(v) = self.victims.remove(&node) {
-                        park(&mut self.orphans, v.delete_slot, now, timeout_ms);
+                        self.flights.park(
+                            Owner::Pod,
+                            &v.pod_key,
+                            Aspect::is_delete,
+                            now,
+                            timeout_ms,
+                        );
                     }
                     touched.push(node);
                 }
@@ -274,6 +289,7 @@ impl Engine {
                 let Some((_, key, uid)) = live.iter().find(|(s, _, _)| s == node) else {
                     continue;
                 };
+                self.flights.adopt(Owner::Pod, key, Aspect::is_delete);
                 self.victims.insert(
                     node.clone(),
                     Victim {
@@ -282,7 +298,6 @@ impl Engine {
                         pod_key: key.clone(),
                         uid: uid.clone(),
                         gone_at_replicas: None,
-                        delete_slot: self.orphans.remove(&pod_target(key)).unwrap_or_default(),
                     },
                 );
                 touched.push(node.clone());
@@ -316,18 +331,22 @@ impl Engine {
                     cause: ctx.event,
                     rule: Rule::Scaling.name(),
                 };
-                let (_, w) =
-                    v.delete_slot
-                        .reconcile(want, &issue, &self.policy.actions, &mut out.actions);
+                let key = Key::Pod(&v.pod_key, AspectRef::Delete);
+                let (_, w) = self.flights.reconcile(
+                    key,
+                    want,
+                    &issue,
+                    &self.policy.actions,
+                    &mut out.actions,
+                );
                 if let Some(w) = w {
                     min_wake(&mut wake, w);
                 }
             }
             // `deletion_cost`: the lowest cost on DRAINED victims, and on no
             // other pod of the target.
-            let slot_key = format!("label:{cost_key}");
             for (_, key, _) in &live {
-                let Some(entry) = self.model.pods.get_mut(key) else {
+                let Some(entry) = self.model.pods.get(key) else {
                     continue;
                 };
                 let has = entry.obs.labels.get(cost_key).map(String::as_str);
@@ -338,35 +357,21 @@ impl Engine {
                     (false, Some(scaling::VICTIM_COST)) => Some(None),
                     (false, Some(_)) => None,
                 };
-                if value.is_none() && !entry.has_slot(&slot_key) {
-                    continue;
-                }
                 let want = value.map(|value| Action::KubeLabelPod {
                     namespace: entry.obs.namespace.clone(),
                     pod: entry.obs.name.clone(),
                     key: cost_key.to_owned(),
                     value,
                 });
-                let idx = match entry
-                    .condition_slots
-                    .iter()
-                    .position(|(k, _)| *k == slot_key)
-                {
-                    Some(i) => i,
-                    None => {
-                        entry
-                            .condition_slots
-                            .push((slot_key.clone(), Slot::default()));
-                        entry.condition_slots.len() - 1
-                    }
-                };
                 let issue = Issue {
                     seq: ctx.seq,
                     now_ms: now,
                     cause: ctx.event,
                     rule: Rule::Scaling.name(),
                 };
-                let (_, w) = entry.condition_slots[idx].1.reconcile(
+                let key = Key::Pod(key, AspectRef::Label(cost_key));
+                let (_, w) = self.flights.reconcile(
+                    key,
                     want,
                     &issue,
                     &self.policy.actions,
@@ -374,9 +379,6 @@ impl Engine {
                 );
                 if let Some(w) = w {
                     min_wake(&mut wake, w);
-                }
-                if entry.condition_slots[idx].1.current.is_none() {
-                    entry.condition_slots.remove(idx);
                 }
             }
 
@@ -410,12 +412,12 @@ impl Engine {
                 }
                 old.sort_by(|a, b| scaling::victim_order((a.0, &a.1), (b.0, &b.1)));
                 for (_, slurm, key, uid) in old.into_iter().take(room) {
+                    self.flights.adopt(Owner::Pod, &key, Aspect::is_delete);
                     self.victims.insert(
                         slurm.clone(),
                         Victim {
                             target: rule.target.clone(),
                             kind: VictimKind::Replace,
-                            delete_slot: self.orphans.remove(&pod_target(&key)).unwrap_or_default(),
                             pod_key: key,
                             uid,
                             gone_at_replicas: None,
@@ -462,17 +464,14 @@ impl Engine {
             // The replica count: up at once (after the cooldown); down as
             // the plan says, never below the demand of this moment.
             let ctl = self.scale.get_mut(&rule.target).expect("inserted above");
-            reconcile_replicas(
-                ctl,
-                rule,
+            let counts = Replicas {
                 current,
                 desired,
-                plan.lower_to,
-                ctx,
-                &self.policy.actions,
-                &mut wake,
-                out,
-            );
+                lower_to: plan.lower_to,
+            };
+            let flights = &mut self.flights;
+            let policy = &self.policy.actions;
+            reconcile_replicas(ctl, flights, rule, counts, ctx, policy, &mut wake, out);
             for n in touched {
                 self.touch_slurm(&n);
             }
@@ -501,16 +500,28 @@ impl Engine {
     }
 }
 
+/// A scale target's replica count now, what demand wants, and how far the
+/// scale-in plan found it safe to lower it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Replicas {
+    current: u32,
+    desired: u32,
+    lower_to: Option<u32>,
+}
+
 /// The replica count a scale target should have now: up to `desired` at
 /// once (after the cooldown), down to `lower_to` (what the scale-in plan
 /// found safe), never below `desired`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn reconcile_replicas(
     ctl: &mut ScaleCtl,
+    flights: &mut Flights,
     rule: &lockstep_schemas::ScaleRule,
-    current: u32,
-    desired: u32,
-    lower_to: Option<u32>,
+    Replicas {
+        current,
+        desired,
+        lower_to,
+    }: Replicas,
     ctx: &Ctx<'_>,
     policy: &lockstep_schemas::ActionPolicy,
     wake: &mut Option<u64>,
@@ -543,7 +554,8 @@ pub(super) fn reconcile_replicas(
         rule: Rule::Scaling.name(),
     };
     let before = out.actions.len();
-    let (_, w) = ctl.slot.reconcile(want, &issue, policy, &mut out.actions);
+    let key = Key::Scale(&rule.target);
+    let (_, w) = flights.reconcile(key, want, &issue, policy, &mut out.actions);
     if out.actions[before..]
         .iter()
         .any(|a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current))
@@ -565,14 +577,5 @@ pub(super) fn delete_action(pod: &PodFacts<'_>) -> Action {
         namespace: namespace.to_owned(),
         pod: name.to_owned(),
         uid: pod.uid.to_owned(),
-    }
-}
-
-/// The target of a victim's pod deletion.
-pub(super) fn pod_target(pod_key: &str) -> Target {
-    let (namespace, pod) = pod_key.split_once('/').unwrap_or(("", pod_key));
-    Target::Pod {
-        namespace: namespace.to_owned(),
-        pod: pod.to_owned(),
     }
 }

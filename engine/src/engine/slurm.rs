@@ -34,13 +34,9 @@ impl Engine {
         };
         let side = SlurmSide::of(slurm, &self.ownership());
         if !self.ctl.contains_key(name) {
-            let mut ctl = NodeCtl::default();
-            if let Some(slot) = self.orphans.remove(&Target::SlurmNodeState {
-                node: name.to_owned(),
-            }) {
-                ctl.state_slot = slot;
-            }
-            self.ctl.insert(name.to_owned(), ctl);
+            self.ctl.insert(name.to_owned(), NodeCtl::default());
+            let state = |a: &Aspect| *a == Aspect::State;
+            self.flights.adopt(Owner::SlurmNode, name, state);
         }
         let ctl = self.ctl.get_mut(name).expect("inserted above");
         let shown_before = ctl.slurm_health.shown;
@@ -57,8 +53,15 @@ impl Engine {
         let shown = ctl.slurm_health.shown;
         let cluster = &mut self.health_drains;
         let visible = self.model.slurm_visible;
+        let flights = &mut self.flights;
+        let node = Node {
+            name,
+            view: &view,
+            slurm,
+            side,
+        };
         decide_state(
-            name, ctl, &causes, &view, slurm, side, visible, cluster, policy, ctx, &mut wake, out,
+            &node, ctl, flights, &causes, visible, cluster, policy, ctx, &mut wake, out,
         );
         if visible {
             let kube = view.kube_name.zip(view.kube.map(|k| &k.obs));
@@ -71,9 +74,25 @@ impl Engine {
                 unseen,
                 &self.retired.feature_prefixes,
             );
-            reconcile_topology(
-                ctl, name, features, topology, invalid, policy, ctx, &mut wake, out,
-            );
+            let wants = [
+                (AspectRef::Features, features, Rule::Features),
+                (AspectRef::Topology, topology, Rule::Topology),
+            ];
+            for (aspect, want, rule) in wants {
+                let issue = Issue {
+                    seq: ctx.seq,
+                    now_ms: now,
+                    cause: ctx.event,
+                    rule: rule.name(),
+                };
+                let key = Key::Slurm(name, aspect);
+                let (_, w) =
+                    flights.reconcile(key, want, &issue, &policy.actions, &mut out.actions);
+                if let Some(w) = w {
+                    min_wake(&mut wake, w);
+                }
+            }
+            topology_issue(ctl, name, invalid, ctx, out);
         }
 
         // What the pod should show (Slurm -> Kubernetes).
@@ -81,37 +100,23 @@ impl Engine {
             .pod_key
             .zip(view.pod)
             .filter(|_| self.model.kube_visible);
-        let wants: Vec<Want> = match pod_key {
-            Some((_, pod)) => {
-                let busy = || self.model.jobs_on(name) > 0 || scaling::slurm_busy(slurm);
-                shown::pod_wants(pod, slurm, side, shown, busy, policy, &self.retired)
-            }
-            None => Vec::new(),
-        };
-        let pod_key = pod_key
-            .filter(|_| !wants.is_empty())
-            .map(|(k, _)| k.to_owned());
-        if let Some(key) = pod_key {
-            let entry = self
-                .model
-                .pods
-                .get_mut(&key)
-                .expect("pod seen in this view");
-            for (slot_key, want, rule) in wants {
+        let flights = &mut self.flights;
+        if let Some((key, pod)) = pod_key {
+            let busy = || self.model.jobs_on(name) > 0 || scaling::slurm_busy(slurm);
+            let holds = |a: AspectRef<'_>| flights.holds(Key::Pod(key, a));
+            let wants: Vec<Want<'_>> =
+                shown::pod_wants(pod, slurm, side, shown, busy, policy, &self.retired, holds);
+            for (aspect, want, rule) in wants {
                 let issue = Issue {
                     seq: ctx.seq,
                     now_ms: now,
                     cause: ctx.event,
                     rule: rule.name(),
                 };
-                if let Some(w) = reconcile_keyed(
-                    &mut entry.condition_slots,
-                    &slot_key,
-                    want,
-                    &issue,
-                    &policy.actions,
-                    &mut out.actions,
-                ) {
+                let key = Key::Pod(key, aspect);
+                let (_, w) =
+                    flights.reconcile(key, want, &issue, &policy.actions, &mut out.actions);
+                if let Some(w) = w {
                     min_wake(&mut wake, w);
                 }
             }
@@ -151,8 +156,21 @@ impl Engine {
             });
         }
         self.timers.set(WakeOf::Slurm(name), None);
-        self.park(ctl.state_slot);
+        let timeout_ms = ms(self.policy.actions.timeout_s);
+        let flights = &mut self.flights;
+        let state = |a: &Aspect| *a == Aspect::State;
+        flights.park(Owner::SlurmNode, name, state, ctx.now_ms, timeout_ms);
+        flights.forget(Owner::SlurmNode, name, |a| *a != Aspect::State);
     }
+}
+
+/// The Slurm node being evaluated, as the model joins it.
+#[derive(Clone, Copy)]
+struct Node<'a> {
+    name: &'a str,
+    view: &'a NodeView<'a>,
+    slurm: &'a SlurmNode,
+    side: SlurmSide,
 }
 
 /// The cause table, in its order: drain rows 1-4 (`drain`), the maintenance
@@ -271,12 +289,10 @@ fn carry_origins(ctl: &mut NodeCtl, causes: &[Cause], view: &NodeView<'_>, ctx: 
 /// about through the node's state slot; and the phase transition.
 #[allow(clippy::too_many_arguments)]
 fn decide_state(
-    name: &str,
+    node: &Node<'_>,
     ctl: &mut NodeCtl,
+    flights: &mut Flights,
     causes: &[Cause],
-    view: &NodeView<'_>,
-    slurm: &SlurmNode,
-    side: SlurmSide,
     slurm_visible: bool,
     cluster_drains: &mut VecDeque<u64>,
     policy: &Policy,
@@ -284,6 +300,13 @@ fn decide_state(
     wake: &mut Option<u64>,
     out: &mut Output,
 ) {
+    let Node {
+        name,
+        view,
+        slurm,
+        side,
+    } = *node;
+    let key = Key::Slurm(name, AspectRef::State);
     let now = ctx.now_ms;
     carry_origins(ctl, causes, view, ctx);
     let primary = causes.first();
@@ -312,9 +335,9 @@ fn decide_state(
         min_wake(wake, at);
     }
     let already = |a: &Action| {
-        ctl.state_slot
-            .current
-            .as_ref()
+        flights
+            .get(key)
+            .and_then(|s| s.current.as_ref())
             .is_some_and(|f| f.action == *a)
     };
     if let (Some(a), true) = (&action, primary.is_some_and(Cause::is_health)) {
@@ -343,9 +366,7 @@ fn decide_state(
             cause: cause_event,
             rule: rule.name(),
         };
-        let (step, w) = ctl
-            .state_slot
-            .reconcile(action, &issue, &policy.actions, &mut out.actions);
+        let (step, w) = flights.reconcile(key, action, &issue, &policy.actions, &mut out.actions);
         if let Some(w) = w {
             min_wake(wake, w);
         }
@@ -375,10 +396,14 @@ fn decide_state(
                 h.drains_per_minute_max as usize,
             );
         }
-    } else if matches!(ctl.state_slot.current, Some(ref f) if f.flight != Flight::Sent) {
+    } else if flights
+        .get(key)
+        .and_then(|s| s.current.as_ref())
+        .is_some_and(|f| f.flight != Flight::Sent)
+    {
         // Held (rate bound, damping): forget a finished action so the next
         // attempt starts fresh.
-        ctl.state_slot.current = None;
+        flights.clear(key);
     }
 
     let status = Status {
@@ -403,36 +428,15 @@ fn decide_state(
     }
 }
 
-/// Features and topology through their slots (`topology` rows 1-3), and a
-/// transition when the unit label becomes unusable or usable again.
-#[allow(clippy::too_many_arguments)]
-fn reconcile_topology(
+/// A transition when the unit label becomes unusable or usable again
+/// (`topology` row 3).
+fn topology_issue(
     ctl: &mut NodeCtl,
     name: &str,
-    features: Option<Action>,
-    topology: Option<Action>,
     invalid: Option<String>,
-    policy: &Policy,
     ctx: &Ctx<'_>,
-    wake: &mut Option<u64>,
     out: &mut Output,
 ) {
-    let issue = |rule: Rule| Issue {
-        seq: ctx.seq,
-        now_ms: ctx.now_ms,
-        cause: ctx.event,
-        rule: rule.name(),
-    };
-    let slots = [
-        (&mut ctl.features_slot, features, Rule::Features),
-        (&mut ctl.topology_slot, topology, Rule::Topology),
-    ];
-    for (slot, want, rule) in slots {
-        let (_, w) = slot.reconcile(want, &issue(rule), &policy.actions, &mut out.actions);
-        if let Some(w) = w {
-            min_wake(wake, w);
-        }
-    }
     if invalid != ctl.topology_issue {
         let (rule, detail) = match &invalid {
             Some(why) => (

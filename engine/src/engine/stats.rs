@@ -184,25 +184,9 @@ impl Engine {
             }
         }
 
-        let mut count = |slot: &Slot| {
-            if let Some(f) = slot.pending() {
-                *s.in_flight.entry(f.action.kind().name()).or_default() += 1;
-            }
-        };
-        for c in self.ctl.values() {
-            count(&c.state_slot);
-            count(&c.features_slot);
-            count(&c.topology_slot);
+        for f in self.flights.slots().filter_map(Slot::pending) {
+            *s.in_flight.entry(f.action.kind().name()).or_default() += 1;
         }
-        for p in self.model.pods.values() {
-            p.condition_slots.iter().for_each(|(_, slot)| count(slot));
-        }
-        for k in self.model.kube_nodes.values() {
-            k.taint_slots.iter().for_each(|(_, slot)| count(slot));
-        }
-        self.orphans.values().for_each(&mut count);
-        self.victims.values().for_each(|v| count(&v.delete_slot));
-        self.scale.values().for_each(|c| count(&c.slot));
         s
     }
 }
