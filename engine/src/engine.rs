@@ -118,6 +118,9 @@ struct Ctx<'a> {
 /// transitions and action ids, however they are batched.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Engine {
+    /// [`LAYOUT`] when written (absent, so 0, before layouts were numbered).
+    #[serde(default)]
+    layout: u32,
     policy: Policy,
     last_seq: u64,
     now_ms: u64,
@@ -189,7 +192,19 @@ pub enum SnapshotError {
     /// The bytes are not an engine snapshot of this version.
     #[error("engine snapshot does not decode")]
     Decode(#[source] rmp_serde::decode::Error),
+    /// A snapshot of another state layout (an older or newer lockstep).
+    #[error("engine snapshot has state layout {found}; this lockstep has layout {LAYOUT}")]
+    Layout {
+        /// The snapshot's layout (0: written before layouts were numbered).
+        found: u32,
+    },
 }
+
+/// The layout of the engine's state in a snapshot. A snapshot of another
+/// layout is not restored: the state is rebuilt from the log instead, which
+/// gives the same decisions (the log is the truth; a snapshot only saves
+/// time). Raised whenever the state's shape changes.
+pub const LAYOUT: u32 = 2;
 
 impl Engine {
     /// A reducer with nothing applied yet.
@@ -197,6 +212,7 @@ impl Engine {
         let mut model = Model::new();
         model.rebuild_indexes(&policy);
         Self {
+            layout: LAYOUT,
             policy,
             last_seq: 0,
             now_ms: 0,
@@ -317,6 +333,9 @@ impl Engine {
     /// Rebuilds an engine from [`Engine::snapshot`].
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
+        if e.layout != LAYOUT {
+            return Err(SnapshotError::Layout { found: e.layout });
+        }
         e.model.rebuild_indexes(&e.policy);
         e.tombstones.rebuild();
         e.timers.rebuild();
@@ -389,4 +408,19 @@ impl Engine {
 
 const fn yes() -> bool {
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_of_another_layout_is_not_restored() {
+        let mut e = Engine::new(Policy::default());
+        assert!(Engine::restore(&e.snapshot()).is_ok());
+        e.layout = LAYOUT - 1;
+        let err = Engine::restore(&e.snapshot()).expect_err("refused");
+        assert!(matches!(err, SnapshotError::Layout { found } if found == LAYOUT - 1));
+        assert!(err.to_string().contains("state layout"));
+    }
 }

@@ -34,5 +34,5 @@ mod timers;
 mod topology;
 mod units;
 
-pub use engine::{Engine, Output, SnapshotError};
+pub use engine::{Engine, Output, SnapshotError, LAYOUT};
 pub use lockstep_schemas::{Phase, Rule, Transition};
