@@ -9,7 +9,17 @@
 //! | 4   | pod mode, row 2, 3 or 4 held before (or the pod went without a `deleting` phase: a force delete, a relist that no longer lists it) and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
 //!
 //! The maintenance window (`maintenance`, row 3) follows, then the health
-//! rows (`health`). The first row that holds names the drain.
+//! rows (`health`). The first row that holds names the drain. What Slurm
+//! should show then ([`state_want`]):
+//!
+//! | holds when                                                    | wants                                  | rule                     |
+//! |---------------------------------------------------------------|----------------------------------------|--------------------------|
+//! | a cause, and Slurm does not show the node out                  | drain (DOWN for a health cause with `health.action: down`), reason `<prefix> <cause>` | the cause's row |
+//! | a cause, lockstep's drain for it was there and is gone          | the drain again                         | `drain.reapply`          |
+//! | no cause, lockstep's drain or down is in Slurm                  | resume (unless health damping holds it) | `drain.cause_cleared`    |
+//! | no cause, somebody else's drain or down                         | nothing: shown, never undone            | `drain.foreign`          |
+//! | no cause, Slurm reports the node unhealthy                      | nothing                                 | `health.slurm_unhealthy` |
+//! | no cause, nothing out                                           | nothing                                 | `observe.slurm`          |
 //!
 //! Ownership ([`Ownership::owns`]): a drain or down is lockstep's own when
 //! Slurm says lockstep's Slurm user (`drain.slurm_user`) set its reason; when

@@ -28,7 +28,7 @@ use crate::sorted;
 use crate::stale::{self, ObjectKey, Tombstones};
 use crate::timers::{Timers, Wake, WakeOf};
 use crate::topology;
-use crate::units::{after_ms, after_s, ms};
+use crate::units::{after_s, ms};
 use lockstep_schemas::{Phase, Rule, Transition};
 
 // The loop's parts, children of this module so that they share the

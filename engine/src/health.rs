@@ -12,12 +12,13 @@
 //! with the reason `kubernetes node X deleted`: its host is gone, and a
 //! deleted node used to look like a node that is simply not cordoned.
 //!
-//! Health drains are damped: at most `drains_per_minute_max` new ones
-//! cluster-wide per minute of log time (`health.rate_limited`), a resume waits
-//! until the node has been healthy for `resume_after_s`
-//! (`health.resume_delay`), and a node with more than `flaps_max` health
-//! drains within `flap_window_s` is held drained for `flap_hold_s`
-//! (`health.flap_hold`).
+//! Health drains are damped:
+//!
+//! | holds when                                                          | effect                        | rule                  |
+//! |---------------------------------------------------------------------|-------------------------------|-----------------------|
+//! | `drains_per_minute_max` new health drains in the last minute of log time, cluster-wide | a new one waits      | `health.rate_limited` |
+//! | a health cause cleared less than `resume_after_s` ago                | the resume waits              | `health.resume_delay` |
+//! | more than `flaps_max` health drains within `flap_window_s`           | held drained for `flap_hold_s` | `health.flap_hold`   |
 //!
 //! Slurm -> Kubernetes: a Slurm node that is NOT_RESPONDING or FAIL, or DOWN
 //! not by lockstep's own `state=DOWN` (a node lockstep drained that then

@@ -2,11 +2,11 @@
 //! topology unit for every Slurm node on that Kubernetes node, and follow the
 //! pod when it moves to another node.
 //!
-//! | row | holds when                                         | action / report            |
-//! |-----|----------------------------------------------------|----------------------------|
-//! | 1   | a feature label's value differs from the feature   | `SlurmSetFeatures`         |
-//! | 2   | the unit label's value differs from the topology   | `SlurmSetTopology`         |
-//! | 3   | the unit label is missing, empty or not a valid name | `topology.invalid`, no action |
+//! | row | holds when                                         | action / report            | rule                |
+//! |-----|----------------------------------------------------|----------------------------|---------------------|
+//! | 1   | a feature label's value differs from the feature   | `SlurmSetFeatures`         | `topology.features` |
+//! | 2   | the unit label's value differs from the topology   | `SlurmSetTopology`         | `topology.unit`     |
+//! | 3   | the unit label is missing, empty or not a valid name | a report, no action      | `topology.invalid`  |
 //!
 //! An empty or invalid topology never goes to Slurm: it makes slurmd
 //! register as INVALID_REG. Features lockstep does not manage (no configured

@@ -464,9 +464,12 @@ fn a_victim_that_gets_a_job_is_let_go_and_removed_only_after_the_job_ends() {
     // can be scaled in below it), and the audit trail says why.
     let resumed = kinds_on(&sim, ActionKind::SlurmResume);
     assert!(!resumed.is_empty() && resumed[0].seq < job_end);
-    assert!(sim.transitions.iter().any(|t| t.rule == Rule::Scaling
-        && t.node == "gpu-1"
-        && t.detail.contains("runs 1 job(s)")));
+    assert!(sim
+        .transitions
+        .iter()
+        .any(|t| t.rule == Rule::ScaleInBlocked
+            && t.node == "gpu-1"
+            && t.detail.contains("runs 1 job(s)")));
     let lowered = kinds_on(&sim, ActionKind::KubeScale);
     assert!(!lowered.is_empty());
     assert!(
@@ -748,10 +751,13 @@ fn a_busy_top_ordinal_stops_a_statefulset_scale_in_until_it_is_idle() {
     for a in &sim.actions {
         assert!(a.seq > job_end, "{} before job 62 ended", a.id);
     }
-    assert!(sim.transitions.iter().any(|t| t.rule == Rule::Scaling
-        && t.node == "gpu-4"
-        && t.seq < job_end
-        && t.detail.contains("highest ordinals")));
+    assert!(sim
+        .transitions
+        .iter()
+        .any(|t| t.rule == Rule::ScaleInBlocked
+            && t.node == "gpu-4"
+            && t.seq < job_end
+            && t.detail.contains("highest ordinals")));
     // Then the top ordinals, and only they, went: by lowering replicas.
     let mut drained: Vec<String> = kinds_on(&sim, ActionKind::SlurmDrain)
         .iter()

@@ -99,8 +99,21 @@ pub enum Rule {
     TopologyInvalid,
     /// scaling: the busy label follows the node's jobs.
     Busy,
-    /// scaling: replica count changes and pod deletions.
+    /// Written by lockstep before scaling's rules had their own names: any
+    /// scaling action or report. No longer issued; kept so that audit
+    /// trails and logs of that time still read.
     Scaling,
+    /// scaling: demand is above the replica count; scale up.
+    ScaleUp,
+    /// scaling: the replica count is lowered past drained victims.
+    ScaleDown,
+    /// scaling (`delete_pod`): a DRAINED victim's pod is deleted.
+    DeletePod,
+    /// scaling (`deletion_cost`): DRAINED victims carry the lowest
+    /// deletion cost, no other pod does.
+    DeletionCost,
+    /// scaling: why scale-in stops short of the demand.
+    ScaleInBlocked,
     /// A taint, pod condition or label lockstep set under a name the policy
     /// no longer has is cleaned up.
     Retired,
@@ -116,6 +129,45 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule, in declaration order.
+    pub const ALL: [Rule; 35] = [
+        Self::Observed,
+        Self::Gone,
+        Self::Cordoned,
+        Self::PodDeleting,
+        Self::PodEvicted,
+        Self::PodMissing,
+        Self::Reapplied,
+        Self::NotReady,
+        Self::NodeCondition,
+        Self::KubeNodeGone,
+        Self::RateLimited,
+        Self::CauseCleared,
+        Self::ResumeDelayed,
+        Self::FlapHold,
+        Self::ForeignDrain,
+        Self::SlurmUnhealthy,
+        Self::SlurmInvisible,
+        Self::GaveUp,
+        Self::ScaleIn,
+        Self::Replace,
+        Self::Features,
+        Self::Topology,
+        Self::TopologyInvalid,
+        Self::Busy,
+        Self::Scaling,
+        Self::ScaleUp,
+        Self::ScaleDown,
+        Self::DeletePod,
+        Self::DeletionCost,
+        Self::ScaleInBlocked,
+        Self::Retired,
+        Self::Maintenance,
+        Self::Reserve,
+        Self::Release,
+        Self::DrainConditions,
+    ];
+
     /// A static name, `policy.rule`.
     pub const fn name(self) -> &'static str {
         match self {
@@ -144,6 +196,11 @@ impl Rule {
             Self::TopologyInvalid => "topology.invalid",
             Self::Busy => "scaling.busy",
             Self::Scaling => "scaling",
+            Self::ScaleUp => "scaling.up",
+            Self::ScaleDown => "scaling.down",
+            Self::DeletePod => "scaling.delete_pod",
+            Self::DeletionCost => "scaling.deletion_cost",
+            Self::ScaleInBlocked => "scaling.blocked",
             Self::Retired => "policy.retired",
             Self::Maintenance => "maintenance.window",
             Self::Reserve => "maintenance.reserve",
@@ -179,4 +236,59 @@ pub struct Transition {
     pub cause: EventId,
     /// Human-readable explanation.
     pub detail: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_rule_once_with_a_distinct_name() {
+        // A rule missing from ALL fails to compile here.
+        let index = |r: Rule| Rule::ALL.iter().position(|x| *x == r);
+        for r in Rule::ALL {
+            let covered = match r {
+                Rule::Observed => index(Rule::Observed),
+                Rule::Gone => index(Rule::Gone),
+                Rule::Cordoned => index(Rule::Cordoned),
+                Rule::PodDeleting => index(Rule::PodDeleting),
+                Rule::PodEvicted => index(Rule::PodEvicted),
+                Rule::PodMissing => index(Rule::PodMissing),
+                Rule::Reapplied => index(Rule::Reapplied),
+                Rule::NotReady => index(Rule::NotReady),
+                Rule::NodeCondition => index(Rule::NodeCondition),
+                Rule::KubeNodeGone => index(Rule::KubeNodeGone),
+                Rule::RateLimited => index(Rule::RateLimited),
+                Rule::CauseCleared => index(Rule::CauseCleared),
+                Rule::ResumeDelayed => index(Rule::ResumeDelayed),
+                Rule::FlapHold => index(Rule::FlapHold),
+                Rule::ForeignDrain => index(Rule::ForeignDrain),
+                Rule::SlurmUnhealthy => index(Rule::SlurmUnhealthy),
+                Rule::SlurmInvisible => index(Rule::SlurmInvisible),
+                Rule::GaveUp => index(Rule::GaveUp),
+                Rule::ScaleIn => index(Rule::ScaleIn),
+                Rule::Replace => index(Rule::Replace),
+                Rule::Features => index(Rule::Features),
+                Rule::Topology => index(Rule::Topology),
+                Rule::TopologyInvalid => index(Rule::TopologyInvalid),
+                Rule::Busy => index(Rule::Busy),
+                Rule::Scaling => index(Rule::Scaling),
+                Rule::ScaleUp => index(Rule::ScaleUp),
+                Rule::ScaleDown => index(Rule::ScaleDown),
+                Rule::DeletePod => index(Rule::DeletePod),
+                Rule::DeletionCost => index(Rule::DeletionCost),
+                Rule::ScaleInBlocked => index(Rule::ScaleInBlocked),
+                Rule::Retired => index(Rule::Retired),
+                Rule::Maintenance => index(Rule::Maintenance),
+                Rule::Reserve => index(Rule::Reserve),
+                Rule::Release => index(Rule::Release),
+                Rule::DrainConditions => index(Rule::DrainConditions),
+            };
+            assert!(covered.is_some());
+        }
+        let mut names: Vec<&str> = Rule::ALL.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Rule::ALL.len());
+    }
 }

@@ -535,6 +535,11 @@ pub(super) fn detail(
         | Rule::TopologyInvalid
         | Rule::Busy
         | Rule::Scaling
+        | Rule::ScaleUp
+        | Rule::ScaleDown
+        | Rule::DeletePod
+        | Rule::DeletionCost
+        | Rule::ScaleInBlocked
         | Rule::Retired
         | Rule::Reserve
         | Rule::Release

@@ -1,0 +1,299 @@
+//! Scaling policy: each scale target follows the demand of one Slurm
+//! partition, and shrinks only through drain -> drained -> delete.
+//!
+//! Desired replicas: the busy nodes of the target plus the nodes wanted by
+//! pending jobs that more nodes can help, bounded by min and max.
+//!
+//! | rule                    | what                                                                 |
+//! |-------------------------|----------------------------------------------------------------------|
+//! | `scaling.up`            | desired above the replica count: scale up at once (after the cooldown) |
+//! | `scaling.in`            | desired below it: pick victims the way the target's controller removes pods (below), drain them |
+//! | `scaling.down`          | lower the replica count, never below the demand of that moment, and only so far that every pod it makes the controller remove is DRAINED (DRAIN, not ALLOCATED/MIXED/COMPLETING, no job) |
+//! | `scaling.delete_pod`    | `delete_pod` removal: delete a DRAINED victim's pod (only while its UID is the one picked) |
+//! | `scaling.deletion_cost` | `deletion_cost` removal: the lowest deletion cost on DRAINED victims, on no other pod |
+//! | `scaling.blocked`       | why scale-in stops short of the demand, reported once per change   |
+//! | `scaling.replace`       | pods of an old revision: at most `max_unavailable` at a time through drain -> DRAINED -> delete |
+//! | `scaling.busy`          | label pods whose Slurm node runs a job, so a PodDisruptionBudget protects them |
+//!
+//! A victim no longer wanted (demand returns, a job lands on it, the chain
+//! above it breaks, its target is gone) is dropped at every step; its drain
+//! lifts (`drain.cause_cleared`).
+//!
+//! Scale-in by removal rule ([`Removal`], per kind of target):
+//!
+//! | removal            | victims                                   | what lowers `replicas`                                           |
+//! |--------------------|-------------------------------------------|-------------------------------------------------------------------|
+//! | `highest_ordinal`  | the top ordinals, each idle long enough (or its pod already on its way out, its node jobless); a busy one stops the chain below it | past an ordinal once it and all above it are DRAINED |
+//! | `deletion_cost`    | any idle, Running and Ready pods           | by the DRAINED victims marked with the lowest deletion cost, while every other pod is Running, Ready and costs more |
+//! | `delete_pod`       | any idle pods                              | by the victims whose pods lockstep deleted once DRAINED, while no more pods exist than the new count |
+//! | `controller_drains`| none (the controller drains)               | by at most the pods idle long enough                               |
+//! | (kind not known)   | none                                       | never: only scaled up                                              |
+//!
+//! Fail closed: while lockstep cannot see Slurm or Kubernetes, or does not
+//! know a pod or its Slurm node, nothing is deleted and `replicas` is not
+//! lowered. No pod whose Slurm node runs a job is removed, by lockstep or by
+//! a controller lockstep scaled.
+
+use std::cmp::Ordering;
+
+use std::collections::BTreeMap;
+
+use lockstep_schemas::{
+    Action, KubePod, Policy, Removal, ScaleRule, ScaleTargetRef, SlurmBaseState, SlurmJob,
+    SlurmJobState, SlurmNode, SlurmNodeFlag,
+};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{slurm_name_of_pod, Model};
+use crate::units::{after_ms, ms};
+
+mod plan;
+pub(crate) use plan::{lowering_allowed, plan_scale_in, ScaleIn, ScaleInPlan};
+
+/// Why a node is being taken out by scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum VictimKind {
+    /// Scale-in: the pod goes and the replica count drops.
+    ScaleIn,
+    /// Rolling replacement: the pod goes and its controller recreates it at
+    /// the new revision.
+    Replace,
+}
+
+/// A node on its way out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Victim {
+    pub target: ScaleTargetRef,
+    pub kind: VictimKind,
+    /// `namespace/name` of its pod, and the pod's UID when it was picked.
+    pub pod_key: String,
+    pub uid: String,
+    /// The target's replica count when the pod was seen gone (scale-in),
+    /// so the victim is settled once the count drops below it.
+    pub gone_at_replicas: Option<u32>,
+}
+
+/// Per scale target.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ScaleCtl {
+    pub last_up_ms: Option<u64>,
+    pub last_down_ms: Option<u64>,
+    /// The last desired count, to report changes.
+    pub desired: Option<u32>,
+    /// Why scale-in does not go further, as last reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<String>,
+}
+
+/// The annotation a ReplicaSet ranks pods by when it removes some (the
+/// lowest cost goes first), `controller.kubernetes.io/pod-deletion-cost`,
+/// as pods' labels carry it in observations and in
+/// `KubeLabelPod` actions: a key `annotation:<key>` names an annotation (the
+/// Kubernetes connector watches it for targets whose removal is
+/// `deletion_cost`, and patches `metadata.annotations` for it).
+pub(crate) const COST_LABEL: &str = "annotation:controller.kubernetes.io/pod-deletion-cost";
+
+/// The cost lockstep gives a DRAINED victim: the lowest there is (int32).
+pub(crate) const VICTIM_COST: &str = "-2147483648";
+
+/// What scaling knows of one pod of a target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PodFacts<'a> {
+    /// `namespace/name`.
+    pub key: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub slurm: &'a str,
+    /// Jobs holding its Slurm node.
+    pub jobs: u32,
+    /// A job holds its Slurm node, or Slurm shows it ALLOCATED, MIXED or
+    /// COMPLETING.
+    pub busy: bool,
+    /// Slurm knows its node.
+    pub known: bool,
+    /// Its Slurm node is DRAINED.
+    pub drained: bool,
+    pub deleting: bool,
+    /// Assigned, Running and Ready.
+    pub serving: bool,
+    /// Its Slurm node has been idle for `idle_before_scale_down_s`.
+    pub idle_enough: bool,
+    /// Its `controller.kubernetes.io/pod-deletion-cost` as observed (absent: 0;
+    /// `None`: not a number, so its rank is unknown).
+    pub cost: Option<i64>,
+    pub revision: Option<&'a str>,
+}
+
+impl PodFacts<'_> {
+    /// Whether removing it now could cost a job, or lockstep cannot tell.
+    fn why_not_removable(&self) -> Option<String> {
+        if !self.known {
+            Some(format!("slurm node {} is not known", self.slurm))
+        } else if self.jobs > 0 {
+            Some(format!(
+                "slurm node {} runs {} job(s)",
+                self.slurm, self.jobs
+            ))
+        } else if self.busy {
+            Some(format!(
+                "slurm node {} is allocated or completing",
+                self.slurm
+            ))
+        } else if self.deleting {
+            Some(format!("pod {} is being deleted", self.key))
+        } else {
+            None
+        }
+    }
+
+    /// DRAINED and holding nothing: its removal cannot cost a job.
+    fn safe_to_remove(&self) -> bool {
+        self.known && self.drained && self.jobs == 0 && !self.busy
+    }
+}
+
+/// The ordinal of a StatefulSet pod `<set>-<ordinal>` (canonical decimal).
+pub(crate) fn ordinal(set: &str, pod: &str) -> Option<u32> {
+    let digits = pod.strip_prefix(set)?.strip_prefix('-')?;
+    let o: u32 = digits.parse().ok()?;
+    (o.to_string() == digits).then_some(o)
+}
+
+/// Whether a pod's controller is the scale target: the target itself, or
+/// for a Deployment, its ReplicaSet `<deployment>-<pod-template-hash>`.
+pub(crate) fn owned_by(target: &ScaleTargetRef, owner_kind: &str, owner_name: &str) -> bool {
+    if target.kind == "Deployment" && target.group == "apps" {
+        return owner_kind == "ReplicaSet"
+            && owner_name
+                .strip_prefix(target.name.as_str())
+                .and_then(|r| r.strip_prefix('-'))
+                .is_some_and(|hash| {
+                    !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_alphanumeric())
+                });
+    }
+    owner_kind == target.kind && owner_name == target.name
+}
+
+/// What scaling knows of each pod of a scale target, sorted by pod key, and
+/// the log times at which idle pods become idle long enough.
+pub(crate) fn pod_facts<'a>(
+    model: &'a Model,
+    policy: &Policy,
+    rule: &ScaleRule,
+    idle_since: &FxHashMap<String, u64>,
+    victims: &BTreeMap<String, Victim>,
+    now: u64,
+) -> (Vec<PodFacts<'a>>, Vec<u64>) {
+    let idle_ms = ms(rule.idle_before_scale_down_s);
+    let mut pods: Vec<PodFacts> = Vec::new();
+    let mut idle_at: Vec<u64> = Vec::new();
+    for (key, entry) in &model.pods {
+        let p = &entry.obs;
+        let owned = p.namespace == rule.target.namespace
+            && p.owner
+                .as_ref()
+                .is_some_and(|o| owned_by(&rule.target, &o.kind, &o.name));
+        if !owned {
+            continue;
+        }
+        let Some(slurm) = slurm_name_of_pod(p, policy) else {
+            continue;
+        };
+        let node = model.slurm_nodes.get(slurm).map(|n| &n.obs);
+        let jobs = model.jobs_on(slurm);
+        let busy = jobs > 0 || node.is_some_and(slurm_busy);
+        let idle_enough = match idle_since.get(slurm).copied() {
+            Some(t) if after_ms(t, idle_ms) <= now => true,
+            Some(t) => {
+                if !busy && !victims.contains_key(slurm) {
+                    idle_at.push(after_ms(t, idle_ms));
+                }
+                false
+            }
+            None => false,
+        };
+        pods.push(PodFacts {
+            key,
+            name: &p.name,
+            uid: &p.uid,
+            slurm,
+            jobs,
+            busy,
+            known: node.is_some(),
+            drained: node.is_some_and(|n| drained(n, jobs)),
+            deleting: p.deleting,
+            serving: p.running_and_ready() && p.node_name.is_some(),
+            idle_enough,
+            cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
+            revision: p.revision.as_deref(),
+        });
+    }
+    // Decisions must not depend on the hash map's order (it differs after
+    // a restore).
+    pods.sort_unstable_by(|a, b| a.key.cmp(b.key));
+    (pods, idle_at)
+}
+
+/// `deletion_cost`: the deletion cost a pod should carry, `marked` or not
+/// as a DRAINED victim; `None` when it carries it. A cost somebody else
+/// set on a pod that is not a victim is left.
+pub(crate) fn cost_want(pod: &KubePod, marked: bool) -> Option<Action> {
+    let has = pod.labels.get(COST_LABEL).map(String::as_str);
+    let value = match (marked, has) {
+        (true, Some(VICTIM_COST)) | (false, None) => None,
+        (true, _) => Some(Some(VICTIM_COST.to_owned())),
+        (false, Some(VICTIM_COST)) => Some(None),
+        (false, Some(_)) => None,
+    };
+    value.map(|value| Action::KubeLabelPod {
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        key: COST_LABEL.to_owned(),
+        value,
+    })
+}
+
+/// Whether a pending job is demand that more nodes can meet.
+pub(crate) fn scalable(job: &SlurmJob, unscalable_reasons: &[String]) -> bool {
+    job.state == SlurmJobState::Pending
+        && !job
+            .pending_reason
+            .as_deref()
+            .is_some_and(|r| unscalable_reasons.iter().any(|u| r.starts_with(u.as_str())))
+}
+
+/// Busy from Slurm's side: a job holds it or is finishing on it.
+pub(crate) fn slurm_busy(node: &SlurmNode) -> bool {
+    matches!(
+        node.state,
+        SlurmBaseState::Allocated | SlurmBaseState::Mixed
+    ) || node.has(&SlurmNodeFlag::Completing)
+}
+
+/// DRAINED in sinfo's sense: DRAIN and nothing running or finishing.
+pub(crate) fn drained(node: &SlurmNode, jobs: u32) -> bool {
+    node.has(&SlurmNodeFlag::Drain) && !slurm_busy(node) && jobs == 0
+}
+
+/// Desired replicas: busy nodes plus pending demand, within bounds.
+pub(crate) fn desired(busy: u32, pending_nodes: u64, min: u32, max: u32) -> u32 {
+    let want = u64::from(busy).saturating_add(pending_nodes);
+    u32::try_from(want).unwrap_or(u32::MAX).clamp(min, max)
+}
+
+/// Victim order: idle first, then fewest running jobs, then newest (the
+/// highest ordinal: StatefulSet and NodeSet pods are numbered in creation
+/// order), then by name, so the choice is deterministic.
+pub(crate) fn victim_order(a: (u32, &str), b: (u32, &str)) -> Ordering {
+    let ordinal = |s: &str| {
+        let digits = s.len() - s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        s[s.len() - digits..].parse::<u64>().ok()
+    };
+    a.0.cmp(&b.0)
+        .then_with(|| ordinal(b.1).cmp(&ordinal(a.1)))
+        .then_with(|| a.1.cmp(b.1))
+}
+
+#[cfg(test)]
+mod tests;
