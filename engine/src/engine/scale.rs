@@ -241,82 +241,19 @@ impl Engine {
         let down_ready_at = ctl
             .last_down_ms
             .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
-        let timeout_ms = ms(self.policy.actions.timeout_s);
 
-        // Rolling replacement victims: settle once their pod is gone, delete
-        // it once DRAINED (fail closed: only what is surely drained and idle).
-        let replacing: Vec<String> = self
-            .victims
-            .iter()
-            .filter(|(_, v)| v.target == rule.target && v.kind == VictimKind::Replace)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for node in &replacing {
-            let v = &self.victims[node];
-            let Some(pod) = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid) else {
-                if let Some(v) = self.victims.remove(node) {
-                    let delete = Aspect::is_delete;
-                    self.flights
-                        .park(Owner::Pod, &v.pod_key, delete, now, timeout_ms);
-                }
-                looked.touched.push(node.clone());
-                continue;
-            };
-            let safe = visible && pod.known && pod.drained && pod.jobs == 0 && !pod.busy;
-            let want = (safe && !pod.deleting).then(|| delete_action(pod));
-            let issue = Issue {
-                seq: ctx.seq,
-                now_ms: now,
-                cause: ctx.event,
-                rule: Rule::Replace.name(),
-            };
-            let key = Key::Pod(&v.pod_key, AspectRef::Delete);
-            let policy = &self.policy.actions;
-            let (_, w) = self
-                .flights
-                .reconcile(key, want, &issue, policy, &mut out.actions);
-            if let Some(w) = w {
-                min_wake(wake, w);
-            }
-        }
-
-        // Scale-in victims whose pods are gone: settled, except that with
-        // `delete_pod` they are counted off `replicas` first.
-        let scale_in: Vec<String> = self
-            .victims
-            .iter()
-            .filter(|(_, v)| v.target == rule.target && v.kind == VictimKind::ScaleIn)
-            .map(|(n, _)| n.clone())
-            .collect();
-        let mut present: Vec<&str> = Vec::new();
-        let mut gone = 0u32;
-        for node in &scale_in {
-            let v = self.victims.get_mut(node).expect("listed above");
-            if let Some(p) = pods.iter().find(|p| p.key == v.pod_key && p.uid == v.uid) {
-                present.push(p.slurm);
-                continue;
-            }
-            let counted = removal == Some(Removal::DeletePod) && desired < current;
-            match v.gone_at_replicas {
-                _ if !counted => {}
-                None => {
-                    v.gone_at_replicas = Some(current);
-                    gone += 1;
-                    continue;
-                }
-                Some(at) if current >= at => {
-                    gone += 1;
-                    continue;
-                }
-                Some(_) => {}
-            }
-            if let Some(v) = self.victims.remove(node) {
-                let delete = Aspect::is_delete;
-                self.flights
-                    .park(Owner::Pod, &v.pod_key, delete, now, timeout_ms);
-            }
-            looked.touched.push(node.clone());
-        }
+        let mut book = Victims {
+            victims: &mut self.victims,
+            flights: &mut self.flights,
+            rule,
+            pods: &pods,
+            now,
+            timeout_ms: ms(self.policy.actions.timeout_s),
+        };
+        let policy = &self.policy.actions;
+        book.settle_replacements(visible, ctx, policy, wake, looked, out);
+        let counted = removal == Some(Removal::DeletePod) && desired < current;
+        let (present, gone) = book.settle_scale_in(counted, current, looked);
         let may_pick = now >= down_ready_at;
         if desired < current && visible && !may_pick {
             min_wake(wake, down_ready_at);
@@ -544,6 +481,116 @@ impl Engine {
             cause: ctx.event.clone(),
             detail,
         });
+    }
+}
+
+/// One target's victims, settled against its pods as scanned.
+struct Victims<'a, 'p> {
+    victims: &'a mut BTreeMap<String, Victim>,
+    flights: &'a mut Flights,
+    rule: &'a ScaleRule,
+    pods: &'a [PodFacts<'p>],
+    now: u64,
+    timeout_ms: u64,
+}
+
+impl<'p> Victims<'_, 'p> {
+    /// Victims of this target of one kind.
+    fn of_kind(&self, kind: VictimKind) -> Vec<String> {
+        self.victims
+            .iter()
+            .filter(|(_, v)| v.target == self.rule.target && v.kind == kind)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The pod a victim was picked for, if it is still there.
+    fn pod_of(&self, v: &Victim) -> Option<&'_ PodFacts<'p>> {
+        self.pods
+            .iter()
+            .find(|p| p.key == v.pod_key && p.uid == v.uid)
+    }
+
+    /// A victim settled: its pod's deletion, if in flight, is parked.
+    fn settle(&mut self, node: &str, looked: &mut Looked) {
+        if let Some(v) = self.victims.remove(node) {
+            let delete = Aspect::is_delete;
+            self.flights
+                .park(Owner::Pod, &v.pod_key, delete, self.now, self.timeout_ms);
+        }
+        looked.touched.push(node.to_owned());
+    }
+
+    /// Rolling replacement victims: settled once their pod is gone; their
+    /// pod deleted once DRAINED (fail closed: only what is surely drained
+    /// and idle).
+    fn settle_replacements(
+        &mut self,
+        visible: bool,
+        ctx: &Ctx<'_>,
+        policy: &lockstep_schemas::ActionPolicy,
+        wake: &mut Option<u64>,
+        looked: &mut Looked,
+        out: &mut Output,
+    ) {
+        for node in self.of_kind(VictimKind::Replace) {
+            let v = &self.victims[&node];
+            let Some(pod) = self.pod_of(v) else {
+                self.settle(&node, looked);
+                continue;
+            };
+            let safe = visible && pod.known && pod.drained && pod.jobs == 0 && !pod.busy;
+            let want = (safe && !pod.deleting).then(|| delete_action(pod));
+            let issue = Issue {
+                seq: ctx.seq,
+                now_ms: self.now,
+                cause: ctx.event,
+                rule: Rule::Replace.name(),
+            };
+            let key = Key::Pod(&v.pod_key, AspectRef::Delete);
+            let (_, w) = self
+                .flights
+                .reconcile(key, want, &issue, policy, &mut out.actions);
+            if let Some(w) = w {
+                min_wake(wake, w);
+            }
+        }
+    }
+
+    /// Scale-in victims whose pods are gone: settled, except that while
+    /// they are `counted` (`delete_pod`, scaling in) they are counted off
+    /// `replicas` first. Returns the Slurm nodes of the victims whose pods
+    /// are there, and how many are counted.
+    fn settle_scale_in(
+        &mut self,
+        counted: bool,
+        current: u32,
+        looked: &mut Looked,
+    ) -> (Vec<&'p str>, u32) {
+        let mut present: Vec<&'p str> = Vec::new();
+        let mut gone = 0u32;
+        for node in self.of_kind(VictimKind::ScaleIn) {
+            if let Some(p) = self.pod_of(&self.victims[&node]) {
+                present.push(p.slurm);
+                continue;
+            }
+            let v = self.victims.get_mut(&node).expect("listed above");
+            match v.gone_at_replicas {
+                _ if !counted => {}
+                None => {
+                    v.gone_at_replicas = Some(current);
+                    gone += 1;
+                    continue;
+                }
+                Some(at) if current >= at => {
+                    gone += 1;
+                    continue;
+                }
+                Some(_) => {}
+            }
+            self.settle(&node, looked);
+        }
+        (present, gone)
     }
 }
 
