@@ -7,8 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
-    KubeScaleTarget, OutcomeResult, Policy, Removal, ScaleTargetRef, SlurmJob, SlurmNode,
-    SlurmPartition, Target,
+    KubeScaleTarget, OutcomeResult, Policy, Removal, SlurmJob, SlurmNode, SlurmPartition, Target,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -128,21 +127,12 @@ pub struct Engine {
     #[serde(with = "sorted")]
     ctl: FxHashMap<String, NodeCtl>,
     timers: Timers,
-    /// Log times of recent health drains, cluster-wide (rate bound).
-    health_drains: VecDeque<u64>,
-    /// Log times of nodes recently shown unhealthy in Kubernetes,
-    /// cluster-wide (rate bound of the Slurm -> Kubernetes direction).
-    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
-    slurm_marks: VecDeque<u64>,
+    /// Health damping's cluster-wide rate bounds.
+    damping: health::Cluster,
     /// Actions in flight, one slot per target.
     flights: Flights,
-    /// Per scale target.
-    scale: BTreeMap<ScaleTargetRef, ScaleCtl>,
-    /// Slurm nodes on their way out (scale-in, rolling replacement).
-    victims: BTreeMap<String, Victim>,
-    /// Slurm node -> since when it runs no job (log time).
-    #[serde(with = "sorted")]
-    idle_since: FxHashMap<String, u64>,
+    /// Scaling's state: per target, victims, idle clocks.
+    scaling: scaling::Book,
     /// Deleted objects and the version they were deleted at, so that an
     /// older observation re-delivered later does not bring them back.
     #[serde(default, skip_serializing_if = "Tombstones::is_empty")]
@@ -157,33 +147,22 @@ pub struct Engine {
     /// Node object, and is removed after it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     reservations: BTreeMap<String, Action>,
-    // Derived, for scaling's fast path: rebuilt after a restore (the first
-    // evaluation then scans), so neither serialized nor hashed.
-    /// Slurm nodes that run or finish a job.
-    #[serde(skip)]
-    busy_nodes: rustc_hash::FxHashSet<String>,
-    /// Per scale rule: busy nodes among its pods, kept current between scans.
-    #[serde(skip)]
-    scale_busy: Vec<u32>,
-    /// Per scale rule: the last scan found pods of an old revision.
-    #[serde(skip)]
-    scale_rollout: Vec<bool>,
-    /// Slurm node -> the scale rule its pod belongs to, as of the last scan
-    /// (pods do not change between scans: a change forces one).
-    #[serde(skip)]
-    scale_rule_of: FxHashMap<String, usize>,
-    /// Pods, targets or visibility changed since the last scan.
-    #[serde(skip, default = "yes")]
-    scale_scan_needed: bool,
     /// `--policy` replays: ignore `PolicyChanged` records.
     #[serde(skip)]
     pinned: bool,
     #[serde(skip)]
     dirty: Vec<Wake>,
+    /// Buffers reused between evaluations.
     #[serde(skip)]
-    scratch_causes: Vec<Cause>,
-    #[serde(skip)]
-    scratch_names: Vec<String>,
+    scratch: Scratch,
+}
+
+/// Buffers reused between evaluations, so that evaluating allocates
+/// little.
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    causes: Vec<Cause>,
+    names: Vec<String>,
 }
 
 /// Errors restoring a snapshot.
@@ -219,24 +198,15 @@ impl Engine {
             model,
             ctl: FxHashMap::default(),
             timers: Timers::default(),
-            health_drains: VecDeque::new(),
-            slurm_marks: VecDeque::new(),
+            damping: health::Cluster::default(),
             flights: Flights::default(),
-            scale: BTreeMap::new(),
-            victims: BTreeMap::new(),
-            idle_since: FxHashMap::default(),
+            scaling: scaling::Book::default(),
             tombstones: Tombstones::default(),
             retired: Retired::default(),
             reservations: BTreeMap::new(),
-            busy_nodes: rustc_hash::FxHashSet::default(),
-            scale_busy: Vec::new(),
-            scale_rollout: Vec::new(),
-            scale_rule_of: FxHashMap::default(),
-            scale_scan_needed: true,
             pinned: false,
             dirty: Vec::new(),
-            scratch_causes: Vec::new(),
-            scratch_names: Vec::new(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -404,10 +374,6 @@ impl Engine {
         dirty.clear();
         self.dirty = dirty;
     }
-}
-
-const fn yes() -> bool {
-    true
 }
 
 #[cfg(test)]

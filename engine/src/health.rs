@@ -43,6 +43,17 @@ use crate::drain::Cause;
 use crate::model::NodeView;
 use crate::units::{after_ms, after_s, ms};
 
+/// The cluster-wide rate bounds of health damping.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Cluster {
+    /// Log times of recent health drains (`health.rate_limited`).
+    pub drains: VecDeque<u64>,
+    /// Log times of nodes recently shown unhealthy in Kubernetes (the
+    /// Slurm -> Kubernetes bound).
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub marks: VecDeque<u64>,
+}
+
 /// Rows 4-6. Sets `wake` to when a NotReady spell reaches its grace period.
 pub(crate) fn causes(
     view: &NodeView<'_>,

@@ -14,7 +14,7 @@ impl Engine {
         let Some(entry) = self.model.kube_nodes.get(name) else {
             return;
         };
-        let mut names = std::mem::take(&mut self.scratch_names);
+        let mut names = std::mem::take(&mut self.scratch.names);
         names.clear();
         self.model.slurm_nodes_on(name, policy, &mut names);
         let own = self.ownership();
@@ -32,7 +32,7 @@ impl Engine {
                 on.foreign |= side.foreign_drain();
             }
         }
-        self.scratch_names = names;
+        self.scratch.names = names;
         let mut wants: Vec<Want<'_>> = Vec::new();
         let holds = |a: AspectRef<'_>| self.flights.holds(Key::Kube(name, a));
         shown::taint_wants(entry, on, policy, &self.retired, holds, &mut wants);

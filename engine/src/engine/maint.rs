@@ -13,7 +13,7 @@ impl Engine {
         let policy = &self.policy;
         let mp = &policy.maintenance;
         let node = self.model.kube_nodes.get(kube).map(|e| &e.obs);
-        let mut names = std::mem::take(&mut self.scratch_names);
+        let mut names = std::mem::take(&mut self.scratch.names);
         names.clear();
         if node.is_some() {
             self.model.slurm_nodes_on(kube, policy, &mut names);
@@ -46,7 +46,7 @@ impl Engine {
             .map(|t| (t, None)),
             None => [("", None), ("", None)],
         };
-        self.scratch_names = names;
+        self.scratch.names = names;
         let issue = |rule: Rule| Issue {
             seq: ctx.seq,
             now_ms: now,

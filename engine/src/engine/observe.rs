@@ -26,11 +26,11 @@ impl Engine {
 
     /// Marks a Kubernetes node and the Slurm nodes on it for evaluation.
     pub(super) fn touch_kube(&mut self, name: &str) {
-        let mut names = std::mem::take(&mut self.scratch_names);
+        let mut names = std::mem::take(&mut self.scratch.names);
         names.clear();
         self.model.slurm_nodes_on(name, &self.policy, &mut names);
         self.dirty.extend(names.drain(..).map(Wake::Slurm));
-        self.scratch_names = names;
+        self.scratch.names = names;
         self.dirty.push(Wake::Kube(name.to_owned()));
         if self.policy.maintenance.enabled || self.maintained(name) {
             self.dirty.push(Wake::Maint(name.to_owned()));
@@ -136,11 +136,11 @@ impl Engine {
             Event::SlurmNodeGone { name, .. } => self.remove_slurm_node(name),
             Event::SlurmJob(job) => {
                 let gen = self.gen(Domain::SlurmJobs);
-                let mut flipped = std::mem::take(&mut self.scratch_names);
+                let mut flipped = std::mem::take(&mut self.scratch.names);
                 flipped.clear();
                 self.model.upsert_job(job, gen, &mut flipped);
                 self.jobs_flipped(&mut flipped, ctx.now_ms);
-                self.scratch_names = flipped;
+                self.scratch.names = flipped;
                 self.schedule_scaling(ctx.now_ms);
             }
             Event::SlurmJobGone { job_id, .. } => self.remove_job(*job_id),
@@ -262,7 +262,9 @@ impl Engine {
                     },
                 );
                 if self.model.jobs_on(&node.name) == 0 {
-                    self.idle_since.insert(node.name.clone(), ctx.now_ms);
+                    self.scaling
+                        .idle_since
+                        .insert(node.name.clone(), ctx.now_ms);
                 }
                 self.update_busy(&node.name);
                 self.touch_slurm(&node.name);
@@ -523,7 +525,7 @@ impl Engine {
         if !self.model.kube_gone.contains_key(kube) {
             return;
         }
-        let mut names = std::mem::take(&mut self.scratch_names);
+        let mut names = std::mem::take(&mut self.scratch.names);
         names.clear();
         self.model.slurm_nodes_on(kube, &self.policy, &mut names);
         let host_mode = self.policy.mapping.mode == lockstep_schemas::MappingMode::Host;
@@ -532,18 +534,18 @@ impl Engine {
         } else {
             names.is_empty()
         };
-        self.scratch_names = names;
+        self.scratch.names = names;
         if empty {
             self.model.kube_gone.remove(kube);
         }
     }
 
     pub(super) fn remove_job(&mut self, job_id: u64) {
-        let mut flipped = std::mem::take(&mut self.scratch_names);
+        let mut flipped = std::mem::take(&mut self.scratch.names);
         flipped.clear();
         self.model.remove_job(job_id, &mut flipped);
         self.jobs_flipped(&mut flipped, self.now_ms);
-        self.scratch_names = flipped;
+        self.scratch.names = flipped;
         self.schedule_scaling(self.now_ms);
     }
 
@@ -553,9 +555,9 @@ impl Engine {
         let label = !self.policy.scaling.busy_label.is_empty();
         for node in flipped.drain(..) {
             if self.model.jobs_on(&node) == 0 {
-                self.idle_since.insert(node.clone(), now_ms);
+                self.scaling.idle_since.insert(node.clone(), now_ms);
             } else {
-                self.idle_since.remove(&node);
+                self.scaling.idle_since.remove(&node);
             }
             self.update_busy(&node);
             self.touch_drain_progress(&node);
@@ -578,16 +580,16 @@ impl Engine {
                 .slurm_nodes
                 .get(node)
                 .is_some_and(|n| scaling::slurm_busy(&n.obs));
-        if busy == self.busy_nodes.contains(node) {
+        if busy == self.scaling.busy_nodes.contains(node) {
             return;
         }
         if busy {
-            self.busy_nodes.insert(node.to_owned());
+            self.scaling.busy_nodes.insert(node.to_owned());
         } else {
-            self.busy_nodes.remove(node);
+            self.scaling.busy_nodes.remove(node);
         }
-        let rule = self.scale_rule_of.get(node).copied();
-        if let Some(count) = rule.and_then(|r| self.scale_busy.get_mut(r)) {
+        let rule = self.scaling.rule_of.get(node).copied();
+        if let Some(count) = rule.and_then(|r| self.scaling.busy.get_mut(r)) {
             *count = if busy {
                 *count + 1
             } else {
@@ -599,7 +601,7 @@ impl Engine {
     /// Rebuilds the busy set from the model. Busy: running a job (whether
     /// Slurm's node list has the node yet or not) or finishing one.
     pub(super) fn rebuild_busy(&mut self) {
-        self.busy_nodes.clear();
+        self.scaling.busy_nodes.clear();
         let mut names: Vec<String> = self.model.slurm_nodes.keys().cloned().collect();
         names.extend(self.model.nodes_with_jobs());
         for n in names {
@@ -610,7 +612,7 @@ impl Engine {
     /// Something scaling reads beyond job counts changed: the next
     /// evaluation scans the targets' pods.
     pub(super) fn scaling_needs_scan(&mut self, now_ms: u64) {
-        self.scale_scan_needed = true;
+        self.scaling.scan_needed = true;
         self.schedule_scaling(now_ms);
     }
 

@@ -32,6 +32,7 @@ impl Engine {
         let rules = self.policy.scaling.targets.clone();
         // Victims of targets no longer scaled are dropped (their drains lift).
         let stale: Vec<String> = self
+            .scaling
             .victims
             .iter()
             .filter(|(_, v)| !rules.iter().any(|r| r.target == v.target))
@@ -44,11 +45,11 @@ impl Engine {
         let mut wake: Option<u64> = None;
         let mut added_victims = false;
         let scan_all =
-            std::mem::take(&mut self.scale_scan_needed) || self.scale_busy.len() != rules.len();
+            std::mem::take(&mut self.scaling.scan_needed) || self.scaling.busy.len() != rules.len();
         if scan_all {
-            self.scale_busy = vec![0; rules.len()];
-            self.scale_rollout = vec![true; rules.len()];
-            self.scale_rule_of.clear();
+            self.scaling.busy = vec![0; rules.len()];
+            self.scaling.rollout = vec![true; rules.len()];
+            self.scaling.rule_of.clear();
         }
         for (index, rule) in rules.iter().enumerate() {
             let Some(target) = self
@@ -103,13 +104,19 @@ impl Engine {
         wake: &mut Option<u64>,
         out: &mut Output,
     ) -> bool {
-        if self.scale_rollout[index] || self.victims.values().any(|v| v.target == rule.target) {
+        if self.scaling.rollout[index]
+            || self
+                .scaling
+                .victims
+                .values()
+                .any(|v| v.target == rule.target)
+        {
             return false;
         }
         let current = target.replicas;
         let pending = self.model.pending_nodes(&rule.partition);
         let desired = scaling::desired(
-            self.scale_busy[index],
+            self.scaling.busy[index],
             pending,
             rule.min_replicas,
             rule.max_replicas,
@@ -117,7 +124,7 @@ impl Engine {
         if desired < current {
             return false;
         }
-        let ctl = self.scale.entry(rule.target.clone()).or_default();
+        let ctl = self.scaling.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
         ctl.blocked = None;
         let counts = Replicas {
@@ -155,7 +162,7 @@ impl Engine {
         }
         let mut picked = false;
         for node in &planned.plan.victims {
-            if self.victims.contains_key(node) {
+            if self.scaling.victims.contains_key(node) {
                 continue;
             }
             let Some((_, key, uid)) = planned.live.iter().find(|(s, _, _)| s == node) else {
@@ -166,7 +173,11 @@ impl Engine {
             picked = true;
             looked.added_victims = true;
         }
-        let ctl = self.scale.get_mut(&rule.target).expect("made by the plan");
+        let ctl = self
+            .scaling
+            .targets
+            .get_mut(&rule.target)
+            .expect("made by the plan");
         if picked {
             ctl.last_down_ms = Some(now);
         }
@@ -178,7 +189,11 @@ impl Engine {
         self.report_blocked(rule, &planned, ctx, out);
         // The replica count: up at once (after the cooldown); down as the
         // plan says, never below the demand of this moment.
-        let ctl = self.scale.get_mut(&rule.target).expect("made by the plan");
+        let ctl = self
+            .scaling
+            .targets
+            .get_mut(&rule.target)
+            .expect("made by the plan");
         let counts = Replicas {
             current: planned.current,
             desired: planned.desired,
@@ -212,8 +227,8 @@ impl Engine {
             &self.model,
             &self.policy,
             rule,
-            &self.idle_since,
-            &self.victims,
+            &self.scaling.idle_since,
+            &self.scaling.victims,
             now,
         );
         // Busy Slurm nodes, each once even while two pods claim it (a
@@ -224,26 +239,26 @@ impl Engine {
             .map(|p| p.slurm)
             .collect::<std::collections::BTreeSet<_>>()
             .len() as u32;
-        self.scale_busy[index] = busy;
+        self.scaling.busy[index] = busy;
         for p in &pods {
-            if !self.scale_rule_of.contains_key(p.slurm) {
-                self.scale_rule_of.insert(p.slurm.to_owned(), index);
+            if !self.scaling.rule_of.contains_key(p.slurm) {
+                self.scaling.rule_of.insert(p.slurm.to_owned(), index);
             }
         }
-        self.scale_rollout[index] = target
+        self.scaling.rollout[index] = target
             .update_revision
             .as_deref()
             .is_some_and(|rev| pods.iter().any(|p| p.revision.is_some_and(|r| r != rev)));
         let pending = self.model.pending_nodes(&rule.partition);
         let desired = scaling::desired(busy, pending, rule.min_replicas, rule.max_replicas);
-        let ctl = self.scale.entry(rule.target.clone()).or_default();
+        let ctl = self.scaling.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
         let down_ready_at = ctl
             .last_down_ms
             .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
 
         let mut book = Victims {
-            victims: &mut self.victims,
+            victims: &mut self.scaling.victims,
             flights: &mut self.flights,
             rule,
             pods: &pods,
@@ -297,7 +312,7 @@ impl Engine {
     /// A victim no longer wanted: its pod's deletion, if in flight, is
     /// parked.
     fn drop_victim(&mut self, node: &str, now: u64) {
-        if let Some(v) = self.victims.remove(node) {
+        if let Some(v) = self.scaling.victims.remove(node) {
             let timeout_ms = ms(self.policy.actions.timeout_s);
             self.flights
                 .park(Owner::Pod, &v.pod_key, Aspect::is_delete, now, timeout_ms);
@@ -307,7 +322,7 @@ impl Engine {
     /// A new victim: it takes back a deletion of its pod still in flight.
     fn add_victim(&mut self, node: &str, rule: &ScaleRule, kind: VictimKind, key: &str, uid: &str) {
         self.flights.adopt(Owner::Pod, key, Aspect::is_delete);
-        self.victims.insert(
+        self.scaling.victims.insert(
             node.to_owned(),
             Victim {
                 target: rule.target.clone(),
@@ -329,6 +344,7 @@ impl Engine {
         out: &mut Output,
     ) {
         for v in self
+            .scaling
             .victims
             .values()
             .filter(|v| v.target == rule.target && v.kind == VictimKind::ScaleIn)
@@ -407,6 +423,7 @@ impl Engine {
             return;
         };
         let replacing = self
+            .scaling
             .victims
             .values()
             .filter(|v| v.target == rule.target && v.kind == VictimKind::Replace)
@@ -419,7 +436,7 @@ impl Engine {
                 continue;
             };
             if p.revision.as_ref().is_none_or(|r| r == rev)
-                || self.victims.contains_key(slurm)
+                || self.scaling.victims.contains_key(slurm)
                 || p.deleting
                 || !self.model.slurm_nodes.contains_key(slurm)
             {
@@ -458,7 +475,11 @@ impl Engine {
                 );
                 (node.clone(), detail)
             });
-        let ctl = self.scale.get_mut(&rule.target).expect("made by the plan");
+        let ctl = self
+            .scaling
+            .targets
+            .get_mut(&rule.target)
+            .expect("made by the plan");
         if blocked.as_ref().map(|(_, d)| d) == ctl.blocked.as_ref() {
             return;
         }

@@ -13,7 +13,7 @@ impl Engine {
         let view = self.model.view(name, policy);
         let now = ctx.now_ms;
         let mut wake = None;
-        let mut causes = std::mem::take(&mut self.scratch_causes);
+        let mut causes = std::mem::take(&mut self.scratch.causes);
         causes.clear();
         let ctl = self.ctl.get(name);
         let had_pod_loss = ctl.is_some_and(|c| c.causes.iter().any(|(c, _)| c.is_pod_loss()));
@@ -21,7 +21,7 @@ impl Engine {
             &view,
             policy,
             had_pod_loss,
-            self.victims.get(name),
+            self.scaling.victims.get(name),
             now,
             &mut causes,
             &mut wake,
@@ -29,7 +29,7 @@ impl Engine {
         let Some(slurm) = view.slurm else {
             // Slurm does not know this node: nothing to drain or resume.
             self.slurm_node_gone(name, ctx, out);
-            self.scratch_causes = causes;
+            self.scratch.causes = causes;
             return;
         };
         let side = SlurmSide::of(slurm, &self.ownership());
@@ -47,11 +47,11 @@ impl Engine {
             self.model.slurm_visible,
             now,
             &policy.health,
-            &mut self.slurm_marks,
+            &mut self.damping.marks,
             &mut wake,
         );
         let shown = ctl.slurm_health.shown;
-        let cluster = &mut self.health_drains;
+        let cluster = &mut self.damping.drains;
         let visible = self.model.slurm_visible;
         let flights = &mut self.flights;
         let node = Node {
@@ -122,7 +122,7 @@ impl Engine {
             }
         }
 
-        self.scratch_causes = causes;
+        self.scratch.causes = causes;
         self.timers.set(WakeOf::Slurm(name), wake);
         if shown != shown_before {
             // The taint of the Kubernetes node under it follows.

@@ -42,7 +42,7 @@ use lockstep_schemas::{
     Action, KubePod, Policy, Removal, ScaleRule, ScaleTargetRef, SlurmBaseState, SlurmJob,
     SlurmJobState, SlurmNode, SlurmNodeFlag,
 };
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{slurm_name_of_pod, Model};
@@ -84,6 +84,55 @@ pub(crate) struct ScaleCtl {
     /// Why scale-in does not go further, as last reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked: Option<String>,
+}
+
+/// Scaling's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Book {
+    /// Per scale target.
+    pub targets: BTreeMap<ScaleTargetRef, ScaleCtl>,
+    /// Slurm nodes on their way out (scale-in, rolling replacement).
+    pub victims: BTreeMap<String, Victim>,
+    /// Slurm node -> since when it runs no job (log time).
+    #[serde(with = "crate::sorted")]
+    pub idle_since: FxHashMap<String, u64>,
+    // Derived, for the fast path: rebuilt after a restore (the first
+    // evaluation then scans), so neither serialized nor hashed.
+    /// Slurm nodes that run or finish a job.
+    #[serde(skip)]
+    pub busy_nodes: FxHashSet<String>,
+    /// Per scale rule: busy nodes among its pods, kept current between scans.
+    #[serde(skip)]
+    pub busy: Vec<u32>,
+    /// Per scale rule: the last scan found pods of an old revision.
+    #[serde(skip)]
+    pub rollout: Vec<bool>,
+    /// Slurm node -> the scale rule its pod belongs to, as of the last scan
+    /// (pods do not change between scans: a change forces one).
+    #[serde(skip)]
+    pub rule_of: FxHashMap<String, usize>,
+    /// Pods, targets or visibility changed since the last scan.
+    #[serde(skip, default = "yes")]
+    pub scan_needed: bool,
+}
+
+impl Default for Book {
+    fn default() -> Self {
+        Self {
+            targets: BTreeMap::new(),
+            victims: BTreeMap::new(),
+            idle_since: FxHashMap::default(),
+            busy_nodes: FxHashSet::default(),
+            busy: Vec::new(),
+            rollout: Vec::new(),
+            rule_of: FxHashMap::default(),
+            scan_needed: true,
+        }
+    }
+}
+
+const fn yes() -> bool {
+    true
 }
 
 /// The annotation a ReplicaSet ranks pods by when it removes some (the
