@@ -35,84 +35,105 @@ use lockstep_schemas::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::health::HealthCause;
 use crate::model::NodeView;
+use crate::scaling::VictimKind;
 use lockstep_schemas::Rule;
 
-/// A reason lockstep wants a Slurm node out of service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Cause {
+/// Rows 1-4: why the drain policy wants a Slurm node out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum DrainCause {
     Cordoned,
     PodDeleting,
     PodEvicted,
     PodMissing,
-    NotReady,
-    NodeCondition(String),
-    /// The Kubernetes node under it was deleted.
-    KubeNodeGone,
-    /// scaling: picked to be scaled in.
-    ScaleIn,
-    /// scaling: its pod is of an old revision and is being replaced.
-    Replace,
-    /// maintenance: the Kubernetes node's maintenance window (as announced).
-    Maintenance(String),
 }
 
-impl Cause {
-    pub fn rule(&self) -> Rule {
+impl DrainCause {
+    pub fn rule(self) -> Rule {
         match self {
             Self::Cordoned => Rule::Cordoned,
             Self::PodDeleting => Rule::PodDeleting,
             Self::PodEvicted => Rule::PodEvicted,
             Self::PodMissing => Rule::PodMissing,
-            Self::NotReady => Rule::NotReady,
-            Self::NodeCondition(_) => Rule::NodeCondition,
-            Self::KubeNodeGone => Rule::KubeNodeGone,
-            Self::ScaleIn => Rule::ScaleIn,
-            Self::Replace => Rule::Replace,
+        }
+    }
+
+    /// The slurmd pod is being lost or is gone (rows 2-4).
+    pub fn is_pod_loss(self) -> bool {
+        self != Self::Cordoned
+    }
+
+    fn describe(self, view: &NodeView<'_>) -> String {
+        let pod = view.pod_key.unwrap_or("?");
+        match self {
+            Self::Cordoned => {
+                let kube = view.kube_name.unwrap_or("?");
+                format!("kubernetes node {kube} cordoned")
+            }
+            Self::PodDeleting => format!("pod {pod} being deleted"),
+            Self::PodEvicted => format!("pod {pod} evicted"),
+            Self::PodMissing => "slurmd pod gone, waiting for its replacement".to_owned(),
+        }
+    }
+}
+
+/// A reason lockstep wants a Slurm node out of service, as the policy that
+/// raises it says it. The order of the cause table: drain, maintenance,
+/// health, scaling.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Cause {
+    /// Rows 1-4 here.
+    Drain(DrainCause),
+    /// `maintenance` row 3: the Kubernetes node's window, as announced.
+    Maintenance(String),
+    /// `health` rows 4-6.
+    Health(HealthCause),
+    /// `scaling`: picked to be scaled in, or its pod replaced.
+    Scaling(VictimKind),
+}
+
+impl Cause {
+    pub fn rule(&self) -> Rule {
+        match self {
+            Self::Drain(d) => d.rule(),
             Self::Maintenance(_) => Rule::Maintenance,
+            Self::Health(h) => h.rule(),
+            Self::Scaling(VictimKind::ScaleIn) => Rule::ScaleIn,
+            Self::Scaling(VictimKind::Replace) => Rule::Replace,
         }
     }
 
     /// The slurmd pod is being lost or is gone (rows 2-4).
     pub fn is_pod_loss(&self) -> bool {
-        matches!(
-            self,
-            Self::PodDeleting | Self::PodEvicted | Self::PodMissing
-        )
+        matches!(self, Self::Drain(d) if d.is_pod_loss())
     }
 
     /// Health causes are rate-bounded and damped; drain causes are operator
     /// intent and act at once.
     pub fn is_health(&self) -> bool {
-        matches!(
-            self,
-            Self::NotReady | Self::NodeCondition(_) | Self::KubeNodeGone
-        )
+        matches!(self, Self::Health(_))
     }
 
     /// Causes whose drain must say so in its reason, even when Slurm already
     /// shows a drain lockstep made for an earlier cause: whoever reads the
     /// reason of a node whose host is gone must not read "cordoned".
     pub fn names_itself(&self) -> bool {
-        matches!(self, Self::KubeNodeGone)
+        matches!(self, Self::Health(HealthCause::KubeNodeGone))
     }
 
     /// What to write after the reason prefix. Stable for a given cause, so an
     /// unchanged cause never rewrites the Slurm reason.
     pub fn describe(&self, view: &NodeView<'_>) -> String {
-        let kube = view.kube_name.unwrap_or("?");
-        let pod = view.pod_key.unwrap_or("?");
         match self {
-            Self::Cordoned => format!("kubernetes node {kube} cordoned"),
-            Self::PodDeleting => format!("pod {pod} being deleted"),
-            Self::PodEvicted => format!("pod {pod} evicted"),
-            Self::PodMissing => "slurmd pod gone, waiting for its replacement".to_owned(),
-            Self::NotReady => format!("kubernetes node {kube} not ready"),
-            Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
-            Self::KubeNodeGone => format!("kubernetes node {kube} deleted"),
-            Self::ScaleIn => "scale-in".to_owned(),
-            Self::Replace => format!("pod {pod} replaced by a new revision"),
+            Self::Drain(d) => d.describe(view),
             Self::Maintenance(window) => format!("maintenance {window}"),
+            Self::Health(h) => h.describe(view.kube_name.unwrap_or("?")),
+            Self::Scaling(VictimKind::ScaleIn) => "scale-in".to_owned(),
+            Self::Scaling(VictimKind::Replace) => {
+                let pod = view.pod_key.unwrap_or("?");
+                format!("pod {pod} replaced by a new revision")
+            }
         }
     }
 }
@@ -127,16 +148,16 @@ pub(crate) fn causes(
     out: &mut Vec<Cause>,
 ) {
     if policy.on_cordon && view.kube.is_some_and(|k| k.obs.unschedulable) {
-        out.push(Cause::Cordoned);
+        out.push(Cause::Drain(DrainCause::Cordoned));
     }
     if policy.on_pod_disruption {
         let pod = view.pod.map(|p| &p.obs);
         if let Some(pod) = pod.filter(|p| p.deleting || p.disruption_target) {
             if pod.deleting {
-                out.push(Cause::PodDeleting);
+                out.push(Cause::Drain(DrainCause::PodDeleting));
             }
             if pod.disruption_target {
-                out.push(Cause::PodEvicted);
+                out.push(Cause::Drain(DrainCause::PodEvicted));
             }
         } else if mode == MappingMode::Pod
             && !pod.is_some_and(KubePod::running_and_ready)
@@ -144,7 +165,7 @@ pub(crate) fn causes(
         {
             // A replacement that is Pending, or Running but not Ready, does
             // not serve yet: slurmd in it may not even have started.
-            out.push(Cause::PodMissing);
+            out.push(Cause::Drain(DrainCause::PodMissing));
         }
     }
 }
@@ -382,7 +403,7 @@ mod tests {
 
     #[test]
     fn pod_rows_table() {
-        use Cause::*;
+        use DrainCause::*;
         use PodPhase::*;
         let serving = pod(Running, true, false, false);
         let pending = pod(Pending, false, false, false);
@@ -390,7 +411,12 @@ mod tests {
         let deleting = pod(Running, true, true, false);
         let evicted = pod(Running, true, false, true);
         // (pod, causes before, mode) -> causes now
-        type Row<'a> = (Option<&'a PodEntry>, &'a [Cause], MappingMode, &'a [Cause]);
+        type Row<'a> = (
+            Option<&'a PodEntry>,
+            &'a [DrainCause],
+            MappingMode,
+            &'a [DrainCause],
+        );
         let rows: &[Row<'_>] = &[
             (Some(&serving), &[], MappingMode::Pod, &[]),
             (Some(&deleting), &[], MappingMode::Pod, &[PodDeleting]),
@@ -428,7 +454,7 @@ mod tests {
                 kube_gone: None,
             };
             let mut got = Vec::new();
-            let had_pod_loss = previous.iter().any(Cause::is_pod_loss);
+            let had_pod_loss = previous.iter().any(|c| c.is_pod_loss());
             causes(
                 &view,
                 &DrainPolicy::default(),
@@ -436,7 +462,8 @@ mod tests {
                 had_pod_loss,
                 &mut got,
             );
-            assert_eq!(got, *want, "row {i}");
+            let want: Vec<Cause> = want.iter().map(|d| Cause::Drain(*d)).collect();
+            assert_eq!(got, want, "row {i}");
         }
     }
 
@@ -613,15 +640,15 @@ mod tests {
         );
         #[rustfmt::skip]
         let cases: &[Case] = &[
-            (Some(Cause::Cordoned), none, fresh, None, (Dg, Rule::Cordoned, Some("slurm_drain"))),
-            (Some(Cause::Cordoned), out_owned, fresh, None, (Dd, Rule::Cordoned, None)),
+            (Some(Cause::Drain(DrainCause::Cordoned)), none, fresh, None, (Dg, Rule::Cordoned, Some("slurm_drain"))),
+            (Some(Cause::Drain(DrainCause::Cordoned)), out_owned, fresh, None, (Dd, Rule::Cordoned, None)),
             // somebody else's drain keeps it out already
-            (Some(Cause::Cordoned), out_other, fresh, None, (Dd, Rule::Cordoned, None)),
+            (Some(Cause::Drain(DrainCause::Cordoned)), out_other, fresh, None, (Dd, Rule::Cordoned, None)),
             // lockstep's drain removed while its cause holds
-            (Some(Cause::Cordoned), none, drained, None, (Dg, Rule::Reapplied, Some("slurm_drain"))),
-            (Some(Cause::NotReady), none, fresh, None, (Dg, Rule::NotReady, Some("slurm_drain"))),
+            (Some(Cause::Drain(DrainCause::Cordoned)), none, drained, None, (Dg, Rule::Reapplied, Some("slurm_drain"))),
+            (Some(Cause::Health(HealthCause::NotReady)), none, fresh, None, (Dg, Rule::NotReady, Some("slurm_drain"))),
             // names itself: lockstep's drain for another cause says so
-            (Some(Cause::KubeNodeGone), out_owned, drained, None, (Dg, Rule::KubeNodeGone, Some("slurm_drain"))),
+            (Some(Cause::Health(HealthCause::KubeNodeGone)), out_owned, drained, None, (Dg, Rule::KubeNodeGone, Some("slurm_drain"))),
             (None, out_owned, drained, None, (Rs, Rule::CauseCleared, Some("slurm_resume"))),
             (None, out_owned, drained, hold, (Rs, Rule::FlapHold, None)),
             (None, out_other, fresh, None, (Fd, Rule::ForeignDrain, None)),

@@ -43,6 +43,34 @@ use crate::drain::Cause;
 use crate::model::NodeView;
 use crate::units::{after_ms, after_s, ms};
 
+/// Rows 4-6: why the health policy wants a Slurm node out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum HealthCause {
+    NotReady,
+    NodeCondition(String),
+    /// The Kubernetes node under it was deleted.
+    KubeNodeGone,
+}
+
+impl HealthCause {
+    pub fn rule(&self) -> Rule {
+        match self {
+            Self::NotReady => Rule::NotReady,
+            Self::NodeCondition(_) => Rule::NodeCondition,
+            Self::KubeNodeGone => Rule::KubeNodeGone,
+        }
+    }
+
+    /// What follows the reason prefix, for the Kubernetes node `kube`.
+    pub fn describe(&self, kube: &str) -> String {
+        match self {
+            Self::NotReady => format!("kubernetes node {kube} not ready"),
+            Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
+            Self::KubeNodeGone => format!("kubernetes node {kube} deleted"),
+        }
+    }
+}
+
 /// The cluster-wide rate bounds of health damping.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Cluster {
@@ -63,20 +91,22 @@ pub(crate) fn causes(
     wake: &mut Option<u64>,
 ) {
     if view.kube_gone.is_some() {
-        out.push(Cause::KubeNodeGone);
+        out.push(Cause::Health(HealthCause::KubeNodeGone));
     }
     let Some(kube) = view.kube else { return };
     if let Some(since) = &kube.not_ready_since {
         let deadline = after_s(since.ms, policy.not_ready_grace_s);
         if now_ms >= deadline {
-            out.push(Cause::NotReady);
+            out.push(Cause::Health(HealthCause::NotReady));
         } else {
             min_wake(wake, deadline);
         }
     }
     for cond in &kube.obs.conditions {
         if cond.status == ConditionStatus::True && policy.node_conditions.contains(&cond.type_) {
-            out.push(Cause::NodeCondition(cond.type_.clone()));
+            out.push(Cause::Health(HealthCause::NodeCondition(
+                cond.type_.clone(),
+            )));
         }
     }
 }
@@ -316,22 +346,35 @@ mod tests {
         let rows: &[Row<'_>] = &[
             (Some(&ready), None, 100_000, &[]),
             (Some(&not_ready), None, 59_999, &[]),
-            (Some(&not_ready), None, 60_000, &[Cause::NotReady]),
+            (
+                Some(&not_ready),
+                None,
+                60_000,
+                &[Cause::Health(HealthCause::NotReady)],
+            ),
             // Deleted: its host is gone.
-            (None, Some(&deleted), 0, &[Cause::KubeNodeGone]),
+            (
+                None,
+                Some(&deleted),
+                0,
+                &[Cause::Health(HealthCause::KubeNodeGone)],
+            ),
             // Registered again, not Ready yet: still gone, and NotReady
             // once the grace runs out.
             (
                 Some(&not_ready),
                 Some(&deleted),
                 10_000,
-                &[Cause::KubeNodeGone],
+                &[Cause::Health(HealthCause::KubeNodeGone)],
             ),
             (
                 Some(&not_ready),
                 Some(&deleted),
                 60_000,
-                &[Cause::KubeNodeGone, Cause::NotReady],
+                &[
+                    Cause::Health(HealthCause::KubeNodeGone),
+                    Cause::Health(HealthCause::NotReady),
+                ],
             ),
         ];
         for (i, (node, gone, now, want)) in rows.iter().enumerate() {

@@ -469,7 +469,7 @@ impl Engine {
         };
         if !ctl.causes.iter().any(|(c, _)| c.is_pod_loss()) {
             ctl.causes.push((
-                Cause::PodMissing,
+                Cause::Drain(crate::drain::DrainCause::PodMissing),
                 Origin {
                     ms: ctx.now_ms,
                     seq: ctx.seq,

@@ -2,6 +2,7 @@
 use super::*;
 
 use crate::drain::{Before, StateWant};
+use crate::health::HealthCause;
 use crate::model::NodeView;
 use crate::shown::{self, Want};
 
@@ -198,16 +199,15 @@ fn node_causes(
     }
     health::causes(view, &policy.health, now, causes, wake);
     if let Some(v) = victim {
-        match v.kind {
-            // Until the replica count drops, a pod its controller recreates
-            // meanwhile is on its way out too.
-            VictimKind::ScaleIn => causes.push(Cause::ScaleIn),
-            // A replacement is done once the old pod is gone.
-            VictimKind::Replace => {
-                if view.pod.is_some_and(|p| p.obs.uid == v.uid) {
-                    causes.push(Cause::Replace);
-                }
-            }
+        // Until the replica count drops, a pod its controller recreates
+        // meanwhile is on its way out too; a replacement is done once the
+        // old pod is gone.
+        let holds = match v.kind {
+            VictimKind::ScaleIn => true,
+            VictimKind::Replace => view.pod.is_some_and(|p| p.obs.uid == v.uid),
+        };
+        if holds {
+            causes.push(Cause::Scaling(v.kind));
         }
     }
 }
@@ -268,8 +268,10 @@ fn carry_origins(ctl: &mut NodeCtl, causes: &[Cause], view: &NodeView<'_>, ctx: 
                 .find(|(old, _)| old == c)
                 .map(|(_, o)| o.clone())
                 .or_else(|| match c {
-                    Cause::NotReady => view.kube.and_then(|k| k.not_ready_since.clone()),
-                    Cause::KubeNodeGone => view.kube_gone.cloned(),
+                    Cause::Health(HealthCause::NotReady) => {
+                        view.kube.and_then(|k| k.not_ready_since.clone())
+                    }
+                    Cause::Health(HealthCause::KubeNodeGone) => view.kube_gone.cloned(),
                     _ => None,
                 })
                 .unwrap_or_else(here);
