@@ -103,7 +103,8 @@ struct NodeCtl {
     topology_issue: Option<String>,
 }
 
-/// Record being applied.
+/// The record being applied: the one way its sequence, its time (the
+/// engine's clock, which never goes back) and its event reach the rules.
 struct Ctx<'a> {
     seq: u64,
     now_ms: u64,

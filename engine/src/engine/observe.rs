@@ -97,7 +97,8 @@ impl Engine {
     /// (or than the deletion of the object it observes): then it changes
     /// nothing. An observation that is applied to an object not held lifts
     /// its tombstone; a deletion that is applied leaves one.
-    pub(super) fn stale(&mut self, event: &Event, now_ms: u64) -> bool {
+    pub(super) fn stale(&mut self, event: &Event, ctx: &Ctx<'_>) -> bool {
+        let now_ms = ctx.now_ms;
         let Some((key, held)) = self.held(event) else {
             return false;
         };
@@ -128,22 +129,22 @@ impl Engine {
     }
 
     pub(super) fn handle_event(&mut self, event: &Event, ctx: &Ctx<'_>) {
-        if self.stale(event, ctx.now_ms) {
+        if self.stale(event, ctx) {
             return;
         }
         match event {
             Event::SlurmNode(node) => self.observe_slurm_node(node, ctx),
-            Event::SlurmNodeGone { name, .. } => self.remove_slurm_node(name),
+            Event::SlurmNodeGone { name, .. } => self.remove_slurm_node(name, ctx),
             Event::SlurmJob(job) => {
                 let gen = self.gen(Domain::SlurmJobs);
                 let mut flipped = std::mem::take(&mut self.scratch.names);
                 flipped.clear();
                 self.model.upsert_job(job, gen, &mut flipped);
-                self.jobs_flipped(&mut flipped, ctx.now_ms);
+                self.jobs_flipped(&mut flipped, ctx);
                 self.scratch.names = flipped;
-                self.schedule_scaling(ctx.now_ms);
+                self.schedule_scaling(ctx);
             }
-            Event::SlurmJobGone { job_id, .. } => self.remove_job(*job_id),
+            Event::SlurmJobGone { job_id, .. } => self.remove_job(*job_id, ctx),
             Event::SlurmPartition(p) => {
                 // No rule reads partitions yet; kept for the audit trail.
                 let gen = self.gen(Domain::SlurmPartitions);
@@ -165,7 +166,7 @@ impl Engine {
                 namespace, name, ..
             } => {
                 self.remove_pod(&pod_key(namespace, name), ctx);
-                self.scaling_needs_scan(ctx.now_ms);
+                self.scaling_needs_scan(ctx);
             }
             Event::KubeScaleTarget(t) => {
                 let gen = self.gen(Domain::KubeScaleTargets);
@@ -182,12 +183,12 @@ impl Engine {
                     },
                 );
                 if !same {
-                    self.scaling_needs_scan(ctx.now_ms);
+                    self.scaling_needs_scan(ctx);
                 }
             }
             Event::KubeScaleTargetGone { target, .. } => {
                 self.model.scale_targets.remove(target);
-                self.scaling_needs_scan(ctx.now_ms);
+                self.scaling_needs_scan(ctx);
             }
             Event::SyncStarted { domain } => {
                 let s = &mut self.model.sync[domain_index(*domain)];
@@ -205,11 +206,11 @@ impl Engine {
                 if *flag != *visible {
                     *flag = *visible;
                     self.touch_all();
-                    self.scaling_needs_scan(ctx.now_ms);
+                    self.scaling_needs_scan(ctx);
                 }
             }
             Event::Tick => {}
-            Event::ActionOutcome(o) => self.handle_outcome(o, ctx.now_ms),
+            Event::ActionOutcome(o) => self.handle_outcome(o, ctx),
             Event::PolicyChanged(policy) => self.policy_changed(policy, ctx),
         }
     }
@@ -250,7 +251,7 @@ impl Engine {
                 // Drains and known nodes matter to scaling only for
                 // victims and scale-in, which always scan.
                 if relevant || busy_changed {
-                    self.schedule_scaling(ctx.now_ms);
+                    self.schedule_scaling(ctx);
                 }
             }
             None => {
@@ -268,7 +269,7 @@ impl Engine {
                 }
                 self.update_busy(&node.name);
                 self.touch_slurm(&node.name);
-                self.schedule_scaling(ctx.now_ms);
+                self.schedule_scaling(ctx);
             }
         }
     }
@@ -382,7 +383,7 @@ impl Engine {
         }
         let pod = pod.clone();
         self.index_pod(&key, &pod);
-        self.scaling_needs_scan(ctx.now_ms);
+        self.scaling_needs_scan(ctx);
     }
 
     /// A new policy: names it retires, labels it starts to read, indexes;
@@ -406,7 +407,7 @@ impl Engine {
         self.model.rebuild_indexes(&self.policy);
         self.rebuild_busy();
         self.touch_all();
-        self.scaling_needs_scan(ctx.now_ms);
+        self.scaling_needs_scan(ctx);
     }
 
     pub(super) fn gen(&self, d: Domain) -> u32 {
@@ -440,12 +441,12 @@ impl Engine {
             let timeout_ms = ms(self.policy.actions.timeout_s);
             let shown = Aspect::shown_on_pod;
             self.flights
-                .park(Owner::Pod, key, shown, self.now_ms, timeout_ms);
+                .park(Owner::Pod, key, shown, ctx.now_ms, timeout_ms);
             self.note_pod_lost(&pod, ctx);
             if let Some(kube) = &pod.node_name {
                 self.forget_gone_kube_node(kube);
             }
-            self.scaling_needs_scan(self.now_ms);
+            self.scaling_needs_scan(ctx);
         }
     }
 
@@ -479,7 +480,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn remove_slurm_node(&mut self, name: &str) {
+    pub(super) fn remove_slurm_node(&mut self, name: &str, ctx: &Ctx<'_>) {
         if self.model.slurm_nodes.remove(name).is_some() {
             self.update_busy(name);
             self.touch_slurm(name);
@@ -487,7 +488,7 @@ impl Engine {
                 let kube = kube.to_owned();
                 self.forget_gone_kube_node(&kube);
             }
-            self.schedule_scaling(self.now_ms);
+            self.schedule_scaling(ctx);
         }
     }
 
@@ -499,7 +500,7 @@ impl Engine {
             let timeout_ms = ms(self.policy.actions.timeout_s);
             let taints = |a: &Aspect| matches!(a, Aspect::Taint(_));
             self.flights
-                .park(Owner::KubeNode, name, taints, self.now_ms, timeout_ms);
+                .park(Owner::KubeNode, name, taints, ctx.now_ms, timeout_ms);
             let gone = &mut self.model.kube_gone;
             gone.entry(name.to_owned()).or_insert_with(|| Origin {
                 ms: ctx.now_ms,
@@ -540,18 +541,19 @@ impl Engine {
         }
     }
 
-    pub(super) fn remove_job(&mut self, job_id: u64) {
+    pub(super) fn remove_job(&mut self, job_id: u64, ctx: &Ctx<'_>) {
         let mut flipped = std::mem::take(&mut self.scratch.names);
         flipped.clear();
         self.model.remove_job(job_id, &mut flipped);
-        self.jobs_flipped(&mut flipped, self.now_ms);
+        self.jobs_flipped(&mut flipped, ctx);
         self.scratch.names = flipped;
-        self.schedule_scaling(self.now_ms);
+        self.schedule_scaling(ctx);
     }
 
     /// Nodes whose jobs went from none to some or back: their idle clock,
     /// and their busy label.
-    pub(super) fn jobs_flipped(&mut self, flipped: &mut Vec<String>, now_ms: u64) {
+    pub(super) fn jobs_flipped(&mut self, flipped: &mut Vec<String>, ctx: &Ctx<'_>) {
+        let now_ms = ctx.now_ms;
         let label = !self.policy.scaling.busy_label.is_empty();
         for node in flipped.drain(..) {
             if self.model.jobs_on(&node) == 0 {
@@ -611,14 +613,15 @@ impl Engine {
 
     /// Something scaling reads beyond job counts changed: the next
     /// evaluation scans the targets' pods.
-    pub(super) fn scaling_needs_scan(&mut self, now_ms: u64) {
+    pub(super) fn scaling_needs_scan(&mut self, ctx: &Ctx<'_>) {
         self.scaling.scan_needed = true;
-        self.schedule_scaling(now_ms);
+        self.schedule_scaling(ctx);
     }
 
     /// Scaling looks again within `evaluate_every_s`; changes in between are
     /// taken together.
-    pub(super) fn schedule_scaling(&mut self, now_ms: u64) {
+    pub(super) fn schedule_scaling(&mut self, ctx: &Ctx<'_>) {
+        let now_ms = ctx.now_ms;
         if self.policy.scaling.targets.is_empty() {
             return;
         }
@@ -673,22 +676,22 @@ impl Engine {
                 for n in stale(&self.model.slurm_nodes, gen, |e| e.gen) {
                     let v = self.model.slurm_nodes[&n].obs.version;
                     self.tombstones
-                        .bury(ObjectKey::SlurmNode(n.clone()), v, self.now_ms);
-                    self.remove_slurm_node(&n);
+                        .bury(ObjectKey::SlurmNode(n.clone()), v, ctx.now_ms);
+                    self.remove_slurm_node(&n, ctx);
                 }
             }
             Domain::SlurmJobs => {
                 for j in stale(&self.model.jobs, gen, |e| e.gen) {
                     let v = self.model.jobs[&j].obs.version;
-                    self.tombstones.bury(ObjectKey::SlurmJob(j), v, self.now_ms);
-                    self.remove_job(j);
+                    self.tombstones.bury(ObjectKey::SlurmJob(j), v, ctx.now_ms);
+                    self.remove_job(j, ctx);
                 }
             }
             Domain::SlurmPartitions => {
                 for p in stale(&self.model.partitions, gen, |e| e.gen) {
                     let v = self.model.partitions[&p].obs.version;
                     self.tombstones
-                        .bury(ObjectKey::SlurmPartition(p.clone()), v, self.now_ms);
+                        .bury(ObjectKey::SlurmPartition(p.clone()), v, ctx.now_ms);
                     self.model.partitions.remove(&p);
                 }
             }
@@ -696,7 +699,7 @@ impl Engine {
                 for n in stale(&self.model.kube_nodes, gen, |e| e.gen) {
                     let v = self.model.kube_nodes[&n].obs.version;
                     self.tombstones
-                        .bury(ObjectKey::KubeNode(n.clone()), v, self.now_ms);
+                        .bury(ObjectKey::KubeNode(n.clone()), v, ctx.now_ms);
                     self.remove_kube_node(&n, ctx);
                 }
             }
@@ -704,7 +707,7 @@ impl Engine {
                 for k in stale(&self.model.pods, gen, |e| e.gen) {
                     let v = self.model.pods[&k].obs.version;
                     self.tombstones
-                        .bury(ObjectKey::Pod(k.clone()), v, self.now_ms);
+                        .bury(ObjectKey::Pod(k.clone()), v, ctx.now_ms);
                     self.remove_pod(&k, ctx);
                 }
             }
@@ -712,9 +715,9 @@ impl Engine {
                 for t in stale(&self.model.scale_targets, gen, |e| e.gen) {
                     let v = self.model.scale_targets[&t].obs.version;
                     self.tombstones
-                        .bury(ObjectKey::ScaleTarget(t.clone()), v, self.now_ms);
+                        .bury(ObjectKey::ScaleTarget(t.clone()), v, ctx.now_ms);
                     self.model.scale_targets.remove(&t);
-                    self.scaling_needs_scan(self.now_ms);
+                    self.scaling_needs_scan(ctx);
                 }
             }
         }

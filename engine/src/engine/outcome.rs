@@ -6,7 +6,8 @@ impl Engine {
     /// slot's owner looked at again when it changed. A reservation's outcome
     /// is also Slurm's only word on it: lockstep's record of the reservation
     /// follows.
-    pub(super) fn handle_outcome(&mut self, o: &lockstep_schemas::ActionOutcome, now_ms: u64) {
+    pub(super) fn handle_outcome(&mut self, o: &lockstep_schemas::ActionOutcome, ctx: &Ctx<'_>) {
+        let now_ms = ctx.now_ms;
         let reservation = match &o.target {
             Target::SlurmReservation { .. } => self.reservation_in_flight(o),
             _ => None,
@@ -17,7 +18,7 @@ impl Engine {
         match owner {
             OwnerOf::Named(Owner::SlurmNode, node, _) => self.touch_slurm(&node),
             OwnerOf::Named(Owner::Pod, _, Aspect::Delete) | OwnerOf::Scale => {
-                self.schedule_scaling(now_ms);
+                self.schedule_scaling(ctx);
             }
             OwnerOf::Named(Owner::Pod, key, _) => {
                 let Some(entry) = self.model.pods.get(&key) else {
