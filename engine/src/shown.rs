@@ -307,6 +307,7 @@ fn shown_already(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flights::AspectRef;
 
     fn cond(ty: &str, status: ConditionStatus, reason: &str) -> PodCondition {
         PodCondition {
@@ -360,6 +361,230 @@ mod tests {
                 owned(health_kind),
                 "case {i}: health kind"
             );
+        }
+    }
+
+    use lockstep_schemas::{
+        KubeNode, KubePod, PodPhase, SlurmBaseState, SlurmNodeFlag, TaintEffect,
+    };
+
+    fn pod(conditions: &[(&str, ConditionStatus)], labels: &[(&str, &str)]) -> PodEntry {
+        PodEntry {
+            obs: KubePod {
+                namespace: "slurm".into(),
+                name: "n1".into(),
+                uid: "u1".into(),
+                node_name: Some("k1".into()),
+                phase: PodPhase::Running,
+                ready: true,
+                deleting: false,
+                disruption_target: false,
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                conditions: conditions
+                    .iter()
+                    .map(|(t, st)| {
+                        let reason = if *st == F { "SlurmDown" } else { "SlurmDrain" };
+                        PodCondition {
+                            message: "admin".into(),
+                            ..cond(t, *st, reason)
+                        }
+                    })
+                    .collect(),
+                owner: None,
+                revision: None,
+                version: 0,
+            },
+            gen: 0,
+        }
+    }
+
+    fn slurm(state: SlurmBaseState, flags: &[SlurmNodeFlag]) -> SlurmNode {
+        SlurmNode {
+            name: "n1".into(),
+            state,
+            flags: flags.to_vec(),
+            reason: Some("admin".into()),
+            reason_user: Some("root".into()),
+            features: vec![],
+            topology: None,
+            partitions: vec![],
+            version: 0,
+        }
+    }
+
+    fn policy() -> Policy {
+        let mut p = Policy::default();
+        p.drain.foreign_drain_condition = "SlurmNodeDrained".into();
+        p.health.slurm_health_condition = "SlurmNodeHealthy".into();
+        p.scaling.busy_label = "busy".into();
+        p.drain.foreign_drain_taint = Some(TaintSpec {
+            key: "foreign".into(),
+            value: String::new(),
+            effect: TaintEffect::NoSchedule,
+        });
+        p
+    }
+
+    /// What a want list says, compactly: `aspect=action kind` (or `-`).
+    fn show(wants: &[Want<'_>]) -> Vec<String> {
+        wants
+            .iter()
+            .map(|(a, w, r)| {
+                let what = w.as_ref().map_or("-", |w| w.kind().name());
+                format!("{a:?}={what} [{}]", r.name())
+            })
+            .collect()
+    }
+
+    /// Rows 1-3 and 6 on a pod, one case per line: (Slurm shows, pod shows,
+    /// unhealthy shown, busy, retired, in flight) -> wants.
+    #[test]
+    fn pod_rows_table() {
+        use lockstep_schemas::SlurmBaseState::{Down, Idle};
+        use lockstep_schemas::SlurmNodeFlag::Drain;
+        let drained = slurm(Idle, &[Drain]);
+        let idle = slurm(Idle, &[]);
+        let down = slurm(Down, &[]);
+        let side = |n: &SlurmNode, owned: bool| SlurmSide {
+            drained: n.has(&Drain),
+            down: n.state == Down,
+            owned,
+            unhealthy: n.state == Down && !owned,
+        };
+        let fd = ("SlurmNodeDrained", T);
+        let hc_false = ("SlurmNodeHealthy", F);
+        let mut retired = Retired::default();
+        retired.conditions.push("OldCondition".into());
+        retired.labels.push("old-busy".into());
+        let none = Retired::default();
+        type Case<'a> = (
+            &'a SlurmNode,
+            bool,
+            PodEntry,
+            bool,
+            bool,
+            &'a Retired,
+            Option<&'a str>,
+            &'a [&'a str],
+        );
+        #[rustfmt::skip]
+        let cases: Vec<Case<'_>> = vec![
+            // row 1: somebody else's drain is shown, and taken back
+            (&drained, false, pod(&[], &[]), false, false, &none, None,
+                &["Condition(\"SlurmNodeDrained\")=kube_set_pod_condition [drain.foreign]"]),
+            (&drained, false, pod(&[fd], &[]), false, false, &none, None, &[]),
+            (&idle, false, pod(&[fd], &[]), false, false, &none, None,
+                &["Condition(\"SlurmNodeDrained\")=kube_set_pod_condition [drain.foreign]"]),
+            // lockstep's own drain is not foreign
+            (&drained, true, pod(&[], &[]), false, false, &none, None, &[]),
+            // row 2: shown unhealthy by the damping; back to healthy after
+            (&down, false, pod(&[], &[]), true, false, &none, None,
+                &["Condition(\"SlurmNodeHealthy\")=kube_set_pod_condition [health.slurm_unhealthy]"]),
+            (&down, false, pod(&[], &[]), false, false, &none, None, &[]),
+            (&idle, false, pod(&[hc_false], &[]), false, false, &none, None,
+                &["Condition(\"SlurmNodeHealthy\")=kube_set_pod_condition [health.slurm_unhealthy]"]),
+            // held: keeps what it says
+            (&idle, false, pod(&[hc_false], &[]), true, false, &none, None, &[]),
+            // row 3: the busy label follows the jobs
+            (&idle, false, pod(&[], &[]), false, true, &none, None,
+                &["Label(\"busy\")=kube_label_pod [scaling.busy]"]),
+            (&idle, false, pod(&[], &[("busy", "true")]), false, true, &none, None, &[]),
+            (&idle, false, pod(&[], &[("busy", "true")]), false, false, &none, None,
+                &["Label(\"busy\")=kube_label_pod [scaling.busy]"]),
+            // row 6: retired names are taken back
+            (&idle, false, pod(&[("OldCondition", T)], &[("old-busy", "x")]), false, false, &retired, None,
+                &["Condition(\"OldCondition\")=kube_set_pod_condition [policy.retired]",
+                  "Label(\"old-busy\")=kube_label_pod [policy.retired]"]),
+            // an action in flight: the want is listed with nothing to do
+            (&idle, false, pod(&[], &[]), false, false, &none, Some("SlurmNodeDrained"),
+                &["Condition(\"SlurmNodeDrained\")=- [drain.foreign]"]),
+        ];
+        let policy = policy();
+        for (i, (node, owned, pod, shown, busy, retired, flying, want)) in cases.iter().enumerate()
+        {
+            let holds = |a: AspectRef<'_>| Some(a) == flying.map(AspectRef::Condition);
+            let got = pod_wants(
+                pod,
+                node,
+                side(node, *owned),
+                *shown,
+                || *busy,
+                &policy,
+                retired,
+                holds,
+            );
+            assert_eq!(show(&got), *want, "case {i}");
+        }
+    }
+
+    /// Rows 4-6 on a Kubernetes node, one case per line: (Slurm nodes on it,
+    /// taints it has, retired taint keys) -> wants.
+    #[test]
+    fn taint_rows_table() {
+        let node = |taints: &[&str]| KubeEntry {
+            obs: KubeNode {
+                name: "k1".into(),
+                unschedulable: false,
+                ready: ConditionStatus::True,
+                conditions: vec![],
+                labels: Default::default(),
+                taints: taints
+                    .iter()
+                    .map(|k| lockstep_schemas::Taint {
+                        key: (*k).to_owned(),
+                        value: String::new(),
+                        effect: TaintEffect::NoSchedule,
+                    })
+                    .collect(),
+                read_labels: None,
+                maintenance: None,
+                version: 0,
+            },
+            gen: 0,
+            not_ready_since: None,
+            unseen_labels: vec![],
+        };
+        let on = |unhealthy, held, foreign| OnNode {
+            unhealthy,
+            held,
+            foreign,
+        };
+        let policy = policy();
+        let unhealthy_key = policy
+            .health
+            .unhealthy_taint
+            .as_ref()
+            .expect("default")
+            .key
+            .clone();
+        let uk = unhealthy_key.as_str();
+        let mut retired = Retired::default();
+        retired.taints.push("old".into());
+        let none = Retired::default();
+        let taint_want = format!("Taint({uk:?})=kube_taint_node [health.slurm_unhealthy]");
+        let untaint_want = format!("Taint({uk:?})=kube_untaint_node [health.slurm_unhealthy]");
+        #[rustfmt::skip]
+        let cases: Vec<(OnNode, Vec<&str>, &Retired, Vec<&str>)> = vec![
+            // row 4: shown unhealthy puts the taint on; healthy takes it off
+            (on(true, false, false), vec![], &none, vec![&taint_want]),
+            (on(true, false, false), vec![uk], &none, vec![]),
+            (on(false, false, false), vec![uk], &none, vec![&untaint_want]),
+            // held: keeps a taint that is there, never puts one on
+            (on(false, true, false), vec![uk], &none, vec![]),
+            (on(false, true, false), vec![], &none, vec![]),
+            // row 5: somebody else's drain
+            (on(false, false, true), vec![], &none, vec!["Taint(\"foreign\")=kube_taint_node [drain.foreign]"]),
+            (on(false, false, false), vec!["foreign"], &none, vec!["Taint(\"foreign\")=kube_untaint_node [drain.foreign]"]),
+            // row 6: a retired key is removed
+            (on(false, false, false), vec!["old"], &retired, vec!["Taint(\"old\")=kube_untaint_node [policy.retired]"]),
+        ];
+        for (i, (on, taints, retired, want)) in cases.iter().enumerate() {
+            let mut got = Vec::new();
+            taint_wants(&node(taints), *on, &policy, retired, |_| false, &mut got);
+            assert_eq!(show(&got), *want, "case {i}");
         }
     }
 }
