@@ -428,4 +428,34 @@ mod tests {
         record(&mut t, 200_002, 100_000, 3);
         assert_eq!(t, [200_000, 200_002]);
     }
+
+    /// The resume rows, one case per line: (health drains, cleared at, now)
+    /// -> hold.
+    #[test]
+    fn resume_hold_table() {
+        let p = HealthPolicy {
+            resume_after_s: 30,
+            flaps_max: 2,
+            flap_window_s: 100,
+            flap_hold_s: 50,
+            ..HealthPolicy::default()
+        };
+        #[rustfmt::skip]
+        let cases: &[(&[u64], u64, u64, Option<(Rule, u64)>)] = &[
+            // healthy for less than resume_after_s: wait
+            (&[0], 5_000, 10_000, Some((Rule::ResumeDelayed, 35_000))),
+            // long enough: resume
+            (&[0], 5_000, 35_000, None),
+            // flapping: held for flap_hold_s after the last drain, and not
+            // before resume_after_s
+            (&[0, 10_000, 20_000], 21_000, 30_000, Some((Rule::FlapHold, 70_000))),
+            (&[0, 10_000, 60_000], 61_000, 62_000, Some((Rule::FlapHold, 110_000))),
+            // the hold is over
+            (&[0, 10_000, 20_000], 21_000, 70_000, None),
+        ];
+        for (i, (drains, cleared, now, want)) in cases.iter().enumerate() {
+            let drains: VecDeque<u64> = drains.iter().copied().collect();
+            assert_eq!(resume_hold(&drains, *cleared, *now, &p), *want, "case {i}");
+        }
+    }
 }
