@@ -440,8 +440,9 @@ mod tests {
             flap_hold_s: 50,
             ..HealthPolicy::default()
         };
+        type Case = (&'static [u64], u64, u64, Option<(Rule, u64)>);
         #[rustfmt::skip]
-        let cases: &[(&[u64], u64, u64, Option<(Rule, u64)>)] = &[
+        let cases: &[Case] = &[
             // healthy for less than resume_after_s: wait
             (&[0], 5_000, 10_000, Some((Rule::ResumeDelayed, 35_000))),
             // long enough: resume
