@@ -34,8 +34,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lockstep_benches::Rng;
-use lockstep_store::testing::{NatsCluster, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::{NatsCluster, NatsServer};
 use soak::{Feeder, Instance, Reference, Setup, SlurmForActions};
 
 struct Args {

@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use lockstep_connectors::slurm::{RestClient, RestConfig, TokenSource};
 use lockstep_schemas::SlurmNodeFlag;
-use lockstep_store::testing::{free_port, temp_dir, NatsServer};
+use lockstep_testkit::{free_port, temp_dir, NatsServer};
 
 const NS: &str = "slurm-bench";
 const MARK: &str = "lockstep-bench";

@@ -21,8 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockstep_benches::{Generator, Shape};
-use lockstep_store::testing::{free_port, temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::{free_port, temp_dir, NatsServer};
 
 fn lockstep_bin() -> PathBuf {
     lockstep_benches::sibling_binary("lockstep")
@@ -244,7 +244,7 @@ fn cluster_throughput(events: usize) {
         let single = NatsServer::start();
         measure(&rt, &single.url(), 1, &records, "one nats-server (R1)");
     }
-    let cluster = lockstep_store::testing::NatsCluster::start();
+    let cluster = lockstep_testkit::NatsCluster::start();
     measure(
         &rt,
         &cluster.url(),

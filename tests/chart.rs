@@ -11,10 +11,7 @@ use std::process::Command;
 
 use lockstep::config::Config;
 use lockstep_schemas::Policy;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use lockstep_testkit::repo;
 
 fn helm() -> PathBuf {
     let build = repo().join("deploy/local/kube/build.sh");
@@ -49,7 +46,7 @@ fn block(manifest: &str, key: &str) -> String {
 fn every_ci_value_set_renders_a_configuration_and_policy_that_lockstep_accepts() {
     let helm = helm();
     let chart = repo().join("deploy/helm/lockstep");
-    let dir = lockstep_store::testing::temp_dir("chart");
+    let dir = lockstep_testkit::temp_dir("chart");
     let mut sets: Vec<PathBuf> = std::fs::read_dir(chart.join("ci"))
         .unwrap()
         .map(|e| e.unwrap().path())

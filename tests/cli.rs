@@ -776,7 +776,7 @@ fn kubectl_finds_the_plugin_and_it_asks_the_running_service() {
         }
         log.flush().await.unwrap();
     });
-    let port = lockstep_store::testing::free_port();
+    let port = lockstep_testkit::free_port();
     let url = format!("http://127.0.0.1:{port}");
     std::fs::write(
         dir.join("lockstep.toml"),

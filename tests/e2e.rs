@@ -29,8 +29,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use lockstep_schemas::{Event, EventRecord, OutcomeResult};
-use lockstep_store::testing::{temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::{temp_dir, NatsServer};
 use serde_json::{json, Value};
 
 mod common;

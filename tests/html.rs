@@ -9,9 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use lockstep_testkit::repo;
 
 fn incident(name: &str) -> PathBuf {
     repo().join("replay-tests/incidents").join(name)

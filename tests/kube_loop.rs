@@ -12,8 +12,8 @@ use lockstep_schemas::{Action, Envelope, Event, SlurmBaseState, SlurmNode, Slurm
 mod common;
 
 use common::{read_all, wait_for, Lockstep, Stack};
-use lockstep_store::testing::{temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::{temp_dir, NatsServer};
 
 #[test]
 fn cordons_reach_the_log_and_decisions_reach_the_api_server() {

@@ -21,17 +21,13 @@
 //! PrometheusRule and `promtool check metrics` on what lockstep serves.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockstep_schemas::{ConditionStatus, Envelope, Event, KubeNode, Source};
-use lockstep_store::testing::{free_port, temp_dir, NatsServer};
 use lockstep_store::EventLog;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use lockstep_testkit::{free_port, repo, temp_dir, NatsServer};
 
 /// This test's own Slurm: its state dir and ports, apart from the shared
 /// clusters of the other tests.

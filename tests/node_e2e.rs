@@ -22,8 +22,8 @@ use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use lockstep_schemas::{Event, EventRecord, OutcomeResult};
-use lockstep_store::testing::temp_dir;
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::temp_dir;
 use serde_json::{json, Value};
 
 mod common;

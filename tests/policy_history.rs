@@ -18,8 +18,8 @@ use lockstep_schemas::{
     ConditionStatus, Envelope, Event, KubeNode, KubePod, PodPhase, Policy, SlurmBaseState,
     SlurmNode, Source,
 };
-use lockstep_store::testing::{free_port, temp_dir, NatsServer};
 use lockstep_store::EventLog;
+use lockstep_testkit::{free_port, temp_dir, NatsServer};
 
 /// `lockstep run` on one configuration; killed on drop if still running.
 struct Service {

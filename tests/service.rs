@@ -22,8 +22,8 @@ use lockstep_benches::{Generator, Rng, Shape};
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::Policy;
 use lockstep_store::log::EVENTS_STREAM;
-use lockstep_store::testing::{free_port, temp_dir, NatsCluster, NatsServer};
 use lockstep_store::{EventLog, Store, StreamLimits};
+use lockstep_testkit::{free_port, temp_dir, NatsCluster, NatsServer};
 
 #[path = "common/soak.rs"]
 mod soak;

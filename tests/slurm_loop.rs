@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{wait_for, Lockstep, Stack};
-use lockstep_store::testing::{temp_dir, NatsServer};
+use lockstep_testkit::{temp_dir, NatsServer};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 

@@ -14,7 +14,8 @@ use lockstep_connectors::slurm::{
     Actuator, ActuatorConfig, ApiVersion, Backend, Observer, ObserverConfig, RestClient,
     RestConfig, TokenSource,
 };
-use lockstep_schemas::{Action, ActionId, Event, EventId, IssuedAction, OutcomeResult};
+use lockstep_schemas::{Action, Event, OutcomeResult};
+use lockstep_testkit::issued;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -160,18 +161,6 @@ fn client(url: &str, timeout_ms: u64) -> RestClient {
     RestClient::new(c).unwrap()
 }
 
-fn issued(action: Action) -> IssuedAction {
-    IssuedAction {
-        id: ActionId::derive(7, action.kind(), &action.target()),
-        seq: 7,
-        time_ms: 0,
-        cause: EventId("test".to_owned()),
-        rule: "test".to_owned(),
-        attempt: 1,
-        action,
-    }
-}
-
 /// A slurmrestd serving only `version`, from the hand-written fixtures;
 /// node updates answer with `update`.
 async fn slurmrestd(version: &'static str, update: (u16, &'static str)) -> Fake {
@@ -209,7 +198,7 @@ async fn newer_slurm_updates_nodes_through_rest_idempotently() {
     let act = Actuator::new(Some(rest), None, ActuatorConfig::default()).unwrap();
     let run = |a: Action| {
         let act = &act;
-        async move { act.execute(&issued(a)).await.result }
+        async move { act.execute(&issued(7, a)).await.result }
     };
 
     // ls-n1 is allocated: drain it (POST), with the published update_node_msg.
@@ -320,10 +309,13 @@ async fn the_highest_served_version_is_used_and_topology_needs_v0_0_43() {
         ]
     );
     let act = Actuator::new(Some(rest), None, ActuatorConfig::default()).unwrap();
-    let topo = issued(Action::SlurmSetTopology {
-        node: "ls-n1".to_owned(),
-        topology: "default:s1".to_owned(),
-    });
+    let topo = issued(
+        7,
+        Action::SlurmSetTopology {
+            node: "ls-n1".to_owned(),
+            topology: "default:s1".to_owned(),
+        },
+    );
     match act.execute(&topo).await.result {
         OutcomeResult::Failed {
             retryable: false,
@@ -337,10 +329,13 @@ async fn the_highest_served_version_is_used_and_topology_needs_v0_0_43() {
         r => panic!("{r:?}"),
     }
     // Drains still go through REST on v0.0.41.
-    let drain = issued(Action::SlurmDrain {
-        node: "ls-n1".to_owned(),
-        reason: "lockstep: x".to_owned(),
-    });
+    let drain = issued(
+        7,
+        Action::SlurmDrain {
+            node: "ls-n1".to_owned(),
+            reason: "lockstep: x".to_owned(),
+        },
+    );
     assert_eq!(act.execute(&drain).await.result, OutcomeResult::Succeeded);
 }
 
@@ -371,10 +366,13 @@ async fn slurm_errors_are_classified() {
             ActuatorConfig::default(),
         )
         .unwrap();
-        let drain = issued(Action::SlurmDrain {
-            node: "ls-n1".to_owned(),
-            reason: "lockstep: x".to_owned(),
-        });
+        let drain = issued(
+            7,
+            Action::SlurmDrain {
+                node: "ls-n1".to_owned(),
+                reason: "lockstep: x".to_owned(),
+            },
+        );
         match act.execute(&drain).await.result {
             OutcomeResult::Failed {
                 retryable: r,
@@ -423,9 +421,12 @@ async fn a_hanging_slurmrestd_never_hangs_an_action_or_the_observer() {
     .unwrap();
     let t = Instant::now();
     let out = act
-        .execute(&issued(Action::SlurmResume {
-            node: "ls-n1".to_owned(),
-        }))
+        .execute(&issued(
+            7,
+            Action::SlurmResume {
+                node: "ls-n1".to_owned(),
+            },
+        ))
         .await;
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     match out.result {
@@ -479,9 +480,12 @@ async fn a_refused_connection_is_reported_and_retried_with_backoff() {
     assert!(obs.poll().await.is_empty(), "the loss is reported once");
     let act = Actuator::new(Some(client(&url, 1_000)), None, ActuatorConfig::default()).unwrap();
     let out = act
-        .execute(&issued(Action::SlurmResume {
-            node: "ls-n1".to_owned(),
-        }))
+        .execute(&issued(
+            7,
+            Action::SlurmResume {
+                node: "ls-n1".to_owned(),
+            },
+        ))
         .await;
     assert!(
         matches!(

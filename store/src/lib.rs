@@ -9,8 +9,6 @@
 
 pub mod log;
 pub mod store;
-#[doc(hidden)]
-pub mod testing;
 
 pub use log::{server_urls, Appended, EventLog, StreamLimits};
 pub use store::{Checkpoint, Commit, LedgerEntry, Store};

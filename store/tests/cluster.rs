@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use lockstep_schemas::{Envelope, Event, EventRecord, Source};
 use lockstep_store::log::EVENTS_STREAM;
-use lockstep_store::testing::NatsCluster;
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::NatsCluster;
 
 /// The `i`th envelope: a tick observed at its own time, so each has its own
 /// content id.

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use lockstep_schemas::{Envelope, Event, KubeNode, Source};
-use lockstep_store::testing::{temp_dir, NatsServer};
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::{temp_dir, NatsServer};
 
 fn node(i: u64) -> Envelope {
     Envelope::new(

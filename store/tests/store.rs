@@ -3,8 +3,8 @@
 
 use lockstep_schemas::{Action, ActionId, EventId, IssuedAction, OutcomeResult};
 use lockstep_schemas::{Phase, Rule, Transition};
-use lockstep_store::testing::temp_dir;
 use lockstep_store::{store::Error, Checkpoint, Commit, Store};
+use lockstep_testkit::temp_dir;
 
 fn issued(seq: u64, node: &str) -> IssuedAction {
     let action = Action::SlurmDrain {

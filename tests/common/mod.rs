@@ -7,13 +7,10 @@ pub mod node;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
+pub use lockstep_testkit::{repo, wait_for};
+
 /// Where `deploy/local/*/up.sh` keep their state in these tests.
 pub const STATE: &str = "/tmp/lockstep-local";
-
-/// The repository root.
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The kubectl that `deploy/local/kube/up.sh` built (its env.sh names the directory).
 pub fn kubectl_path() -> PathBuf {
@@ -48,18 +45,6 @@ impl Drop for Reap {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-/// Waits until `f` gives a value, polling every 100 ms; panics after `limit`.
-pub fn wait_for<T>(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = std::time::Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 
@@ -314,7 +299,7 @@ impl Lockstep {
     ) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
-        let telemetry = format!("127.0.0.1:{}", lockstep_store::testing::free_port());
+        let telemetry = format!("127.0.0.1:{}", lockstep_testkit::free_port());
         std::fs::write(
             dir.join("lockstep.toml"),
             format!(

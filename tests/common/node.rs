@@ -211,7 +211,7 @@ fn restart_nats() {
     std::fs::create_dir_all(&dir).unwrap();
     // Detached like the reaper, which stops it; it writes its own pid.
     let conf = dir.join("nats.conf");
-    std::fs::write(&conf, lockstep_store::testing::JETSTREAM_CONF).unwrap();
+    std::fs::write(&conf, lockstep_testkit::JETSTREAM_CONF).unwrap();
     let run = format!(
         "echo $$ > {pid}; exec nats-server -c {conf} -js -a 127.0.0.1 -p {NATS_PORT} -sd {js} 2> {log}",
         pid = pid_file.display(),

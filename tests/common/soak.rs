@@ -131,8 +131,8 @@ pub struct Setup {
 impl Instance {
     /// Writes the config of a new instance in a new directory.
     pub fn new(setup: &Setup, name: &str) -> Self {
-        let dir = lockstep_store::testing::temp_dir(name);
-        let port = lockstep_store::testing::free_port();
+        let dir = lockstep_testkit::temp_dir(name);
+        let port = lockstep_testkit::free_port();
         let slurm = setup.slurm_conf.as_ref().map_or(String::new(), |conf| {
             format!(
                 "[slurm]\nobserve = false\nactuate = true\nslurm_conf = \"{}\"\n",

@@ -1,14 +1,16 @@
-//! Test support: a real nats-server started on a free loopback port with
-//! JetStream in a temporary directory, stopped (and restartable on the same
-//! port and data) on demand; and a real three-server JetStream cluster
+//! Real NATS for the tests: a nats-server started on a free loopback port
+//! with JetStream in a temporary directory, stopped (and restartable on the
+//! same port and data) on demand; and a real three-server JetStream cluster
 //! started by `deploy/local/nats/up.sh` in a temporary directory, whose
-//! servers the tests kill, wipe, freeze and thaw. Used by this crate's tests,
-//! the service's and the soak programs.
+//! servers the tests kill, wipe, freeze and thaw. Used by the store's tests,
+//! the service's and the benchmark and soak programs.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::{free_port, nanos, repo, temp_dir};
 
 /// The test servers' JetStream limits. By default JetStream may reserve
 /// 75% of the disk that is free when it starts, and every stream reserves
@@ -25,15 +27,6 @@ pub struct NatsServer {
     /// Data directory.
     pub dir: PathBuf,
     child: Option<Child>,
-}
-
-/// A TCP port on loopback that was free a moment ago.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl NatsServer {
@@ -100,25 +93,6 @@ impl Drop for NatsServer {
     }
 }
 
-/// A fresh temporary directory.
-pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "lockstep-{name}-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// A three-server JetStream cluster on loopback, started with
 /// `deploy/local/nats/up.sh` in its own directory and port block (so that
 /// several run side by side, and beside [`NatsServer`]s); stopped and its
@@ -132,13 +106,13 @@ pub struct NatsCluster {
 
 /// The repository's `deploy/local/nats`.
 fn nats_scripts() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/nats")
+    repo().join("deploy/local/nats")
 }
 
 /// A block of 30 ports below the ephemeral range (where [`free_port`] and
 /// the kernel take theirs) whose nine used ports are free now.
 fn free_port_block() -> u16 {
-    let mut seed = rand_suffix() as u64 ^ u64::from(std::process::id()) << 20;
+    let mut seed = nanos() as u64 ^ u64::from(std::process::id()) << 20;
     for _ in 0..200 {
         seed = seed
             .wrapping_mul(6364136223846793005)
@@ -292,7 +266,7 @@ impl NatsCluster {
     async fn stream_peers_now(&self, stream: &str) -> Option<StreamPeers> {
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(2))
-            .connect(crate::log::server_urls(&self.url()))
+            .connect((1..=3).map(|i| self.server_url(i)).collect::<Vec<_>>())
             .await
             .ok()?;
         let mut js = async_nats::jetstream::new(client);

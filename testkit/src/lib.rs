@@ -1,0 +1,76 @@
+//! lockstep-testkit: what lockstep's tests and benchmark programs share.
+//!
+//! - [`nats`]: a real nats-server, and a real three-server JetStream
+//!   cluster whose servers a test kills, wipes, freezes and thaws;
+//! - [`net`]: free loopback ports;
+//! - here: temporary directories, the repository root, waits, and actions
+//!   as the reducer would issue them.
+//!
+//! It is only ever a dev-dependency: no crate that ships depends on it, so
+//! nothing here may be needed to run lockstep. It starts real servers and
+//! fails loudly when one is missing, never skips.
+
+pub mod nats;
+pub mod net;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lockstep_schemas::{Action, ActionId, EventId, IssuedAction};
+
+pub use nats::{NatsCluster, NatsServer, StreamPeers, JETSTREAM_CONF};
+pub use net::free_port;
+
+/// The repository root (where `deploy/` and `scripts/` are).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ is in the repository")
+        .to_owned()
+}
+
+/// A fresh temporary directory.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "lockstep-{name}-{}-{}",
+        std::process::id(),
+        nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Nanoseconds since 1970: a suffix or seed that differs between runs.
+pub(crate) fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Waits until `f` gives a value, polling every 100 ms; panics after `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `action` as the reducer would issue it at sequence `seq` (its id derived
+/// from the sequence, kind and target; cause and rule `test`; first attempt).
+pub fn issued(seq: u64, action: Action) -> IssuedAction {
+    IssuedAction {
+        id: ActionId::derive(seq, action.kind(), &action.target()),
+        seq,
+        time_ms: 0,
+        cause: EventId("test".to_owned()),
+        rule: "test".to_owned(),
+        attempt: 1,
+        action,
+    }
+}
