@@ -2,7 +2,10 @@
 //!
 //! - [`nats`]: a real nats-server, and a real three-server JetStream
 //!   cluster whose servers a test kills, wipes, freezes and thaws;
-//! - [`net`]: free loopback ports;
+//! - [`kube`]: a real kube-apiserver (and etcd) started by
+//!   `deploy/local/kube/up.sh`, kubectl against it, and the objects the
+//!   tests create;
+//! - [`net`]: free loopback ports and a TCP proxy a test can cut;
 //! - here: temporary directories, the repository root, waits, and actions
 //!   as the reducer would issue them.
 //!
@@ -10,6 +13,7 @@
 //! nothing here may be needed to run lockstep. It starts real servers and
 //! fails loudly when one is missing, never skips.
 
+pub mod kube;
 pub mod nats;
 pub mod net;
 
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 use lockstep_schemas::{Action, ActionId, EventId, IssuedAction};
 
 pub use nats::{NatsCluster, NatsServer, StreamPeers, JETSTREAM_CONF};
-pub use net::free_port;
+pub use net::{free_port, Proxy};
 
 /// The repository root (where `deploy/` and `scripts/` are).
 pub fn repo() -> PathBuf {
