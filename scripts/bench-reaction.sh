@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reaction latency of the whole loop (README "Performance"): starts the local
 # stack (kube-apiserver, a Slurm with 4 slurmd, and a second Slurm with 1,000
-# nodes of which 4 run slurmd), then runs examples/reaction_latency.rs
+# nodes of which 4 run slurmd), then runs benches/examples/reaction_latency.rs
 # against each: cordon -> DRAIN in slurmctld, and Slurm drain -> pod
 # condition in the API server.
 #
@@ -20,7 +20,8 @@ state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-local}
 big=/tmp/lockstep-bench-slurm
 
 echo "building lockstep and the bench (release) ..." >&2
-cargo build --release --quiet --bin lockstep --example reaction_latency
+cargo build --release --quiet --bin lockstep
+cargo build --release --quiet -p lockstep-benches --example reaction_latency
 
 LOCKSTEP_STATE_DIR=$state deploy/local/kube/up.sh >/dev/null
 kubeconfig=$state/kube/kubeconfig

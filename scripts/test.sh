@@ -62,7 +62,7 @@ cleanup() {
   for v in 22.05 24.11 26.05; do
     LOCKSTEP_SLURM_VERSION=$v deploy/local/slurm/down.sh >/dev/null 2>&1 || true
   done
-  # The Slurm that the service's NATS cluster tests act on (tests/common/soak.rs).
+  # The Slurm that the service's NATS cluster tests act on (testkit/src/soak.rs).
   LOCKSTEP_SLURM_STATE_DIR=/tmp/lockstep-soak-slurm deploy/local/slurm/down.sh >/dev/null 2>&1 || true
   # The real node of tests/node_e2e.rs, its Slurm and NATS (its reaper does
   # this too when the test process ends); node-down.sh restores the host.

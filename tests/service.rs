@@ -6,7 +6,7 @@
 //!
 //! The crash schedule is seeded: a failure prints the seed; rerun with
 //! `LOCKSTEP_CRASH_SEED=<seed> cargo test --test service`. The long run of
-//! the same is `examples/crash_soak.rs` (1,000 kills).
+//! the same is `benches/examples/crash_soak.rs` (1,000 kills).
 //!
 //! On a real three-server JetStream cluster (streams with three replicas),
 //! with lockstep's Slurm actuator carrying out its drains against a real
@@ -23,10 +23,7 @@ use lockstep_engine::{Engine, Output};
 use lockstep_schemas::Policy;
 use lockstep_store::log::EVENTS_STREAM;
 use lockstep_store::{EventLog, Store, StreamLimits};
-use lockstep_testkit::{free_port, temp_dir, NatsCluster, NatsServer};
-
-#[path = "common/soak.rs"]
-mod soak;
+use lockstep_testkit::{free_port, soak, temp_dir, NatsCluster, NatsServer};
 
 struct Service {
     dir: PathBuf,

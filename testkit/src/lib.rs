@@ -6,6 +6,8 @@
 //!   `deploy/local/kube/up.sh`, kubectl against it, and the objects the
 //!   tests create;
 //! - [`net`]: free loopback ports and a TCP proxy a test can cut;
+//! - `soak` (feature `soak`): the crash and fault harness that drives
+//!   `lockstep run` processes and checks what they leave behind;
 //! - here: temporary directories, the repository root, waits, and actions
 //!   as the reducer would issue them.
 //!
@@ -16,6 +18,8 @@
 pub mod kube;
 pub mod nats;
 pub mod net;
+#[cfg(feature = "soak")]
+pub mod soak;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

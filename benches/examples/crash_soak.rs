@@ -4,10 +4,10 @@
 //! `--cluster`, a three-server JetStream cluster, streams with three
 //! replicas). After every kill the store it left is checked against a clean
 //! replay of the log; at the end a last life catches up and stops, and the
-//! whole run is checked (see `tests/common/soak.rs` for the invariants).
+//! whole run is checked (see `testkit/src/soak.rs` for the invariants).
 //!
 //! ```sh
-//! cargo build --release --bin lockstep --example crash_soak
+//! cargo build --release --bin lockstep && cargo build --release -p lockstep-benches --example crash_soak
 //! nice -n 10 target/release/examples/crash_soak --kills 1000 --seed 7 > soak.log 2>&1
 //! ```
 //!
@@ -26,17 +26,14 @@
 //! kill number (exit status 1). The process timing is not deterministic; the
 //! schedule (trigger and delays per kill) and the observations are.
 
-#[path = "../tests/common/soak.rs"]
-mod soak;
-
 use std::io::{Read, Seek};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lockstep_benches::Rng;
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::soak::{self, Feeder, Instance, Reference, Setup, SlurmForActions};
 use lockstep_testkit::{NatsCluster, NatsServer};
-use soak::{Feeder, Instance, Reference, Setup, SlurmForActions};
 
 struct Args {
     kills: usize,
@@ -155,7 +152,7 @@ fn violation(a: &Args, kill: usize, what: &str, dirs: &[&Instance]) -> ! {
 
 fn main() {
     let a = args();
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let repo = lockstep_testkit::repo();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
     let mut rng = Rng::new(a.seed);

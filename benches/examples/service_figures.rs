@@ -5,14 +5,14 @@
 //!
 //! ```sh
 //! cargo build --release --bin lockstep
-//! cargo run --release --example service_figures -- [events] [memory_nodes]
+//! cargo run --release -p lockstep-benches --example service_figures -- [events] [memory_nodes]
 //! ```
 //! (defaults: 1,000,000 events, 50,000 nodes; needs `nats-server` on PATH).
 //!
 //! With `--cluster` first, only the publish -> apply figure, on one
 //! nats-server and then on a three-server JetStream cluster
 //! (`deploy/local/nats/up.sh`) with the streams replicated three times:
-//! `cargo run --release --example service_figures -- --cluster [events]`
+//! `cargo run --release -p lockstep-benches --example service_figures -- --cluster [events]`
 //! (default 200,000 events).
 
 use std::io::{Read, Write};

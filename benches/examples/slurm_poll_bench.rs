@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! LOCKSTEP_SLURM_VERSION=26.05 \
-//! cargo run --release -p lockstep-connectors --example slurm_poll_bench [SIZES] [ITERATIONS]
+//! cargo run --release -p lockstep-benches --example slurm_poll_bench [SIZES] [ITERATIONS]
 //! #   SIZES: comma separated node counts (default 1000,10000)
 //! #   LOCKSTEP_BENCH_CPU_S: seconds of each background CPU measurement (30; 0: none)
 //! #   LOCKSTEP_BENCH_CPU_ONLY=1: only the daemons' CPU
@@ -385,10 +385,7 @@ fn main() {
         .map(|s| s.trim().parse().expect("node count"))
         .collect();
     let iterations: usize = args.next().map_or(10, |s| s.parse().expect("iterations"));
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned();
+    let repo = lockstep_testkit::repo();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,5 +1,5 @@
 //! The crash and fault harness shared by `tests/service.rs` and
-//! `examples/crash_soak.rs`: a real `lockstep run` (or two, with leader
+//! `benches/examples/crash_soak.rs`: a real `lockstep run` (or two, with leader
 //! election) against a real nats-server or JetStream cluster, observations
 //! arriving from a feeder all the time, and the reducer's Slurm actions
 //! carried out by lockstep's own Slurm actuator against a real slurmctld
@@ -17,8 +17,6 @@
 //!   acknowledged is in the log exactly once.
 //!
 //! It owns no decision of lockstep; it only drives processes and compares.
-
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -131,8 +129,8 @@ pub struct Setup {
 impl Instance {
     /// Writes the config of a new instance in a new directory.
     pub fn new(setup: &Setup, name: &str) -> Self {
-        let dir = lockstep_testkit::temp_dir(name);
-        let port = lockstep_testkit::free_port();
+        let dir = crate::temp_dir(name);
+        let port = crate::free_port();
         let slurm = setup.slurm_conf.as_ref().map_or(String::new(), |conf| {
             format!(
                 "[slurm]\nobserve = false\nactuate = true\nslurm_conf = \"{}\"\n",

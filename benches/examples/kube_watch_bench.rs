@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! deploy/local/kube/up.sh
-//! CARGO_TARGET_DIR=/work/target-kube cargo run --release -p lockstep-connectors \
+//! cargo run --release -p lockstep-benches \
 //!     --example kube_watch_bench -- [--nodes 5000] [--pods 20000] [--concurrency 32] \
 //!     [--streaming-lists] [--keep] [--kubeconfig PATH]
 //! ```
