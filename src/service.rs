@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use lockstep_engine::{Engine, Output};
-use lockstep_schemas::{Envelope, Event, OutcomeResult, Policy, Source};
+use lockstep_schemas::{Connector, Envelope, Event, OutcomeResult, Policy, Source};
 use lockstep_store::store::Error as StoreError;
 use lockstep_store::{Checkpoint, Commit, EventLog, Store};
 use tracing::{error, info, warn};
@@ -529,14 +529,20 @@ struct Actuators {
 }
 
 impl Actuators {
+    /// The actuator of `connector`'s side, if this process runs one.
+    fn of(
+        &self,
+        connector: Connector,
+    ) -> Option<&tokio::sync::mpsc::Sender<lockstep_schemas::IssuedAction>> {
+        match connector {
+            Connector::Slurm => self.slurm.as_ref(),
+            Connector::Kubernetes => self.kube.as_ref(),
+        }
+    }
+
     async fn hand_over(&self, actions: &[lockstep_schemas::IssuedAction]) {
         for a in actions {
-            let to = if a.action.kind().name().starts_with("kube_") {
-                &self.kube
-            } else {
-                &self.slurm
-            };
-            if let Some(tx) = to {
+            if let Some(tx) = self.of(a.action.kind().connector()) {
                 // Bounded: a slow API server or slurmctld slows dispatch
                 // down rather than queueing without limit.
                 let _ = tx.send(a.clone()).await;

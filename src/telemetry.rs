@@ -345,15 +345,6 @@ pub const fn outcome_result(r: &OutcomeResult) -> &'static str {
     }
 }
 
-/// Which connector carries out an action kind.
-fn connector_of(kind: ActionKind) -> &'static str {
-    if kind.name().starts_with("kube_") {
-        "kubernetes"
-    } else {
-        "slurm"
-    }
-}
-
 /// How often the model is counted into gauges.
 pub const STATS_INTERVAL_MS: u64 = 1_000;
 /// Partitions named in labels; the others are summed under `(other)`.
@@ -457,7 +448,7 @@ impl SyncMetrics {
                             } else {
                                 "action_permanent"
                             };
-                            counter!("lockstep_connector_errors_total", "connector" => connector_of(o.kind), "class" => class)
+                            counter!("lockstep_connector_errors_total", "connector" => o.kind.connector().name(), "class" => class)
                                 .increment(1);
                         }
                     }

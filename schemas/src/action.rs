@@ -7,7 +7,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{ConditionStatus, PodCondition, ScaleTargetRef, Taint};
+use crate::event::{ConditionStatus, Connector, PodCondition, ScaleTargetRef, Taint};
 
 /// One change to Slurm or Kubernetes that the reducer wants made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -183,6 +183,27 @@ impl ActionKind {
             Self::SlurmReserve => "slurm_reserve",
             Self::SlurmUnreserve => "slurm_unreserve",
             Self::KubeSetNodeCondition => "kube_set_node_condition",
+        }
+    }
+
+    /// The side that carries the action out: where the dispatcher routes it
+    /// and the `connector` label of its metrics.
+    pub const fn connector(self) -> Connector {
+        match self {
+            Self::SlurmDrain
+            | Self::SlurmResume
+            | Self::SlurmDown
+            | Self::SlurmSetFeatures
+            | Self::SlurmSetTopology
+            | Self::SlurmReserve
+            | Self::SlurmUnreserve => Connector::Slurm,
+            Self::KubeSetPodCondition
+            | Self::KubeTaintNode
+            | Self::KubeUntaintNode
+            | Self::KubeLabelPod
+            | Self::KubeDeletePod
+            | Self::KubeScale
+            | Self::KubeSetNodeCondition => Connector::Kubernetes,
         }
     }
 }
@@ -500,4 +521,39 @@ pub struct IssuedAction {
     pub attempt: u32,
     /// What to do.
     pub action: Action,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_goes_to_the_side_it_names() {
+        use ActionKind::*;
+        // (kind, connector), one kind a line: the name says the side.
+        let cases = [
+            (SlurmDrain, Connector::Slurm),
+            (SlurmResume, Connector::Slurm),
+            (SlurmDown, Connector::Slurm),
+            (SlurmSetFeatures, Connector::Slurm),
+            (SlurmSetTopology, Connector::Slurm),
+            (SlurmReserve, Connector::Slurm),
+            (SlurmUnreserve, Connector::Slurm),
+            (KubeSetPodCondition, Connector::Kubernetes),
+            (KubeTaintNode, Connector::Kubernetes),
+            (KubeUntaintNode, Connector::Kubernetes),
+            (KubeLabelPod, Connector::Kubernetes),
+            (KubeDeletePod, Connector::Kubernetes),
+            (KubeScale, Connector::Kubernetes),
+            (KubeSetNodeCondition, Connector::Kubernetes),
+        ];
+        for (kind, connector) in cases {
+            assert_eq!(kind.connector(), connector, "{kind}");
+            let prefix = match connector {
+                Connector::Slurm => "slurm_",
+                Connector::Kubernetes => "kube_",
+            };
+            assert!(kind.name().starts_with(prefix), "{kind}");
+        }
+    }
 }

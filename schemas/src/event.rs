@@ -438,6 +438,19 @@ pub enum Connector {
     Kubernetes,
 }
 
+impl Connector {
+    /// Both connectors, in a fixed order.
+    pub const ALL: [Connector; 2] = [Connector::Slurm, Connector::Kubernetes];
+
+    /// A static name, usable as a metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Slurm => "slurm",
+            Self::Kubernetes => "kubernetes",
+        }
+    }
+}
+
 open_enum! {
     /// Slurm's base node state (the part before the `+` in `scontrol show node`).
     pub enum SlurmBaseState {
