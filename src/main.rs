@@ -709,9 +709,7 @@ fn policy_rollback(seq: u64, config: &Path, by: Option<String>) -> Result<ExitCo
             .unwrap_or(0);
         let (changes, _) = lockstep::policies::changes(records.into_iter().map(Ok));
         let by = by.unwrap_or_else(lockstep::policies::who);
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = lockstep_connectors::clock::now_ms();
         let (set_by, target) = lockstep::policies::in_force(&changes, seq);
         let (_, current) = lockstep::policies::in_force(&changes, head);
         let Some(env) = lockstep::policies::rollback_envelope(&changes, seq, head, &by, now_ms)?

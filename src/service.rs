@@ -27,6 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use lockstep_connectors::backoff::{retry, Backoff};
+use lockstep_connectors::clock::now_ms;
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{Connector, Envelope, Event, OutcomeResult, Policy, Source};
 use lockstep_store::store::Error as StoreError;
@@ -60,43 +62,42 @@ async fn open_log_when_available(
     health: &Health,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Result<Option<EventLog>> {
-    let mut backoff = Duration::from_millis(500);
-    let max_backoff = Duration::from_millis(cfg.service.retry_backoff_max_ms.max(500));
-    loop {
-        let error = tokio::select! {
-            biased;
-            _ = shutdown.as_mut() => return Ok(None),
-            opened = open_log(cfg) => match opened {
-                Ok(log) => {
-                    if health.waiting.lock().expect("health lock poisoned").take().is_some() {
-                        info!("the event log answers; starting");
-                    }
-                    return Ok(Some(log));
+    let mut backoff = Backoff::new(500, cfg.service.retry_backoff_max_ms);
+    let opening = retry(
+        &mut backoff,
+        || open_log(cfg),
+        |error, retry_in| {
+            let retryable = error
+                .downcast_ref::<lockstep_store::log::Error>()
+                .is_some_and(lockstep_store::log::Error::is_retryable);
+            if retryable {
+                let why = format!("waiting for the event log: {error:#}");
+                telemetry::LogUnavailable {
+                    what: "open",
+                    error: &why,
+                    retry_in,
                 }
-                Err(e) => e,
-            },
-        };
-        let retryable = error
-            .downcast_ref::<lockstep_store::log::Error>()
-            .is_some_and(lockstep_store::log::Error::is_retryable);
-        if !retryable {
-            return Err(error);
-        }
-        let why = format!("waiting for the event log: {error:#}");
-        telemetry::LogUnavailable {
-            what: "open",
-            error: &why,
-            retry_in: backoff,
-        }
-        .emit();
-        *health.waiting.lock().expect("health lock poisoned") = Some(why);
-        tokio::select! {
-            biased;
-            _ = shutdown.as_mut() => return Ok(None),
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(max_backoff);
+                .emit();
+                *health.waiting.lock().expect("health lock poisoned") = Some(why);
+            }
+            retryable
+        },
+    );
+    let log = tokio::select! {
+        biased;
+        _ = shutdown.as_mut() => return Ok(None),
+        opened = opening => opened?,
+    };
+    if health
+        .waiting
+        .lock()
+        .expect("health lock poisoned")
+        .take()
+        .is_some()
+    {
+        info!("the event log answers; starting");
     }
+    Ok(Some(log))
 }
 
 /// How long `run` waits for the store's lock: a lockstep killed just before
@@ -138,12 +139,6 @@ pub fn restore(store: &Store) -> Result<(Engine, u64)> {
         }
         Err(e) => Err(e).context("reading the checkpoint"),
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Reads and checks the policy file.
@@ -198,8 +193,7 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
     let mut sync = telemetry::SyncMetrics::default();
     let mut since_checkpoint = (0u64, Instant::now());
     let read_wait = Duration::from_millis(cfg.service.read_wait_ms);
-    let mut backoff = Duration::from_millis(100);
-    let max_backoff = Duration::from_millis(cfg.service.retry_backoff_max_ms.max(100));
+    let mut backoff = Backoff::new(100, cfg.service.retry_backoff_max_ms);
     let mut lost_lease = false;
     loop {
         let batch = tokio::select! {
@@ -221,18 +215,18 @@ pub async fn run(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -
         };
         let batch = match batch {
             Ok(b) => {
-                backoff = Duration::from_millis(100);
+                backoff.reset();
                 b
             }
             Err(e) => {
+                let retry_in = backoff.failed();
                 telemetry::LogUnavailable {
                     what: "read",
                     error: &e,
-                    retry_in: backoff,
+                    retry_in,
                 }
                 .emit();
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(max_backoff);
+                tokio::time::sleep(retry_in).await;
                 continue;
             }
         };
@@ -686,23 +680,27 @@ fn start_slurm(
 
 /// Appends, retrying with bounded backoff while the log is unavailable.
 async fn append_until_done(log: &EventLog, env: &Envelope) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match log.append(env).await {
-            Ok(_) => return,
-            Err(e) => {
-                telemetry::LogUnavailable {
-                    what: "append",
-                    error: &e,
-                    retry_in: backoff,
-                }
-                .emit();
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+    let mut backoff = Backoff::new(100, APPEND_BACKOFF_MAX_MS);
+    let appended = retry(
+        &mut backoff,
+        || log.append(env),
+        |e, retry_in| {
+            telemetry::LogUnavailable {
+                what: "append",
+                error: e,
+                retry_in,
             }
-        }
-    }
+            .emit();
+            true
+        },
+    );
+    // Never gives up: the only way out is success.
+    let _ = appended.await;
 }
+
+/// Bound of the backoff of appends and action publications while the log
+/// is unavailable.
+const APPEND_BACKOFF_MAX_MS: u64 = 5_000;
 
 /// Publishes actions the ledger has not dispatched, records them, then
 /// hands those this call was first to publish and that `carry_out` accepts
@@ -724,23 +722,23 @@ async fn dispatch(
     if todo.is_empty() {
         return Ok(());
     }
-    let mut backoff = Duration::from_millis(100);
-    let fresh = loop {
-        match log.publish_actions(&todo).await {
-            Ok(fresh) => break fresh,
-            Err(e) if e.is_retryable() => {
+    let fresh = retry(
+        &mut Backoff::new(100, APPEND_BACKOFF_MAX_MS),
+        || log.publish_actions(&todo),
+        |e, retry_in| {
+            if e.is_retryable() {
                 telemetry::LogUnavailable {
                     what: "publish actions",
-                    error: &e,
-                    retry_in: backoff,
+                    error: e,
+                    retry_in,
                 }
                 .emit();
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
-            Err(e) => return Err(e).context("publishing actions"),
-        }
-    };
+            e.is_retryable()
+        },
+    )
+    .await
+    .context("publishing actions")?;
     let ids: Vec<_> = todo.iter().map(|a| a.id.clone()).collect();
     store.mark_dispatched(&ids)?;
     store.flush().await?;

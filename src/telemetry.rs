@@ -38,6 +38,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use lockstep_connectors::clock::now_ms;
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{
     ActionKind, Event, EventRecord, IssuedAction, OutcomeResult, Source, Target,
@@ -375,12 +376,6 @@ pub struct SyncMetrics {
     gauges_set: Vec<(&'static str, Vec<(&'static str, String)>)>,
 }
 
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn seconds_between(from_ms: u64, to_ms: u64) -> f64 {
     to_ms.saturating_sub(from_ms) as f64 / 1000.0
 }
@@ -429,7 +424,7 @@ impl SyncMetrics {
     /// caught up with the log (ages and errors of a catch-up are history,
     /// not news, and are not measured).
     pub fn applied(&mut self, batch: &[EventRecord], out: &Output, live: bool) {
-        let now = wall_ms();
+        let now = now_ms();
         for rec in batch {
             let env = &rec.envelope;
             match &env.event {
@@ -490,7 +485,7 @@ impl SyncMetrics {
     /// causing observation -> publication and keeps the times until the
     /// outcome.
     pub fn published(&mut self, batch: &[EventRecord], actions: &[IssuedAction]) {
-        let now = wall_ms();
+        let now = now_ms();
         for a in actions {
             // The record whose application issued it: its observer's time.
             let Ok(i) = batch.binary_search_by_key(&a.seq, |r| r.seq) else {

@@ -8,5 +8,7 @@
 //! [`lockstep_schemas::Action`]s; they never decide anything. Deciding is the
 //! reducer's job (`lockstep-engine`), which sees only the log.
 
+pub mod backoff;
+pub mod clock;
 pub mod kube;
 pub mod slurm;

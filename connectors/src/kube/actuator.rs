@@ -7,7 +7,7 @@
 //! in an [`ActionOutcome`]: errors become `Failed { retryable }`, never a
 //! panic or a hang.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -478,9 +478,7 @@ fn untaint_node(
 }
 
 fn rfc3339_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let secs = i64::try_from(crate::clock::now_s()).unwrap_or(i64::MAX);
     Timestamp::from_second(secs)
         .unwrap_or(Timestamp::UNIX_EPOCH)
         .to_string()

@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::stream::{select_all, BoxStream};
 use futures::StreamExt;
@@ -31,6 +31,8 @@ use tokio::sync::mpsc;
 use super::error::{Error, Result};
 use super::reduce::{self, ObserveSpec};
 use super::tracker::{Kind, Step, Tracker};
+use crate::backoff::Backoff;
+use crate::clock::now_ms;
 
 /// What the observer sends: wrap it with
 /// [`Envelope::new`](lockstep_schemas::Envelope::new).
@@ -610,12 +612,6 @@ async fn probe_api(client: Client, spec: Arc<ObserveSpec>, timeout_ms: u64) -> R
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Exponential backoff for one watcher, bounded by `backoff_max_ms`.
 ///
 /// It ignores the per-item resets of kube-runtime's `StreamBackoff`: a
@@ -623,21 +619,16 @@ fn now_ms() -> u64 {
 /// each `Ok` would keep an outage at the initial delay forever. It starts
 /// over instead once no failure has happened for `backoff_reset_after_ms`.
 struct WatchBackoff {
-    initial_ms: u64,
-    max_ms: u64,
+    backoff: Backoff,
     reset_after: Duration,
-    next_ms: u64,
     last_failure: Option<tokio::time::Instant>,
 }
 
 impl WatchBackoff {
     fn new(c: &ObserverConfig) -> Self {
-        let initial_ms = c.backoff_initial_ms.max(1);
         Self {
-            initial_ms,
-            max_ms: c.backoff_max_ms.max(initial_ms),
+            backoff: Backoff::new(c.backoff_initial_ms, c.backoff_max_ms),
             reset_after: Duration::from_millis(c.backoff_reset_after_ms),
-            next_ms: initial_ms,
             last_failure: None,
         }
     }
@@ -652,12 +643,10 @@ impl Iterator for WatchBackoff {
             .last_failure
             .is_some_and(|t| now.duration_since(t) > self.reset_after)
         {
-            self.next_ms = self.initial_ms;
+            self.backoff.reset();
         }
         self.last_failure = Some(now);
-        let delay = self.next_ms;
-        self.next_ms = (self.next_ms.saturating_mul(2)).min(self.max_ms);
-        Some(Duration::from_millis(delay))
+        Some(self.backoff.failed())
     }
 }
 

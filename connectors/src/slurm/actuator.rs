@@ -289,7 +289,7 @@ impl Actuator {
         let mut want_nodes = nodes.to_vec();
         want_nodes.sort();
         want_nodes.dedup();
-        let started = start_ms <= wall_ms();
+        let started = start_ms <= crate::clock::now_ms();
         let start = utc_time(start_ms);
         let end = end_ms.map(utc_time);
         let mut settings: Vec<(&str, String)> = vec![("nodes", want_nodes.join(","))];
@@ -498,13 +498,6 @@ pub fn clean_reason(reason: &str) -> Result<String> {
         });
     }
     Ok(cut)
-}
-
-/// Milliseconds since the epoch, by the wall clock.
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` in UTC, as scontrol reads and prints times under

@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lockstep_schemas::{Connector, Domain, Event, SlurmJob, SlurmNode, SlurmPartition};
 use tokio::sync::mpsc;
@@ -28,7 +28,8 @@ use tokio::sync::mpsc;
 use super::error::Result;
 use super::rest::{Fetch, RestClient};
 use super::scontrol::Scontrol;
-use super::token::unix_now_s;
+use crate::backoff::Backoff;
+use crate::clock::{now_ms, now_s};
 
 /// What the observer sends: observed time (ms since the Unix epoch, this
 /// host's clock) and the event. Wrap it with
@@ -344,12 +345,6 @@ pub struct Observer {
     last_poll: PollStats,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Last poll generation handed out in this process, shared by every observer
 /// so that one started after another (a new leadership term) keeps counting up.
 static LAST_GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -424,13 +419,8 @@ impl Observer {
             | State::Seeing { failures, .. }
             | State::Lost { failures } => failures,
         };
-        let exp = failures.saturating_sub(1).min(20);
-        let ms = self
-            .config
-            .backoff_initial_ms
-            .saturating_mul(1 << exp)
-            .min(self.config.backoff_max_ms);
-        Duration::from_millis(ms)
+        Backoff::new(self.config.backoff_initial_ms, self.config.backoff_max_ms)
+            .delay_after(failures)
     }
 
     /// Polls once (without waiting first) and returns what was observed.
@@ -581,7 +571,7 @@ impl Observer {
                 Mode::Diff { since_s } if self.config.use_update_time => since_s,
                 _ => None,
             };
-            let started_s = unix_now_s();
+            let started_s = now_s();
             let fetched = self.backend.fetch(domain, since_s).await?;
             let observed_ms = now_ms();
             let Fetch::Changed(items) = fetched else {

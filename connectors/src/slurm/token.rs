@@ -3,7 +3,9 @@
 //! logged (its `Debug` is redacted).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::clock::now_s;
 
 use super::error::{Error, Result};
 
@@ -52,7 +54,7 @@ impl TokenSource {
         }
         let exp_s = jwt_exp(value);
         if let Some(exp) = exp_s {
-            if exp <= unix_now_s() {
+            if exp <= now_s() {
                 tracing::warn!(
                     source = %self.describe(),
                     expired_at = exp,
@@ -93,14 +95,8 @@ impl Token {
         self.read_at.elapsed() >= reread
             || self
                 .exp_s
-                .is_some_and(|exp| unix_now_s() + refresh_before.as_secs() >= exp)
+                .is_some_and(|exp| now_s() + refresh_before.as_secs() >= exp)
     }
-}
-
-pub(crate) fn unix_now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The `exp` claim of a JWT, without checking anything else (slurmctld
