@@ -574,8 +574,8 @@ async fn start_connectors(
         tasks.push(tokio::spawn(observer.run(tx)));
         let log = log.clone();
         tokio::spawn(async move {
-            while let Some((source, observed_ms, event)) = rx.recv().await {
-                append_until_done(&log, &Envelope::new(source, observed_ms, event)).await;
+            while let Some(observation) = rx.recv().await {
+                append_until_done(&log, &observation.into_envelope()).await;
             }
         });
         info!("watching Kubernetes");
@@ -651,8 +651,8 @@ fn start_slurm(
         tasks.push(tokio::spawn(observer.run(tx)));
         let log = log.clone();
         tokio::spawn(async move {
-            while let Some((observed_ms, event)) = rx.recv().await {
-                append_until_done(&log, &Envelope::new(Source::Slurm, observed_ms, event)).await;
+            while let Some(observation) = rx.recv().await {
+                append_until_done(&log, &observation.into_envelope()).await;
             }
         });
         info!("watching Slurm");

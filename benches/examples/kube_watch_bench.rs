@@ -26,7 +26,7 @@ use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
-use lockstep_connectors::kube::{load_config, ObserveSpec, Observer, ObserverConfig};
+use lockstep_connectors::kube::{load_config, Observation, ObserveSpec, Observer, ObserverConfig};
 use lockstep_schemas::{Domain, Event, Policy};
 use serde_json::json;
 
@@ -211,7 +211,7 @@ async fn watch(a: &Args, run: &str) {
     let mut first_event: Option<Duration> = None;
     let (mut nodes_done, mut pods_done) = (None, None);
     while nodes_done.is_none() || pods_done.is_none() {
-        let (_, _, e) = rx.recv().await.expect("observer runs");
+        let Observation { event: e, .. } = rx.recv().await.expect("observer runs");
         events += 1;
         first_event.get_or_insert_with(|| t0.elapsed());
         match e {
@@ -257,7 +257,11 @@ async fn watch(a: &Args, run: &str) {
     // second only moves the heartbeat.
     let mut ready_events = 0usize;
     while ready_events < a.nodes {
-        if let (_, _, Event::KubeNode(n)) = rx.recv().await.expect("observer runs") {
+        if let Observation {
+            event: Event::KubeNode(n),
+            ..
+        } = rx.recv().await.expect("observer runs")
+        {
             if n.ready == lockstep_schemas::ConditionStatus::True {
                 ready_events += 1;
             }
@@ -276,7 +280,7 @@ async fn watch(a: &Args, run: &str) {
         .expect("cordon marker");
     let mut extra = 0usize;
     loop {
-        match rx.recv().await.expect("observer runs").2 {
+        match rx.recv().await.expect("observer runs").event {
             Event::KubeNode(n) if n.name == *marker && n.unschedulable => break,
             _ => extra += 1,
         }
@@ -295,7 +299,11 @@ async fn watch(a: &Args, run: &str) {
     let counting = async {
         let mut seen = 0usize;
         while seen < a.nodes {
-            if let (_, _, Event::KubeNode(n)) = rx.recv().await.expect("observer runs") {
+            if let Observation {
+                event: Event::KubeNode(n),
+                ..
+            } = rx.recv().await.expect("observer runs")
+            {
                 if n.labels
                     .get("topology.kubernetes.io/zone")
                     .map(String::as_str)

@@ -10,5 +10,9 @@
 
 pub mod backoff;
 pub mod clock;
+mod diff;
 pub mod kube;
+mod observation;
 pub mod slurm;
+
+pub use observation::Observation;

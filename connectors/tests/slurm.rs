@@ -376,16 +376,17 @@ async fn poll_until(
 
 fn summaries(obs: &[Observation]) -> String {
     obs.iter()
-        .map(|(_, e)| e.summary())
+        .map(|Observation { event: e, .. }| e.summary())
         .collect::<Vec<_>>()
         .join("\n")
 }
 
 fn node_events<'a>(obs: &'a [Observation], name: &'a str) -> impl Iterator<Item = &'a SlurmNode> {
-    obs.iter().filter_map(move |(_, e)| match e {
-        Event::SlurmNode(n) if n.name == name => Some(n),
-        _ => None,
-    })
+    obs.iter()
+        .filter_map(move |Observation { event: e, .. }| match e {
+            Event::SlurmNode(n) if n.name == name => Some(n),
+            _ => None,
+        })
 }
 
 fn issued(action: Action) -> IssuedAction {
@@ -439,7 +440,10 @@ impl Fold {
     }
 
     fn apply(&mut self, source: Source, observations: Vec<Observation>) {
-        for (observed_ms, event) in observations {
+        for Observation {
+            observed_ms, event, ..
+        } in observations
+        {
             self.seq += 1;
             let rec = EventRecord {
                 seq: self.seq,
@@ -822,7 +826,10 @@ async fn a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed(c: &'s
     let first = rest.poll().await;
     assert!(matches!(
         first.first(),
-        Some((_, Event::ConnectorStatus { visible: true, .. }))
+        Some(Observation {
+            event: Event::ConnectorStatus { visible: true, .. },
+            ..
+        })
     ));
     sc.poll().await;
 
@@ -844,7 +851,7 @@ async fn a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed(c: &'s
     let cancel = CancelJob(c, job_id);
 
     let running = |obs: &[Observation], o: &Observer| {
-        obs.iter().any(|(_, e)| {
+        obs.iter().any(|Observation { event: e, .. }| {
             matches!(e, Event::SlurmJob(j) if j.job_id == job_id && j.state == SlurmJobState::Running && j.nodes == [N])
         }) && o
             .nodes()
@@ -879,7 +886,7 @@ async fn a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed(c: &'s
     assert!(
         !quiet
             .iter()
-            .any(|(_, e)| matches!(e, Event::SlurmJobGone { .. })),
+            .any(|Observation { event: e, .. }| matches!(e, Event::SlurmJobGone { .. })),
         "{}",
         summaries(&quiet)
     );
@@ -887,7 +894,7 @@ async fn a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed(c: &'s
 
     drop(cancel);
     let ended = |obs: &[Observation], o: &Observer| {
-        obs.iter().any(|(_, e)| {
+        obs.iter().any(|Observation { event: e, .. }| {
             matches!(e, Event::SlurmJob(j) if j.job_id == job_id && !j.state.holds_nodes())
         }) && o
             .nodes()
@@ -981,7 +988,7 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
     let first = obs.poll().await;
     let mut last: BTreeMap<String, SlurmNode> = first
         .iter()
-        .filter_map(|(_, e)| match e {
+        .filter_map(|Observation { event: e, .. }| match e {
             Event::SlurmNode(n) => Some((n.name.clone(), n.clone())),
             _ => None,
         })
@@ -1007,15 +1014,18 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
     )
     .await;
     assert!(
-        down.iter()
-            .any(|(_, e)| matches!(e, Event::ConnectorStatus { visible: false, .. })),
+        down.iter().any(|Observation { event: e, .. }| matches!(
+            e,
+            Event::ConnectorStatus { visible: false, .. }
+        )),
         "{}",
         summaries(&down)
     );
     assert!(
-        !down
-            .iter()
-            .any(|(_, e)| matches!(e, Event::SlurmNodeGone { .. } | Event::SlurmJobGone { .. })),
+        !down.iter().any(|Observation { event: e, .. }| matches!(
+            e,
+            Event::SlurmNodeGone { .. } | Event::SlurmJobGone { .. }
+        )),
         "a failed poll must not make objects gone:\n{}",
         summaries(&down)
     );
@@ -1027,9 +1037,10 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
         |_, o| o.visible(),
     )
     .await;
-    assert!(back
-        .iter()
-        .any(|(_, e)| matches!(e, Event::ConnectorStatus { visible: true, .. })));
+    assert!(back.iter().any(|Observation { event: e, .. }| matches!(
+        e,
+        Event::ConnectorStatus { visible: true, .. }
+    )));
 
     // The observer's view is scontrol's (nodes may still settle after the
     // restart: compare until they agree).
@@ -1064,7 +1075,7 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
     );
     // No event repeats what was already known: unchanged nodes are silent.
     let all: Vec<Observation> = down.into_iter().chain(after).collect();
-    for (_, e) in &all {
+    for Observation { event: e, .. } in &all {
         match e {
             Event::SlurmNode(n) => {
                 let prev = last.insert(n.name.clone(), n.clone());
@@ -1135,7 +1146,7 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
     .await;
     let detail = lost
         .iter()
-        .find_map(|(_, e)| match e {
+        .find_map(|Observation { event: e, .. }| match e {
             Event::ConnectorStatus {
                 visible: false,
                 detail,
@@ -1173,11 +1184,13 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
     .await;
     let status = back
         .iter()
-        .position(|(_, e)| matches!(e, Event::ConnectorStatus { visible: true, .. }))
+        .position(|Observation { event: e, .. }| {
+            matches!(e, Event::ConnectorStatus { visible: true, .. })
+        })
         .unwrap_or_else(|| panic!("{}", summaries(&back)));
     let drained = back
         .iter()
-        .position(|(_, e)| matches!(e, Event::SlurmNode(n) if n.name == N))
+        .position(|Observation { event: e, .. }| matches!(e, Event::SlurmNode(n) if n.name == N))
         .unwrap();
     assert!(
         status < drained,
@@ -1327,7 +1340,11 @@ async fn a_gpu_clique_label_moves_the_slurm_node_into_its_block(c: &'static Clus
             "labels": {"nvidia.com/gpu.clique": value},
         }))
         .unwrap();
-        vec![(0, Event::KubeNode(node))]
+        vec![Observation::new(
+            Source::Kubernetes,
+            0,
+            Event::KubeNode(node),
+        )]
     };
     let topology_actions = |fold: &Fold, from: usize| -> Vec<IssuedAction> {
         fold.out.actions[from..]
@@ -1384,7 +1401,14 @@ async fn a_gpu_clique_label_moves_the_slurm_node_into_its_block(c: &'static Clus
     .await;
     let from = fold.out.actions.len();
     fold.apply(Source::Slurm, seen);
-    fold.apply(Source::Actuator, vec![(0, Event::ActionOutcome(outcome))]);
+    fold.apply(
+        Source::Actuator,
+        vec![Observation::new(
+            Source::Actuator,
+            0,
+            Event::ActionOutcome(outcome),
+        )],
+    );
     assert!(
         topology_actions(&fold, from).is_empty(),
         "{:?}",

@@ -17,7 +17,8 @@ use std::path::PathBuf;
 
 use lockstep_connectors::slurm::parse::{self, FieldShape, SlurmObject};
 use lockstep_connectors::slurm::{
-    Backend, Error, Fetch, Observer, ObserverConfig, RestClient, RestConfig, TokenSource,
+    Backend, Error, Fetch, Observation, Observer, ObserverConfig, RestClient, RestConfig,
+    TokenSource,
 };
 use lockstep_schemas::{
     Event, SlurmBaseState as B, SlurmJobState as J, SlurmNode, SlurmNodeFlag as F,
@@ -459,9 +460,10 @@ async fn an_unknown_node_answered_200_without_nodes_is_no_such_node_never_no_nod
     );
     let seen = obs.poll().await;
     assert!(
-        !seen
-            .iter()
-            .any(|(_, e)| matches!(e, Event::SlurmNodeGone { .. } | Event::SyncDone { .. })),
+        !seen.iter().any(|Observation { event: e, .. }| matches!(
+            e,
+            Event::SlurmNodeGone { .. } | Event::SyncDone { .. }
+        )),
         "{seen:?}"
     );
     assert!(!obs.visible());
@@ -510,14 +512,17 @@ async fn an_expired_token_answered_511_with_no_jobs_never_makes_jobs_gone() {
         seen.extend(obs.poll().await);
     }
     assert!(
-        !seen
-            .iter()
-            .any(|(_, e)| matches!(e, Event::SlurmJobGone { .. } | Event::SyncDone { .. })),
+        !seen.iter().any(|Observation { event: e, .. }| matches!(
+            e,
+            Event::SlurmJobGone { .. } | Event::SyncDone { .. }
+        )),
         "{seen:?}"
     );
     assert!(
-        seen.iter()
-            .any(|(_, e)| matches!(e, Event::ConnectorStatus { visible: false, .. })),
+        seen.iter().any(|Observation { event: e, .. }| matches!(
+            e,
+            Event::ConnectorStatus { visible: false, .. }
+        )),
         "{seen:?}"
     );
     assert_eq!(obs.jobs().len(), 15, "the listed jobs stay");

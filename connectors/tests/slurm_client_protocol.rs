@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockstep_connectors::slurm::{
-    Actuator, ActuatorConfig, ApiVersion, Backend, Observer, ObserverConfig, RestClient,
-    RestConfig, TokenSource,
+    Actuator, ActuatorConfig, ApiVersion, Backend, Observation, Observer, ObserverConfig,
+    RestClient, RestConfig, TokenSource,
 };
 use lockstep_schemas::{Action, Event, OutcomeResult};
 use lockstep_testkit::issued;
@@ -449,7 +449,7 @@ async fn a_hanging_slurmrestd_never_hangs_an_action_or_the_observer() {
     assert!(
         matches!(
             &events[..],
-            [(_, Event::ConnectorStatus { visible: false, detail, .. })] if detail.contains("timed out after 200 ms")
+            [Observation { event: Event::ConnectorStatus { visible: false, detail, .. }, .. }] if detail.contains("timed out after 200 ms")
         ),
         "{events:?}"
     );
@@ -473,7 +473,7 @@ async fn a_refused_connection_is_reported_and_retried_with_backoff() {
     assert_eq!(obs.next_delay(), Duration::from_millis(500));
     let lost = obs.poll().await;
     assert!(
-        matches!(&lost[..], [(_, Event::ConnectorStatus { visible: false, detail, .. })] if detail.contains("cannot reach slurmrestd")),
+        matches!(&lost[..], [Observation { event: Event::ConnectorStatus { visible: false, detail, .. }, .. }] if detail.contains("cannot reach slurmrestd")),
         "{lost:?}"
     );
     assert_eq!(obs.next_delay(), Duration::from_millis(1_000));
@@ -526,7 +526,7 @@ async fn the_observer_lists_then_polls_with_update_time_and_never_takes_errors_a
         ..ObserverConfig::default()
     };
     let mut obs = Observer::new(Backend::Rest(client(&fake.url, 5_000)), config);
-    let first: Vec<Event> = obs.poll().await.into_iter().map(|o| o.1).collect();
+    let first: Vec<Event> = obs.poll().await.into_iter().map(|o| o.event).collect();
     let kinds: Vec<&str> = first.iter().map(Event::kind).collect();
     assert_eq!(
         kinds,
@@ -583,7 +583,7 @@ async fn the_observer_lists_then_polls_with_update_time_and_never_takes_errors_a
         down.extend(obs.poll().await);
     }
     assert!(
-        matches!(&down[..], [(_, Event::ConnectorStatus { visible: false, detail, .. })] if detail.contains("Unable to contact slurm controller")),
+        matches!(&down[..], [Observation { event: Event::ConnectorStatus { visible: false, detail, .. }, .. }] if detail.contains("Unable to contact slurm controller")),
         "{down:?}"
     );
     assert_eq!(obs.nodes().len(), 4);
@@ -592,7 +592,10 @@ async fn the_observer_lists_then_polls_with_update_time_and_never_takes_errors_a
     assert!(
         matches!(
             &back[..],
-            [(_, Event::ConnectorStatus { visible: true, .. })]
+            [Observation {
+                event: Event::ConnectorStatus { visible: true, .. },
+                ..
+            }]
         ),
         "{back:?}"
     );
@@ -610,13 +613,18 @@ async fn run_sends_every_observation_and_stops_when_the_channel_closes() {
     );
     let (tx, mut rx) = tokio::sync::mpsc::channel(4);
     let task = tokio::spawn(obs.run(tx));
-    let (_, first) = rx.recv().await.unwrap();
+    let first = rx.recv().await.unwrap().event;
     assert!(matches!(
         first,
         Event::ConnectorStatus { visible: true, .. }
     ));
     let mut n = 1;
-    while let Some((observed_ms, e)) = rx.recv().await {
+    while let Some(Observation {
+        observed_ms,
+        event: e,
+        ..
+    }) = rx.recv().await
+    {
         assert!(observed_ms > 1_700_000_000_000);
         n += 1;
         if matches!(

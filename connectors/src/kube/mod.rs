@@ -7,8 +7,8 @@
 //!   any [`ScaleKind`]), each object reduced to the observation the reducer
 //!   reads ([`reduce`]), deduplicated, with relists as
 //!   `SyncStarted` .. `SyncDone` and deletes as `*Gone` events. It sends
-//!   [`Observation`]s into a bounded channel; the caller wraps them into
-//!   envelopes and appends them to the log.
+//!   [`Observation`]s into a bounded channel; the caller turns them into
+//!   envelopes ([`Observation::into_envelope`]) and appends them to the log.
 //! - [`Actuator`]: executes the `Kube*` actions idempotently and reports an
 //!   [`ActionOutcome`](lockstep_schemas::ActionOutcome) for each.
 //!
@@ -23,8 +23,9 @@ mod observer;
 pub mod reduce;
 mod tracker;
 
+pub use crate::observation::Observation;
 pub use actuator::{Actuator, ActuatorConfig, FIELD_MANAGER};
 pub use error::{Error, Result};
 pub use lease::{Leadership, LeaseConfig};
-pub use observer::{load_config, Observation, Observer, ObserverConfig};
+pub use observer::{load_config, Observer, ObserverConfig};
 pub use reduce::{ObserveSpec, ScaleKind};

@@ -30,13 +30,11 @@ use tokio::sync::mpsc;
 
 use super::error::{Error, Result};
 use super::reduce::{self, ObserveSpec};
-use super::tracker::{Kind, Step, Tracker};
+use super::tracker::{Step, Tracker};
 use crate::backoff::Backoff;
 use crate::clock::now_ms;
-
-/// What the observer sends: wrap it with
-/// [`Envelope::new`](lockstep_schemas::Envelope::new).
-pub type Observation = (Source, u64, Event);
+use crate::diff::Observed;
+use crate::observation::Observation;
 
 /// Bounds of the observer: timeouts, backoff, page size.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +168,7 @@ impl Observer {
             }
             for event in out.drain(..) {
                 if tx
-                    .send((Source::Kubernetes, now_ms(), event))
+                    .send(Observation::new(Source::Kubernetes, now_ms(), event))
                     .await
                     .is_err()
                 {
@@ -337,7 +335,7 @@ enum Item {
 }
 
 /// Reduces one watcher event; `None` for an object that cannot be keyed.
-fn step<K, Key, O: Versioned>(
+fn step<K, Key, O: Observed>(
     e: watcher::Event<K>,
     reduce: impl Fn(&K) -> Option<(Key, O)>,
 ) -> Option<Step<Key, O>> {
@@ -354,90 +352,9 @@ fn step<K, Key, O: Versioned>(
         }
         watcher::Event::Delete(o) => {
             let (k, o) = reduce(&o)?;
-            Step::Deleted(k, Versioned::version(&o))
+            Step::Deleted(k, o.version())
         }
     })
-}
-
-/// An observation's own version (the object's resourceVersion).
-trait Versioned {
-    fn version(&self) -> u64;
-}
-
-impl Versioned for KubeNode {
-    fn version(&self) -> u64 {
-        self.version
-    }
-}
-
-impl Versioned for KubePod {
-    fn version(&self) -> u64 {
-        self.version
-    }
-}
-
-impl Versioned for KubeScaleTarget {
-    fn version(&self) -> u64 {
-        self.version
-    }
-}
-
-struct Nodes;
-impl Kind for Nodes {
-    type Key = String;
-    type Obs = KubeNode;
-    const DOMAIN: Domain = Domain::KubeNodes;
-    fn event(obs: &KubeNode) -> Event {
-        Event::KubeNode(obs.clone())
-    }
-    fn gone(name: &String, version: u64) -> Event {
-        Event::KubeNodeGone {
-            name: name.clone(),
-            version,
-        }
-    }
-    fn same(a: &KubeNode, b: &KubeNode) -> bool {
-        a.same_but_version(b)
-    }
-}
-
-struct Pods;
-impl Kind for Pods {
-    type Key = (String, String);
-    type Obs = KubePod;
-    const DOMAIN: Domain = Domain::KubePods;
-    fn event(obs: &KubePod) -> Event {
-        Event::KubePod(obs.clone())
-    }
-    fn gone((namespace, name): &(String, String), version: u64) -> Event {
-        Event::KubePodGone {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            version,
-        }
-    }
-    fn same(a: &KubePod, b: &KubePod) -> bool {
-        a.same_but_version(b)
-    }
-}
-
-struct Scales;
-impl Kind for Scales {
-    type Key = ScaleTargetRef;
-    type Obs = KubeScaleTarget;
-    const DOMAIN: Domain = Domain::KubeScaleTargets;
-    fn event(obs: &KubeScaleTarget) -> Event {
-        Event::KubeScaleTarget(obs.clone())
-    }
-    fn gone(target: &ScaleTargetRef, version: u64) -> Event {
-        Event::KubeScaleTargetGone {
-            target: target.clone(),
-            version,
-        }
-    }
-    fn same(a: &KubeScaleTarget, b: &KubeScaleTarget) -> bool {
-        a.same_but_version(b)
-    }
 }
 
 /// Whether lockstep currently sees the API server.
@@ -453,9 +370,9 @@ enum Sight {
 
 /// The observer's state: one tracker per watcher, and sight.
 struct State {
-    nodes: Tracker<Nodes>,
-    pods: Tracker<Pods>,
-    scales: Vec<Tracker<Scales>>,
+    nodes: Tracker<KubeNode>,
+    pods: Tracker<KubePod>,
+    scales: Vec<Tracker<KubeScaleTarget>>,
     sight: Sight,
 }
 

@@ -16,10 +16,9 @@
 //!   so a delete that happened while the watch was down is in the log as a
 //!   delete, not only as an absence.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::Hash;
+use lockstep_schemas::Event;
 
-use lockstep_schemas::{Domain, Event};
+use crate::diff::{Known, Observed};
 
 /// One step of a watcher, with objects reduced to (key, observation).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,42 +35,23 @@ pub(crate) enum Step<K, O> {
     Deleted(K, u64),
 }
 
-/// How a tracker turns its keys and observations into events.
-pub(crate) trait Kind {
-    /// Object key.
-    type Key: Clone + Eq + Hash + Ord;
-    /// Reduced observation.
-    type Obs: Clone + PartialEq;
-    /// The domain of the `SyncStarted` / `SyncDone` markers.
-    const DOMAIN: Domain;
-    /// The event for an observation.
-    fn event(obs: &Self::Obs) -> Event;
-    /// The event for a deleted object and its version at deletion (0: the
-    /// deletion is inferred from a listing).
-    fn gone(key: &Self::Key, version: u64) -> Event;
-    /// Whether two observations say the same (versions aside).
-    fn same(a: &Self::Obs, b: &Self::Obs) -> bool {
-        a == b
-    }
-}
-
-#[derive(Debug)]
-enum Listing<K> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listing {
     /// Not listing.
     Idle,
     /// `Init` seen; `SyncStarted` is held back until the first object or
     /// `InitDone`, so a list that fails before it starts (the API server is
     /// down and the watcher retries) appends nothing.
     Pending,
-    /// `SyncStarted` emitted; the keys listed so far.
-    Active(HashSet<K>),
+    /// `SyncStarted` emitted; objects not listed before `InitDone` are gone.
+    Active,
 }
 
 /// Last emitted observation per object, and the listing in progress.
 #[derive(Debug)]
-pub(crate) struct Tracker<T: Kind> {
-    known: HashMap<T::Key, T::Obs>,
-    listing: Listing<T::Key>,
+pub(crate) struct Tracker<O: Observed> {
+    known: Known<O>,
+    listing: Listing,
     /// Whether this tracker emits the domain's sync markers. Off when several
     /// trackers share one domain (several scale target kinds): their listings
     /// would overlap and each would declare the others' objects gone. Their
@@ -79,11 +59,11 @@ pub(crate) struct Tracker<T: Kind> {
     sync_markers: bool,
 }
 
-impl<T: Kind> Tracker<T> {
+impl<O: Observed> Tracker<O> {
     /// A tracker that knows nothing yet.
     pub(crate) fn new(sync_markers: bool) -> Self {
         Self {
-            known: HashMap::new(),
+            known: Known::default(),
             listing: Listing::Idle,
             sync_markers,
         }
@@ -95,61 +75,42 @@ impl<T: Kind> Tracker<T> {
     }
 
     /// Applies one step; pushes the events to append onto `out`.
-    pub(crate) fn step(&mut self, step: Step<T::Key, T::Obs>, out: &mut Vec<Event>) {
+    pub(crate) fn step(&mut self, step: Step<O::Key, O>, out: &mut Vec<Event>) {
         match step {
             Step::Init => self.listing = Listing::Pending,
             Step::Listed(key, obs) => {
                 self.start_listing(out);
-                if let Listing::Active(listed) = &mut self.listing {
-                    listed.insert(key.clone());
-                }
-                out.push(T::event(&obs));
-                self.known.insert(key, obs);
+                out.extend(self.known.observe(key, obs, true));
             }
             Step::InitDone => {
                 self.start_listing(out);
-                let Listing::Active(listed) = std::mem::replace(&mut self.listing, Listing::Idle)
-                else {
-                    unreachable!("start_listing leaves an active listing");
-                };
-                let mut gone: Vec<T::Key> = self
-                    .known
-                    .keys()
-                    .filter(|k| !listed.contains(*k))
-                    .cloned()
-                    .collect();
-                gone.sort();
-                for key in gone {
-                    self.known.remove(&key);
-                    out.push(T::gone(&key, 0));
+                self.listing = Listing::Idle;
+                for key in self.known.end_listing() {
+                    out.push(O::gone(&key, 0));
                 }
                 if self.sync_markers {
-                    out.push(Event::SyncDone { domain: T::DOMAIN });
+                    out.push(Event::SyncDone { domain: O::DOMAIN });
                 }
             }
-            Step::Applied(key, obs) => {
-                if !self.known.get(&key).is_some_and(|k| T::same(k, &obs)) {
-                    out.push(T::event(&obs));
-                    self.known.insert(key, obs);
-                }
-            }
+            Step::Applied(key, obs) => out.extend(self.known.observe(key, obs, false)),
             Step::Deleted(key, version) => {
-                if self.known.remove(&key).is_some() {
-                    out.push(T::gone(&key, version));
+                if self.known.remove(&key) {
+                    out.push(O::gone(&key, version));
                 }
             }
         }
     }
 
     fn start_listing(&mut self, out: &mut Vec<Event>) {
-        if matches!(self.listing, Listing::Active(_)) {
+        if self.listing == Listing::Active {
             return;
         }
         // `Idle` here means a watcher that sent objects of a listing without
         // `Init`; treat it as the start of one rather than lose the markers.
-        self.listing = Listing::Active(HashSet::new());
+        self.listing = Listing::Active;
+        self.known.start_listing();
         if self.sync_markers {
-            out.push(Event::SyncStarted { domain: T::DOMAIN });
+            out.push(Event::SyncStarted { domain: O::DOMAIN });
         }
     }
 }
@@ -158,15 +119,15 @@ impl<T: Kind> Tracker<T> {
 mod tests {
     use super::*;
 
-    /// A toy kind: key a letter, observation a number.
-    struct Toy;
-    impl Kind for Toy {
+    use lockstep_schemas::Domain;
+
+    /// A toy observation: keyed by a letter, a number.
+    impl Observed for u32 {
         type Key = char;
-        type Obs = u32;
         const DOMAIN: Domain = Domain::KubeNodes;
-        fn event(obs: &u32) -> Event {
+        fn event(&self) -> Event {
             Event::KubeNodeGone {
-                name: format!("obs {obs}"),
+                name: format!("obs {self}"),
                 version: 0,
             }
         }
@@ -175,6 +136,12 @@ mod tests {
                 name: format!("gone {key}"),
                 version,
             }
+        }
+        fn same(&self, other: &Self) -> bool {
+            self == other
+        }
+        fn version(&self) -> u64 {
+            0
         }
     }
 
@@ -188,7 +155,7 @@ mod tests {
         }
     }
 
-    fn run(tracker: &mut Tracker<Toy>, steps: Vec<Step<char, u32>>) -> Vec<String> {
+    fn run(tracker: &mut Tracker<u32>, steps: Vec<Step<char, u32>>) -> Vec<String> {
         let mut out = Vec::new();
         for s in steps {
             tracker.step(s, &mut out);
@@ -273,14 +240,14 @@ mod tests {
             ),
         ];
         for (i, (steps, want)) in cases.into_iter().enumerate() {
-            let mut t = Tracker::<Toy>::new(true);
+            let mut t = Tracker::<u32>::new(true);
             assert_eq!(run(&mut t, steps), want, "case {i}");
         }
     }
 
     #[test]
     fn without_sync_markers_deletes_are_still_explicit() {
-        let mut t = Tracker::<Toy>::new(false);
+        let mut t = Tracker::<u32>::new(false);
         let got = run(
             &mut t,
             vec![

@@ -14,8 +14,8 @@
 //! - [`Observer`]: polls (with `update_time`), diffs and sends
 //!   [`Observation`]s: one event per changed object, `*Gone` events, full
 //!   listings bracketed by `SyncStarted` .. `SyncDone`, and
-//!   `ConnectorStatus` when it loses or regains Slurm. The caller wraps each
-//!   into `Envelope::new(Source::Slurm, observed_ms, event)`.
+//!   `ConnectorStatus` when it loses or regains Slurm. The caller turns each
+//!   into an envelope ([`Observation::into_envelope`]).
 //! - [`Actuator`]: executes the `Slurm*` actions idempotently and reports an
 //!   [`ActionOutcome`](lockstep_schemas::ActionOutcome) for each.
 //!
@@ -34,9 +34,10 @@ mod rest;
 pub mod scontrol;
 mod token;
 
+pub use crate::observation::Observation;
 pub use actuator::{clean_reason, Actuator, ActuatorConfig, REASON_CHARS_MAX, RESUMED_REASON};
 pub use error::{classify_message, Error, Result};
-pub use observer::{Backend, Observation, Observer, ObserverConfig, PollStats};
+pub use observer::{Backend, Observer, ObserverConfig, PollStats};
 pub use rest::{ApiVersion, Fetch, RestClient, RestConfig, API_VERSIONS};
 pub use scontrol::{Scontrol, ScontrolConfig, SlurmVersion};
 pub use token::TokenSource;

@@ -17,12 +17,11 @@
 //! meanwhile. A failed listing is never taken as "everything is gone".
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockstep_schemas::{Connector, Domain, Event, SlurmJob, SlurmNode, SlurmPartition};
+use lockstep_schemas::{Connector, Domain, Event, SlurmJob, SlurmNode, SlurmPartition, Source};
 use tokio::sync::mpsc;
 
 use super::error::Result;
@@ -30,11 +29,8 @@ use super::rest::{Fetch, RestClient};
 use super::scontrol::Scontrol;
 use crate::backoff::Backoff;
 use crate::clock::{now_ms, now_s};
-
-/// What the observer sends: observed time (ms since the Unix epoch, this
-/// host's clock) and the event. Wrap it with
-/// `Envelope::new(Source::Slurm, observed_ms, event)`.
-pub type Observation = (u64, Event);
+use crate::diff::{Known, Observed};
+use crate::observation::Observation;
 
 /// Where the observer reads Slurm from.
 #[derive(Debug, Clone)]
@@ -169,100 +165,48 @@ enum Mode {
     Diff { since_s: Option<u64> },
 }
 
-trait Keyed: Clone + PartialEq {
-    type Key: Clone + Eq + Hash + Ord + Borrow<Self::Ref>;
-    type Ref: ?Sized + Eq + Hash;
+/// A Slurm observation that holds its own key and takes the poll's
+/// generation as its version.
+trait Keyed: Observed {
+    type Ref: ?Sized + Eq + Hash + ToOwned<Owned = Self::Key>;
     fn key_ref(&self) -> &Self::Ref;
-    fn key(&self) -> Self::Key;
-    /// Equal in what the reducer reads (the version aside).
-    fn same(&self, other: &Self) -> bool;
     fn set_version(&mut self, version: u64);
-    fn changed(self) -> Event;
-    fn gone(key: Self::Key, version: u64) -> Event;
 }
 
 impl Keyed for SlurmNode {
-    fn same(&self, other: &Self) -> bool {
-        self.same_but_version(other)
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-    type Key = String;
     type Ref = str;
     fn key_ref(&self) -> &str {
         &self.name
     }
-    fn key(&self) -> String {
-        self.name.clone()
-    }
-    fn changed(self) -> Event {
-        Event::SlurmNode(self)
-    }
-    fn gone(name: String, version: u64) -> Event {
-        Event::SlurmNodeGone { name, version }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
     }
 }
 
 impl Keyed for SlurmJob {
-    fn same(&self, other: &Self) -> bool {
-        self.same_but_version(other)
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-    type Key = u64;
     type Ref = u64;
     fn key_ref(&self) -> &u64 {
         &self.job_id
     }
-    fn key(&self) -> u64 {
-        self.job_id
-    }
-    fn changed(self) -> Event {
-        Event::SlurmJob(self)
-    }
-    fn gone(job_id: u64, version: u64) -> Event {
-        Event::SlurmJobGone { job_id, version }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
     }
 }
 
 impl Keyed for SlurmPartition {
-    fn same(&self, other: &Self) -> bool {
-        self.same_but_version(other)
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-    type Key = String;
     type Ref = str;
     fn key_ref(&self) -> &str {
         &self.name
     }
-    fn key(&self) -> String {
-        self.name.clone()
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
     }
-    fn changed(self) -> Event {
-        Event::SlurmPartition(self)
-    }
-    fn gone(name: String, version: u64) -> Event {
-        Event::SlurmPartitionGone { name, version }
-    }
-}
-
-/// One object as last listed, and the listing that last saw it.
-#[derive(Debug)]
-struct Entry<V> {
-    value: V,
-    listing: u64,
 }
 
 /// The last listing of one domain, and how to poll it next.
 #[derive(Debug)]
 struct Snapshot<V: Keyed> {
-    objects: HashMap<V::Key, Entry<V>>,
-    /// Listings applied so far (marks what each one saw).
-    listings: u64,
+    objects: Known<V>,
     /// A full listing has been seen.
     listed: bool,
     /// `update_time` for the next poll.
@@ -272,15 +216,17 @@ struct Snapshot<V: Keyed> {
 impl<V: Keyed> Default for Snapshot<V> {
     fn default() -> Self {
         Self {
-            objects: HashMap::new(),
-            listings: 0,
+            objects: Known::default(),
             listed: false,
             since_s: None,
         }
     }
 }
 
-impl<V: Keyed> Snapshot<V> {
+impl<V: Keyed> Snapshot<V>
+where
+    V::Key: Borrow<V::Ref>,
+{
     /// Replaces the snapshot by `items`, pushing an event per changed (or,
     /// with `all`, per listed) object and a gone event per object that left.
     /// Unchanged objects cost a lookup and a comparison, nothing else. Every
@@ -292,42 +238,24 @@ impl<V: Keyed> Snapshot<V> {
         (observed_ms, generation): (u64, u64),
         out: &mut Vec<Observation>,
     ) {
-        self.listings += 1;
-        let listing = self.listings;
+        let observed = |event| Observation::new(Source::Slurm, observed_ms, event);
+        self.objects.start_listing();
         for mut v in items {
             v.set_version(generation);
-            match self.objects.get_mut(v.key_ref()) {
-                Some(e) => {
-                    e.listing = listing;
-                    if all || !e.value.same(&v) {
-                        out.push((observed_ms, v.clone().changed()));
-                        e.value = v;
-                    }
-                }
-                None => {
-                    out.push((observed_ms, v.clone().changed()));
-                    self.objects.insert(v.key(), Entry { value: v, listing });
-                }
+            if let Some(event) = self.objects.observe_keyed(v, V::key_ref, all) {
+                out.push(observed(event));
             }
         }
-        let mut gone: Vec<V::Key> = self
-            .objects
-            .iter()
-            .filter(|(_, e)| e.listing != listing)
-            .map(|(k, _)| k.clone())
-            .collect();
-        gone.sort();
-        for k in gone {
-            self.objects.remove(k.borrow());
-            // Slurm has no delete event: the poll that first misses the
-            // object dates its deletion.
-            out.push((observed_ms, V::gone(k, generation)));
+        // Slurm has no delete event: the poll that first misses the object
+        // dates its deletion.
+        for k in self.objects.end_listing() {
+            out.push(observed(V::gone(&k, generation)));
         }
         self.listed = true;
     }
 
     fn sorted(&self) -> Vec<V> {
-        let mut v: Vec<(&V::Key, &V)> = self.objects.iter().map(|(k, e)| (k, &e.value)).collect();
+        let mut v: Vec<(&V::Key, &V)> = self.objects.iter().collect();
         v.sort_by(|a, b| a.0.cmp(b.0));
         v.into_iter().map(|(_, x)| x.clone()).collect()
     }
@@ -477,7 +405,11 @@ impl Observer {
                 tracing::info!(backend = self.backend.name(), "slurm observer sees slurm");
                 // First what the reducer should know before the objects:
                 // that it may trust them again.
-                out.push((now_ms(), status(true, String::new())));
+                out.push(Observation::new(
+                    Source::Slurm,
+                    now_ms(),
+                    status(true, String::new()),
+                ));
                 out.append(&mut events);
                 State::Seeing {
                     polls_since_resync: 0,
@@ -522,7 +454,11 @@ impl Observer {
                 if lost {
                     State::Lost { failures }
                 } else if failures >= lost_after {
-                    out.push((now_ms(), status(false, e.to_string())));
+                    out.push(Observation::new(
+                        Source::Slurm,
+                        now_ms(),
+                        status(false, e.to_string()),
+                    ));
                     State::Lost { failures }
                 } else if polls == 0 && !self.all_listed() {
                     State::Starting { failures }
@@ -582,7 +518,11 @@ impl Observer {
             let all = mode == Mode::Sync;
             let stamp = (observed_ms, next_generation(observed_ms));
             if all {
-                out.push((observed_ms, Event::SyncStarted { domain }));
+                out.push(Observation::new(
+                    Source::Slurm,
+                    observed_ms,
+                    Event::SyncStarted { domain },
+                ));
             }
             let since_next = Some(started_s.saturating_sub(self.config.update_time_margin_s));
             match items {
@@ -600,7 +540,11 @@ impl Observer {
                 }
             }
             if all {
-                out.push((observed_ms, Event::SyncDone { domain }));
+                out.push(Observation::new(
+                    Source::Slurm,
+                    observed_ms,
+                    Event::SyncDone { domain },
+                ));
             }
         }
         Ok(())
@@ -670,7 +614,7 @@ mod tests {
             (3, 3),
             &mut out,
         );
-        let kinds: Vec<String> = out.iter().map(|(_, e)| e.summary()).collect();
+        let kinds: Vec<String> = out.iter().map(|o| o.event.summary()).collect();
         assert_eq!(
             kinds,
             [
@@ -679,7 +623,7 @@ mod tests {
                 "slurm node a gone (v3)"
             ]
         );
-        assert!(out.iter().all(|(_, e)| e.version() == 3));
+        assert!(out.iter().all(|o| o.event.version() == 3));
     }
 
     #[test]

@@ -102,7 +102,11 @@ impl Watch {
 
     async fn recv(&mut self, deadline: tokio::time::Instant) -> Option<Event> {
         match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-            Ok(Some((source, observed_ms, event))) => {
+            Ok(Some(Observation {
+                source,
+                observed_ms,
+                event,
+            })) => {
                 assert_eq!(source, Source::Kubernetes);
                 assert!(
                     observed_ms > 1_600_000_000_000,
