@@ -21,6 +21,7 @@ mod error;
 mod lease;
 mod observer;
 pub mod reduce;
+mod spec;
 mod tracker;
 
 pub use crate::observation::Observation;
@@ -28,4 +29,4 @@ pub use actuator::{Actuator, ActuatorConfig, FIELD_MANAGER};
 pub use error::{Error, Result};
 pub use lease::{Leadership, LeaseConfig};
 pub use observer::{load_config, Observer, ObserverConfig};
-pub use reduce::{ObserveSpec, ScaleKind};
+pub use spec::{ObserveSpec, ScaleKind};

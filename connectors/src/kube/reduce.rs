@@ -10,11 +10,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::DynamicObject;
 use lockstep_schemas::{
     ConditionStatus, KubeNode, KubePod, KubeScaleTarget, Maintenance, NodeCondition, OwnerRef,
-    PodCondition, PodPhase, Policy, Removal, ScaleTargetRef, Taint, TaintEffect,
+    PodCondition, PodPhase, ScaleTargetRef, Taint, TaintEffect,
 };
+
+pub use super::spec::{ObserveSpec, ScaleKind};
 
 /// Prefix of a `node_labels` entry that names an annotation instead of a label.
 pub const ANNOTATION_PREFIX: &str = "annotation:";
@@ -54,240 +56,6 @@ pub const LOCKSTEP_TAINT_PREFIX: &str = "lockstep.io/";
 
 /// Node label keys observed by default: the ones topology policies read.
 pub const DEFAULT_NODE_LABELS: &[&str] = &["topology.kubernetes.io/zone"];
-
-/// A kind of object with a scale subresource that lockstep watches and scales.
-///
-/// The field paths are dotted JSON paths into the object, as the kind's
-/// scale subresource maps them (a CRD's `scale.specReplicasPath` without the
-/// leading `.`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScaleKind {
-    /// API group, empty for the core group.
-    pub group: String,
-    /// API version, e.g. `v1`.
-    pub version: String,
-    /// Kind, e.g. `StatefulSet`.
-    pub kind: String,
-    /// Resource name (lowercase plural), e.g. `statefulsets`.
-    pub plural: String,
-    /// Path of the desired replica count.
-    pub replicas_path: String,
-    /// Path of the ready replica count.
-    pub ready_replicas_path: String,
-    /// Path of the revision new pods get, if the kind has one.
-    pub update_revision_path: Option<String>,
-}
-
-impl ScaleKind {
-    /// `apps/v1` StatefulSet.
-    pub fn stateful_set() -> Self {
-        Self {
-            group: "apps".to_owned(),
-            version: "v1".to_owned(),
-            kind: "StatefulSet".to_owned(),
-            plural: "statefulsets".to_owned(),
-            replicas_path: "spec.replicas".to_owned(),
-            ready_replicas_path: "status.readyReplicas".to_owned(),
-            update_revision_path: Some("status.updateRevision".to_owned()),
-        }
-    }
-
-    /// `apps/v1` ReplicaSet.
-    pub fn replica_set() -> Self {
-        Self {
-            kind: "ReplicaSet".to_owned(),
-            plural: "replicasets".to_owned(),
-            update_revision_path: None,
-            ..Self::stateful_set()
-        }
-    }
-
-    /// `apps/v1` Deployment.
-    pub fn deployment() -> Self {
-        Self {
-            kind: "Deployment".to_owned(),
-            plural: "deployments".to_owned(),
-            update_revision_path: None,
-            ..Self::stateful_set()
-        }
-    }
-
-    /// The dynamic API resource of this kind.
-    pub fn api_resource(&self) -> ApiResource {
-        let api_version = if self.group.is_empty() {
-            self.version.clone()
-        } else {
-            format!("{}/{}", self.group, self.version)
-        };
-        ApiResource {
-            group: self.group.clone(),
-            version: self.version.clone(),
-            api_version,
-            kind: self.kind.clone(),
-            plural: self.plural.clone(),
-        }
-    }
-
-    /// Whether `target` is of this kind.
-    pub fn matches(&self, target: &ScaleTargetRef) -> bool {
-        self.group == target.group && self.kind == target.kind
-    }
-}
-
-/// What the observer watches and what it keeps of each object.
-///
-/// Built from the policy with [`ObserveSpec::from_policy`]; a policy change
-/// that changes the spec needs a new observer (its first listing then
-/// re-emits every object under the new spec).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObserveSpec {
-    /// Label selector of the nodes to watch; `None` watches all nodes.
-    pub node_selector: Option<String>,
-    /// Label selector of the pods to watch (`mapping.pod_selector`); `None`
-    /// watches no pods (host mode without a selector).
-    pub pod_selector: Option<String>,
-    /// Namespace of the pods and scale targets to watch; `None`: all.
-    pub namespace: Option<String>,
-    /// Node condition types to report (`health.node_conditions`).
-    pub node_conditions: Vec<String>,
-    /// Node label keys to report; `annotation:<key>` reports an annotation.
-    pub node_labels: Vec<String>,
-    /// Taints whose key starts with one of these are reported.
-    pub taint_prefixes: Vec<String>,
-    /// Taints with exactly these keys are reported (the policy's taints).
-    pub taint_keys: Vec<String>,
-    /// Pod label keys to report (`mapping.node_name_label`, the busy label);
-    /// `annotation:<key>` reports an annotation (the pod deletion cost of
-    /// targets scaled in by `deletion_cost`).
-    pub pod_labels: Vec<String>,
-    /// Pod condition types to report (the ones lockstep sets).
-    pub pod_conditions: Vec<String>,
-    /// Kinds of scale target to watch.
-    pub scale_kinds: Vec<ScaleKind>,
-    /// Label selector of the scale targets; `None`: all of each kind.
-    pub scale_selector: Option<String>,
-    /// Read announced maintenance (`maintenance.enabled`): the node's
-    /// [`Maintenance`], and the drain conditions lockstep sets.
-    pub maintenance: bool,
-}
-
-impl ObserveSpec {
-    /// What `policy` needs observed: the node labels its topology policy
-    /// reads plus `node_labels` (label or `annotation:` keys), its pod
-    /// selector, node-name and busy labels, the conditions and taints it
-    /// reads and sets, and StatefulSets as scale targets (other kinds: add a
-    /// [`ScaleKind`] to `scale_kinds`).
-    pub fn from_policy(policy: &Policy, node_labels: &[&str]) -> Self {
-        let non_empty = |s: &str| (!s.trim().is_empty()).then(|| s.to_owned());
-        let mut taint_keys: Vec<String> = [
-            policy.drain.foreign_drain_taint.as_ref(),
-            policy.health.unhealthy_taint.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|t| t.key.clone())
-        .collect();
-        taint_keys.sort();
-        taint_keys.dedup();
-        let mut pod_conditions: Vec<String> = [
-            policy.drain.foreign_drain_condition.as_str(),
-            policy.health.slurm_health_condition.as_str(),
-        ]
-        .into_iter()
-        .filter_map(non_empty)
-        .collect();
-        pod_conditions.sort();
-        pod_conditions.dedup();
-        let mut spec = Self {
-            node_selector: None,
-            pod_selector: non_empty(&policy.mapping.pod_selector),
-            namespace: None,
-            node_conditions: policy
-                .health
-                .node_conditions
-                .iter()
-                .cloned()
-                .chain(
-                    DRAIN_CONDITIONS
-                        .iter()
-                        .filter(|_| {
-                            policy.maintenance.enabled && policy.maintenance.node_conditions
-                        })
-                        .map(|c| (*c).to_owned()),
-                )
-                .collect(),
-            node_labels: node_labels
-                .iter()
-                .map(|s| (*s).to_owned())
-                .chain(policy.topology.features.iter().map(|f| f.label.clone()))
-                .chain(policy.topology.unit_label.iter().cloned())
-                .collect(),
-            taint_prefixes: vec![LOCKSTEP_TAINT_PREFIX.to_owned()],
-            taint_keys,
-            pod_labels: policy
-                .mapping
-                .node_name_label
-                .iter()
-                .cloned()
-                .chain(non_empty(&policy.scaling.busy_label))
-                .chain(
-                    policy
-                        .scaling
-                        .targets
-                        .iter()
-                        .any(|t| {
-                            policy.scaling.removal_of(&t.target) == Some(Removal::DeletionCost)
-                        })
-                        .then(|| POD_DELETION_COST.to_owned()),
-                )
-                .collect(),
-            pod_conditions,
-            scale_kinds: {
-                let mut kinds = vec![ScaleKind::stateful_set()];
-                for t in &policy.scaling.targets {
-                    let kind = match (t.target.group.as_str(), t.target.kind.as_str()) {
-                        ("apps", "ReplicaSet") => ScaleKind::replica_set(),
-                        ("apps", "Deployment") => ScaleKind::deployment(),
-                        _ => continue,
-                    };
-                    if !kinds.contains(&kind) {
-                        kinds.push(kind);
-                    }
-                }
-                kinds
-            },
-            scale_selector: None,
-            maintenance: policy.maintenance.enabled,
-        };
-        spec.normalize();
-        spec
-    }
-
-    /// Sorts and deduplicates the key lists (observations list conditions
-    /// sorted by type).
-    pub fn normalize(&mut self) {
-        for v in [
-            &mut self.node_conditions,
-            &mut self.node_labels,
-            &mut self.taint_prefixes,
-            &mut self.taint_keys,
-            &mut self.pod_labels,
-            &mut self.pod_conditions,
-        ] {
-            v.retain(|s| !s.is_empty());
-            v.sort();
-            v.dedup();
-        }
-    }
-
-    fn taint_observed(&self, key: &str) -> bool {
-        self.taint_keys.iter().any(|k| k == key)
-            || self
-                .taint_prefixes
-                .iter()
-                .any(|p| key.starts_with(p.as_str()))
-    }
-}
 
 /// Parses a Kubernetes condition status; anything but `True`/`False` is
 /// `Unknown`.
@@ -668,6 +436,7 @@ pub fn scale_target(obj: &DynamicObject, kind: &ScaleKind) -> Option<KubeScaleTa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockstep_schemas::Policy;
     use serde_json::{json, Value};
 
     fn spec() -> ObserveSpec {
@@ -675,38 +444,6 @@ mod tests {
         policy.health.node_conditions = vec!["GpuXid".to_owned()];
         policy.mapping.node_name_label = Some("slurm.node".to_owned());
         ObserveSpec::from_policy(&policy, &["topology.kubernetes.io/zone", "annotation:rack"])
-    }
-
-    #[test]
-    fn spec_names_what_the_policy_reads() {
-        let mut policy = Policy::default();
-        policy.topology.features = vec![lockstep_schemas::LabelFeature {
-            label: "nvidia.com/gpu.product".to_owned(),
-            prefix: "gpu-".to_owned(),
-        }];
-        policy.topology.unit_label = Some("nvidia.com/gpu.clique".to_owned());
-        policy.scaling.busy_label = "lockstep.io/slurm-busy".to_owned();
-        policy.mapping.node_name_label = Some("slurm.node".to_owned());
-        let spec = ObserveSpec::from_policy(&policy, DEFAULT_NODE_LABELS);
-        assert_eq!(
-            spec.node_labels,
-            [
-                "nvidia.com/gpu.clique",
-                "nvidia.com/gpu.product",
-                "topology.kubernetes.io/zone"
-            ]
-        );
-        assert_eq!(spec.pod_labels, ["lockstep.io/slurm-busy", "slurm.node"]);
-        assert_eq!(
-            spec.pod_conditions,
-            ["SlurmNodeDrained", "SlurmNodeHealthy"]
-        );
-        assert_eq!(spec.taint_keys, ["lockstep.io/slurm-unhealthy"]);
-        assert_eq!(
-            spec.pod_selector.as_deref(),
-            Some("app.kubernetes.io/component=slurmd")
-        );
-        assert_eq!(spec.scale_kinds, [ScaleKind::stateful_set()]);
     }
 
     fn node_json(heartbeat: &str, resource_version: &str) -> Node {
