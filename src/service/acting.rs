@@ -1,0 +1,194 @@
+//! What the leader runs besides the apply loop, for as long as it leads:
+//! the connectors, ticks and the policy file watcher, all in one `JoinSet`
+//! that stops as a whole when the leadership does, so that nothing observes
+//! or acts past it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use lockstep_connectors::clock::now_ms;
+use lockstep_engine::Engine;
+use lockstep_schemas::{Envelope, Event, IssuedAction, Policy, Source};
+use lockstep_store::{EventLog, Store};
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+use super::connectors::{self, Actuators};
+use super::dispatch::dispatch;
+use crate::config::Config;
+
+/// A leadership's tasks and where its actions go.
+pub(super) struct Acting {
+    actuators: Actuators,
+    tasks: JoinSet<()>,
+}
+
+/// When the log was last written to, and when the engine next needs a
+/// record (u64::MAX: never), in ms: what the tick task reads.
+#[derive(Debug, Clone)]
+pub(super) struct Quiet {
+    pub(super) last_activity_ms: Arc<AtomicU64>,
+    pub(super) next_wake_ms: Arc<AtomicU64>,
+}
+
+impl Acting {
+    /// Starts observing and acting: connectors, ticks, the policy watcher;
+    /// then dispatches the actions in flight that this instance has not
+    /// dispatched (issued before a crash, or by a previous leader).
+    pub(super) async fn start(
+        cfg: &Config,
+        engine: &Engine,
+        store: &Store,
+        log: &EventLog,
+        quiet: Quiet,
+    ) -> Result<Self> {
+        // The policy the connectors start with (what they watch follows it).
+        let policy = match &cfg.policy_file {
+            Some(path) => read_policy(path)?,
+            None => engine.policy().clone(),
+        };
+        let mut tasks = JoinSet::new();
+        let started = connectors::start(cfg, &policy, log, &mut tasks).await?;
+        tasks.spawn(tick_when_quiet(
+            log.clone(),
+            cfg.service.tick_interval_ms,
+            quiet,
+        ));
+        if let Some(path) = cfg.policy_file.clone() {
+            tasks.spawn(watch_policy(log.clone(), path, cfg.service.policy_poll_ms));
+        }
+        let acting = Self {
+            actuators: started.actuators,
+            tasks,
+        };
+        acting.take_over(cfg, engine, store, log).await?;
+        Ok(acting)
+    }
+
+    /// Publishes what the reducer issued that this instance never
+    /// dispatched and that has no outcome: actions of batches committed but
+    /// not published before a crash, and, on a follower that just took over,
+    /// actions of its predecessor's last moments. All of them are published,
+    /// so that the action stream records everything the reducer issued
+    /// (replay --verify); a NATS stream deduplicates ids within its window
+    /// only, so older ones are taken to have been published by the leader of
+    /// their time. Of what this call is first to publish, only the actions
+    /// still in flight are carried out.
+    async fn take_over(
+        &self,
+        cfg: &Config,
+        engine: &Engine,
+        store: &Store,
+        log: &EventLog,
+    ) -> Result<()> {
+        let horizon = match cfg.log.nats_url {
+            Some(_) => now_ms().saturating_sub(cfg.log.duplicate_window_s * 1000 * 9 / 10),
+            None => 0,
+        };
+        let unpublished: Vec<_> = store
+            .undispatched()?
+            .into_iter()
+            .filter(|a| a.time_ms >= horizon)
+            .collect();
+        let in_flight: std::collections::HashSet<_> =
+            engine.pending().into_iter().map(|(_, id)| id).collect();
+        info!(
+            applied_seq = engine.last_seq(),
+            unpublished = unpublished.len(),
+            in_flight = in_flight.len(),
+            "acting"
+        );
+        dispatch(store, log, &self.actuators, unpublished, |a| {
+            in_flight.contains(&a.id)
+        })
+        .await
+    }
+
+    /// Publishes the actions of a batch and carries out those this instance
+    /// was first to publish.
+    pub(super) async fn dispatch(
+        &self,
+        store: &Store,
+        log: &EventLog,
+        actions: Vec<IssuedAction>,
+    ) -> Result<()> {
+        dispatch(store, log, &self.actuators, actions, |_| true).await
+    }
+
+    /// Stops every task of the leadership and waits until they are gone.
+    pub(super) async fn stop(mut self) {
+        self.tasks.shutdown().await;
+    }
+}
+
+/// Reads and checks the policy file.
+fn read_policy(path: &Path) -> Result<Policy> {
+    crate::commands::read_policy(path)
+}
+
+/// Appends a `Tick` when the log has been quiet for `interval_ms` and the
+/// engine has a timer due: its timers fire at most `interval_ms` late, and
+/// a log with nothing waiting on time gets no records that say nothing
+/// (before, a quiet log got one every interval: 86,400 a day).
+async fn tick_when_quiet(log: EventLog, interval_ms: u64, quiet: Quiet) {
+    let interval = Duration::from_millis(interval_ms.max(10));
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = now_ms();
+        if now.saturating_sub(quiet.last_activity_ms.load(Ordering::Relaxed)) < interval_ms
+            || quiet.next_wake_ms.load(Ordering::Relaxed) > now
+        {
+            continue;
+        }
+        match log
+            .append(&Envelope::new(Source::Lockstep, now, Event::Tick))
+            .await
+        {
+            Ok(_) => quiet.last_activity_ms.store(now, Ordering::Relaxed),
+            Err(e) => warn!(error = %e, "appending a tick failed"),
+        }
+    }
+}
+
+/// Appends `PolicyChanged` when the policy file's content changes (and once
+/// at start). An invalid file is reported and ignored: the last good policy
+/// stays in force.
+async fn watch_policy(log: EventLog, path: PathBuf, poll_ms: u64) {
+    let mut last: Option<String> = None;
+    loop {
+        match std::fs::read_to_string(&path) {
+            Ok(text) if last.as_deref() != Some(text.as_str()) => match read_policy(&path) {
+                Ok(policy) => {
+                    // The file it came from, for `lockstep policy history`.
+                    let detail = lockstep_schemas::SourceDetail {
+                        file: path.display().to_string(),
+                        ..Default::default()
+                    };
+                    let env = Envelope::with_detail(
+                        Source::Lockstep,
+                        now_ms(),
+                        Event::PolicyChanged(Box::new(policy)),
+                        detail,
+                    );
+                    match log.append(&env).await {
+                        Ok(a) => {
+                            info!(file = %path.display(), seq = a.seq, "policy change appended to the log");
+                            last = Some(text);
+                        }
+                        Err(e) => warn!(error = %e, "appending the policy failed; will retry"),
+                    }
+                }
+                Err(e) => {
+                    error!(file = %path.display(), error = format!("{e:#}"), "policy file rejected; keeping the policy in force");
+                    last = Some(text);
+                }
+            },
+            Ok(_) => {}
+            Err(e) => warn!(file = %path.display(), error = %e, "cannot read the policy file"),
+        }
+        tokio::time::sleep(Duration::from_millis(poll_ms.max(100))).await;
+    }
+}

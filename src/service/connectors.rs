@@ -1,0 +1,228 @@
+//! Starting the configured connectors for a leadership: the observers, whose
+//! observations are appended to the log, and the actuators, to which
+//! [`Actuators::hand_over`] routes each action by the side it acts on.
+//!
+//! Every task started here goes into the leadership's `JoinSet`, so nothing
+//! observes or acts once the leadership ends.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use lockstep_connectors::backoff::{retry, Backoff};
+use lockstep_connectors::clock::now_ms;
+use lockstep_connectors::{kube, slurm, Observation};
+use lockstep_schemas::{Connector, Envelope, Event, IssuedAction, Policy, Source};
+use lockstep_store::EventLog;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::info;
+
+use crate::config::{Config, KubernetesConfig, SlurmConfig};
+use crate::telemetry;
+
+/// Observations waiting to be appended, per observer.
+const OBSERVATIONS_WAITING_MAX: usize = 4096;
+/// Dispatched actions waiting for their actuator, per actuator.
+const ACTIONS_WAITING_MAX: usize = 1024;
+/// Bound of the backoff of appends and action publications while the log
+/// is unavailable.
+pub(super) const APPEND_BACKOFF_MAX_MS: u64 = 5_000;
+
+/// Where dispatched actions go to be carried out in this process.
+#[derive(Default)]
+pub(super) struct Actuators {
+    kube: Option<mpsc::Sender<IssuedAction>>,
+    slurm: Option<mpsc::Sender<IssuedAction>>,
+}
+
+impl Actuators {
+    /// The actuator of `connector`'s side, if this process runs one.
+    fn of(&self, connector: Connector) -> Option<&mpsc::Sender<IssuedAction>> {
+        match connector {
+            Connector::Slurm => self.slurm.as_ref(),
+            Connector::Kubernetes => self.kube.as_ref(),
+        }
+    }
+
+    /// Hands each action to the actuator of the side it acts on.
+    pub(super) async fn hand_over(&self, actions: &[IssuedAction]) {
+        for a in actions {
+            if let Some(tx) = self.of(a.action.kind().connector()) {
+                // Bounded: a slow API server or slurmctld slows dispatch
+                // down rather than queueing without limit.
+                let _ = tx.send(a.clone()).await;
+            }
+        }
+    }
+}
+
+/// The connectors of one leadership, as far as the service talks to them.
+pub(super) struct Started {
+    pub(super) actuators: Actuators,
+}
+
+/// Starts the configured connectors: observers append to the log,
+/// actuators take dispatched actions and append their outcomes. What the
+/// Kubernetes observer watches comes from `policy`.
+pub(super) async fn start(
+    cfg: &Config,
+    policy: &Policy,
+    log: &EventLog,
+    tasks: &mut JoinSet<()>,
+) -> Result<Started> {
+    let mut started = Started {
+        actuators: Actuators::default(),
+    };
+    if let Some(s) = &cfg.slurm {
+        start_slurm(s, log, &mut started.actuators, tasks)?;
+    }
+    if let Some(k) = &cfg.kubernetes {
+        start_kube(k, policy, log, &mut started.actuators, tasks).await?;
+    }
+    Ok(started)
+}
+
+/// The Kubernetes observer and actuator.
+async fn start_kube(
+    k: &KubernetesConfig,
+    policy: &Policy,
+    log: &EventLog,
+    actuators: &mut Actuators,
+    tasks: &mut JoinSet<()>,
+) -> Result<()> {
+    let kube_config = kube::load_config(k.kubeconfig.as_deref())
+        .await
+        .context("loading the Kubernetes client configuration")?;
+    if k.observe {
+        let labels: Vec<&str> = k.node_labels.iter().map(String::as_str).collect();
+        let spec = kube::ObserveSpec::from_policy(policy, &labels);
+        let observer =
+            kube::Observer::new(kube_config.clone(), spec, kube::ObserverConfig::default())
+                .context("starting the Kubernetes observer")?;
+        let (tx, rx) = mpsc::channel(OBSERVATIONS_WAITING_MAX);
+        tasks.spawn(observer.run(tx));
+        tasks.spawn(append_observations(log.clone(), rx));
+        info!("watching Kubernetes");
+    }
+    if k.actuate {
+        let actuator = kube::Actuator::new(
+            kube_config,
+            vec![kube::ScaleKind::stateful_set()],
+            kube::ActuatorConfig::default(),
+        )
+        .context("starting the Kubernetes actuator")?;
+        let (tx, mut rx) = mpsc::channel::<IssuedAction>(ACTIONS_WAITING_MAX);
+        let limit = Arc::new(tokio::sync::Semaphore::new(k.actions_in_flight_max.max(1)));
+        let log = log.clone();
+        tasks.spawn(async move {
+            // The actions in flight: stopped with this task.
+            let mut in_flight = JoinSet::new();
+            while let Some(action) = rx.recv().await {
+                while in_flight.try_join_next().is_some() {}
+                let Ok(permit) = limit.clone().acquire_owned().await else {
+                    break;
+                };
+                let (actuator, log) = (actuator.clone(), log.clone());
+                in_flight.spawn(async move {
+                    let outcome = actuator.execute(&action).await;
+                    append_outcome(&log, outcome).await;
+                    drop(permit);
+                });
+            }
+        });
+        actuators.kube = Some(tx);
+        info!("carrying out Kubernetes actions");
+    }
+    Ok(())
+}
+
+/// The Slurm observer and actuator.
+fn start_slurm(
+    s: &SlurmConfig,
+    log: &EventLog,
+    actuators: &mut Actuators,
+    tasks: &mut JoinSet<()>,
+) -> Result<()> {
+    let rest = match &s.rest_url {
+        Some(url) => {
+            let token = match &s.jwt_file {
+                Some(f) => slurm::TokenSource::File(f.clone()),
+                None => slurm::TokenSource::Env("SLURM_JWT".to_owned()),
+            };
+            let config = slurm::RestConfig::new(url.clone(), s.rest_user.clone(), token);
+            Some(slurm::RestClient::new(config).context("configuring the slurmrestd client")?)
+        }
+        None => None,
+    };
+    let scontrol = slurm::Scontrol::new(slurm::ScontrolConfig {
+        slurm_conf: s.slurm_conf.clone(),
+        ..slurm::ScontrolConfig::default()
+    });
+    if s.observe {
+        let backend = match &rest {
+            Some(r) => slurm::Backend::Rest(r.clone()),
+            None => slurm::Backend::Scontrol(scontrol.clone()),
+        };
+        let observer = slurm::Observer::new(
+            backend,
+            slurm::ObserverConfig {
+                poll_interval_ms: s.poll_interval_ms,
+                resync_every_polls: s.resync_every_polls,
+                ..slurm::ObserverConfig::default()
+            },
+        );
+        let (tx, rx) = mpsc::channel(OBSERVATIONS_WAITING_MAX);
+        tasks.spawn(observer.run(tx));
+        tasks.spawn(append_observations(log.clone(), rx));
+        info!("watching Slurm");
+    }
+    if s.actuate {
+        let actuator = slurm::Actuator::new(rest, Some(scontrol), slurm::ActuatorConfig::default())
+            .context("starting the Slurm actuator")?;
+        let (tx, mut rx) = mpsc::channel::<IssuedAction>(ACTIONS_WAITING_MAX);
+        let log = log.clone();
+        tasks.spawn(async move {
+            // One at a time: slurmctld serialises node updates anyway.
+            while let Some(action) = rx.recv().await {
+                let outcome = actuator.execute(&action).await;
+                append_outcome(&log, outcome).await;
+            }
+        });
+        actuators.slurm = Some(tx);
+        info!("carrying out Slurm actions");
+    }
+    Ok(())
+}
+
+/// Appends what an observer sends, in order, until it stops.
+async fn append_observations(log: EventLog, mut rx: mpsc::Receiver<Observation>) {
+    while let Some(observation) = rx.recv().await {
+        append_until_done(&log, &observation.into_envelope()).await;
+    }
+}
+
+/// Appends an actuator's outcome, so the reducer learns it from the log.
+async fn append_outcome(log: &EventLog, outcome: lockstep_schemas::ActionOutcome) {
+    let env = Envelope::new(Source::Actuator, now_ms(), Event::ActionOutcome(outcome));
+    append_until_done(log, &env).await;
+}
+
+/// Appends, retrying with bounded backoff while the log is unavailable.
+async fn append_until_done(log: &EventLog, env: &Envelope) {
+    let mut backoff = Backoff::new(100, APPEND_BACKOFF_MAX_MS);
+    let appended = retry(
+        &mut backoff,
+        || log.append(env),
+        |e, retry_in| {
+            telemetry::LogUnavailable {
+                what: "append",
+                error: e,
+                retry_in,
+            }
+            .emit();
+            true
+        },
+    );
+    // Never gives up: the only way out is success.
+    let _ = appended.await;
+}

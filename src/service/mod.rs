@@ -1,0 +1,348 @@
+//! `lockstep run`: consume the log, apply in batches, commit, then act.
+//!
+//! Persist first, then act (restate's partition processor): each batch's
+//! checkpoint (when due), ledger entries and audit rows are committed in one
+//! store transaction and flushed before its actions are published. After a
+//! crash the service restarts from the last checkpoint and re-applies the
+//! log after it (the same records give the same action ids).
+//!
+//! Who acts: every instance folds the log; only the acting one (the holder
+//! of the leader Lease, once caught up with the log; every instance when
+//! leader election is off) observes, publishes and carries out actions.
+//! When it starts acting it publishes what the reducer issued that was
+//! never published (a batch committed just before a crash, the last moments
+//! of a previous leader) and carries out those still in flight. An action
+//! is carried out only by the instance
+//! whose publication put it on the action stream first (JetStream
+//! deduplicates by action id), so no action id is executed twice, whoever
+//! crashed or took over; one that was published but lost with its
+//! publisher gets no outcome, and the reducer retries it after
+//! `actions.timeout_s` of log time under a new id.
+//!
+//! This loop owns the engine. It never decides anything itself.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use lockstep_connectors::backoff::Backoff;
+use lockstep_connectors::clock::now_ms;
+use lockstep_connectors::kube::Leadership;
+use lockstep_engine::{Engine, Output};
+use lockstep_schemas::EventRecord;
+use lockstep_store::{Commit, EventLog, Store};
+use tokio::sync::mpsc;
+use tracing::{error, info};
+
+use crate::config::{Config, LeaderElectionConfig};
+use crate::telemetry::{self, Health};
+
+mod acting;
+mod apply;
+mod connectors;
+mod dispatch;
+mod open;
+
+use acting::{Acting, Quiet};
+pub use open::{open_log, open_store, restore, STORE_LOCK_WAIT};
+
+/// Runs until `shutdown` resolves; then finishes the batch, commits a final
+/// checkpoint and returns.
+///
+/// Every instance folds the log into its own store. Only the acting one,
+/// the leader once it has caught up with the log (every instance, without
+/// leader election), observes, dispatches and carries out actions. An
+/// instance that loses the leader Lease returns an error, so that its
+/// supervisor restarts it as a candidate.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let health = Arc::new(Health::default());
+    // `/why` questions, answered by the apply loop, which owns the engine.
+    let (queries_tx, mut queries) = mpsc::channel(telemetry::QUERIES_WAITING_MAX);
+    if let Some(addr) = cfg.telemetry.listen {
+        let handle = telemetry::install_metrics()?;
+        let health = health.clone();
+        tokio::spawn(async move {
+            if let Err(e) = telemetry::serve(addr, handle, health, queries_tx).await {
+                error!(error = format!("{e:#}"), "telemetry endpoint failed");
+            }
+        });
+    }
+    let store = open_store(&cfg, STORE_LOCK_WAIT)?;
+    tokio::pin!(shutdown);
+    let Some(log) = open::open_log_when_available(&cfg, &health, &mut shutdown).await? else {
+        return Ok(());
+    };
+    let mut service = Service::start(cfg, store, log, health).await?;
+    let stop = service.run_until(&mut shutdown, &mut queries).await?;
+    service.stop().await?;
+    match stop {
+        Stop::Shutdown => Ok(()),
+        Stop::LostLease => anyhow::bail!("lost the leader lease"),
+    }
+}
+
+/// Where this instance stands in the leader election.
+enum Role {
+    /// Folds the log and competes for the leader Lease; observes nothing,
+    /// carries out nothing.
+    Follower,
+    /// Holds the Lease (or needs none: no leader election) and catches up
+    /// with the log before it acts.
+    Candidate,
+    /// Caught up and leading: observes, dispatches and carries out actions,
+    /// with everything it runs for that in [`Acting`].
+    Leader(Acting),
+}
+
+impl Role {
+    fn acting(&self) -> Option<&Acting> {
+        match self {
+            Self::Leader(a) => Some(a),
+            Self::Follower | Self::Candidate => None,
+        }
+    }
+}
+
+/// Why the apply loop stopped.
+enum Stop {
+    /// Asked to.
+    Shutdown,
+    /// The leader Lease was lost: stop, so that only the new leader acts,
+    /// and be restarted as a follower.
+    LostLease,
+}
+
+/// The apply loop: the engine, what it folds and where it commits, and the
+/// role this instance plays.
+struct Service {
+    cfg: Config,
+    store: Store,
+    log: EventLog,
+    engine: Engine,
+    /// The next sequence to apply.
+    next: u64,
+    role: Role,
+    /// `None` without leader election.
+    leadership: Option<Leadership>,
+    health: Arc<Health>,
+    /// The output of the last batch.
+    out: Output,
+    sync: telemetry::SyncMetrics,
+    /// Records applied since the last checkpoint, and when it was taken.
+    since_checkpoint: (u64, Instant),
+    quiet: Quiet,
+}
+
+impl Service {
+    /// Restores the engine from the store and, with leader election, starts
+    /// competing for the Lease.
+    async fn start(cfg: Config, store: Store, log: EventLog, health: Arc<Health>) -> Result<Self> {
+        let (engine, next) = restore(&store)?;
+        health.checkpoint_seq.store(next - 1, Ordering::Relaxed);
+        health.applied_seq.store(next - 1, Ordering::Relaxed);
+        let leadership = match &cfg.leader_election {
+            Some(le) => Some(start_leadership(&cfg, le).await?),
+            None => None,
+        };
+        let role = match leadership {
+            Some(_) => Role::Follower,
+            None => Role::Candidate,
+        };
+        telemetry::record_leader(false);
+        let quiet = Quiet {
+            last_activity_ms: Arc::new(AtomicU64::new(now_ms())),
+            next_wake_ms: Arc::new(AtomicU64::new(engine.next_wake_ms().unwrap_or(u64::MAX))),
+        };
+        Ok(Self {
+            cfg,
+            store,
+            log,
+            engine,
+            next,
+            role,
+            leadership,
+            health,
+            out: Output::default(),
+            sync: telemetry::SyncMetrics::default(),
+            since_checkpoint: (0, Instant::now()),
+            quiet,
+        })
+    }
+
+    /// Reads, applies, commits and acts until `shutdown` resolves or the
+    /// Lease is lost.
+    async fn run_until(
+        &mut self,
+        shutdown: &mut Pin<&mut impl Future<Output = ()>>,
+        queries: &mut mpsc::Receiver<telemetry::Query>,
+    ) -> Result<Stop> {
+        let read_wait = Duration::from_millis(self.cfg.service.read_wait_ms);
+        let mut backoff = Backoff::new(100, self.cfg.service.retry_backoff_max_ms);
+        loop {
+            let batch = tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => return Ok(Stop::Shutdown),
+                now_leader = leadership_changed(&mut self.leadership) => {
+                    if now_leader {
+                        info!(applied_seq = self.next - 1, "leading; acting once caught up with the log");
+                        if matches!(self.role, Role::Follower) {
+                            self.role = Role::Candidate;
+                        }
+                        continue;
+                    }
+                    // Leadership ends for good (the elector stops): stop, to be
+                    // restarted as a candidate.
+                    error!(acting = self.role.acting().is_some(), "lost the leader lease; stopping so that only the new leader acts");
+                    return Ok(Stop::LostLease);
+                }
+                batch = self.log.read(self.next, self.cfg.service.batch_max, read_wait) => batch,
+            };
+            let batch = match batch {
+                Ok(b) => {
+                    backoff.reset();
+                    b
+                }
+                Err(e) => {
+                    let retry_in = backoff.failed();
+                    telemetry::LogUnavailable {
+                        what: "read",
+                        error: &e,
+                        retry_in,
+                    }
+                    .emit();
+                    tokio::time::sleep(retry_in).await;
+                    continue;
+                }
+            };
+            if !batch.is_empty() {
+                self.apply_and_act(&batch).await?;
+            }
+            if self.sync.stats_due() {
+                // Also while busy: the lag must be current when it is large.
+                if let Ok(head) = self.log.head().await {
+                    self.health.head_seq.store(head, Ordering::Relaxed);
+                    telemetry::record_lag(head, self.next - 1);
+                }
+                self.sync.publish_stats(&self.engine, &self.health);
+            }
+            telemetry::answer_queries(queries, &self.engine, &self.store);
+            self.lead_once_caught_up(&batch).await?;
+        }
+    }
+
+    /// Applies and commits a batch, then acts on it: persist first, then act.
+    async fn apply_and_act(&mut self, batch: &[EventRecord]) -> Result<()> {
+        self.quiet
+            .last_activity_ms
+            .store(now_ms(), Ordering::Relaxed);
+        self.apply_batch(batch).await?;
+        self.quiet.next_wake_ms.store(
+            self.engine.next_wake_ms().unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.sync
+            .applied(batch, &self.out, self.health.ready.load(Ordering::Relaxed));
+        if let Some(acting) = self.role.acting() {
+            // Then act.
+            acting
+                .dispatch(&self.store, &self.log, self.out.actions.clone())
+                .await?;
+            self.sync.published(batch, &self.out.actions);
+        }
+        Ok(())
+    }
+
+    /// Caught up with the log? Checked when idle, or after a short batch
+    /// until this instance acts (a busy log may never give an empty read).
+    /// A candidate that is caught up becomes the leader and acts.
+    async fn lead_once_caught_up(&mut self, batch: &[EventRecord]) -> Result<()> {
+        let candidate = matches!(self.role, Role::Candidate);
+        let look = batch.is_empty() || (batch.len() < self.cfg.service.batch_max && candidate);
+        if !look {
+            return Ok(());
+        }
+        let Ok(head) = self.log.head().await else {
+            return Ok(());
+        };
+        self.health.head_seq.store(head, Ordering::Relaxed);
+        telemetry::record_lag(head, self.next - 1);
+        if head >= self.next {
+            return Ok(());
+        }
+        if !self.health.ready.swap(true, Ordering::Relaxed) {
+            info!(applied_seq = self.next - 1, "caught up with the log");
+        }
+        if candidate {
+            let acting = Acting::start(
+                &self.cfg,
+                &self.engine,
+                &self.store,
+                &self.log,
+                self.quiet.clone(),
+            )
+            .await?;
+            self.role = Role::Leader(acting);
+            self.health.leader.store(true, Ordering::Relaxed);
+            telemetry::record_leader(true);
+        }
+        Ok(())
+    }
+
+    /// Stops acting, writes a final checkpoint of everything applied, then
+    /// hands the Lease to the next leader.
+    async fn stop(mut self) -> Result<()> {
+        if let Role::Leader(acting) = std::mem::replace(&mut self.role, Role::Follower) {
+            acting.stop().await;
+        }
+        self.store
+            .commit(&Commit {
+                checkpoint: Some(apply::take_checkpoint(&self.engine)),
+                ..Commit::default()
+            })
+            .context("writing the final checkpoint")?;
+        self.store.flush().await?;
+        self.log.flush().await?;
+        if let Some(l) = self.leadership {
+            l.release(Duration::from_secs(5)).await;
+        }
+        self.health.leader.store(false, Ordering::Relaxed);
+        telemetry::record_leader(false);
+        info!(applied_seq = self.next - 1, "stopped");
+        Ok(())
+    }
+}
+
+/// Starts competing for the configured Lease.
+async fn start_leadership(cfg: &Config, le: &LeaderElectionConfig) -> Result<Leadership> {
+    use lockstep_connectors::kube;
+    let kubeconfig = cfg
+        .kubernetes
+        .as_ref()
+        .and_then(|k| k.kubeconfig.as_deref());
+    let kube_config = kube::load_config(kubeconfig)
+        .await
+        .context("loading the Kubernetes client configuration for leader election")?;
+    let lease = kube::LeaseConfig {
+        lease_duration: Duration::from_millis(le.lease_duration_ms),
+        renew_deadline: Duration::from_millis(le.renew_deadline_ms),
+        retry_period: Duration::from_millis(le.retry_period_ms),
+        ..kube::LeaseConfig::new(le.namespace(), le.lease_name.clone(), le.identity())
+    };
+    info!(
+        lease = format!("{}/{}", lease.namespace, lease.name),
+        identity = %lease.identity,
+        "following; competing for the leader lease"
+    );
+    kube::Leadership::start(kube_config, lease).context("starting leader election")
+}
+
+/// The next change of leadership; never, without leader election.
+async fn leadership_changed(l: &mut Option<Leadership>) -> bool {
+    match l {
+        Some(l) => l.changed().await,
+        None => std::future::pending().await,
+    }
+}

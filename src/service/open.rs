@@ -1,0 +1,118 @@
+//! Opening what the service runs on: the event log (waiting while it does
+//! not answer), the store, and the engine restored from its checkpoint.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use lockstep_connectors::backoff::{retry, Backoff};
+use lockstep_engine::Engine;
+use lockstep_schemas::Policy;
+use lockstep_store::store::Error as StoreError;
+use lockstep_store::{Checkpoint, EventLog, Store};
+use tracing::{error, info};
+
+use crate::config::Config;
+use crate::telemetry::{self, Health};
+
+/// Opens the configured log.
+pub async fn open_log(cfg: &Config) -> Result<EventLog> {
+    match &cfg.log.nats_url {
+        Some(url) => EventLog::connect_nats(url, &cfg.stream_limits())
+            .await
+            .with_context(|| format!("connecting to the event log at {url}")),
+        None => {
+            let dir = cfg.data_dir.join("log");
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            EventLog::open_embedded(&dir)
+                .with_context(|| format!("opening the embedded log in {}", dir.display()))
+        }
+    }
+}
+
+/// Opens the configured log, waiting (with bounded backoff) while it does
+/// not answer: a NATS cluster without a majority of its servers has no
+/// JetStream to create or find the streams. Why it waits is on `/readyz`
+/// and in the log. `None` when `shutdown` came first.
+pub(super) async fn open_log_when_available(
+    cfg: &Config,
+    health: &Health,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<Option<EventLog>> {
+    let mut backoff = Backoff::new(500, cfg.service.retry_backoff_max_ms);
+    let opening = retry(
+        &mut backoff,
+        || open_log(cfg),
+        |error, retry_in| {
+            let retryable = error
+                .downcast_ref::<lockstep_store::log::Error>()
+                .is_some_and(lockstep_store::log::Error::is_retryable);
+            if retryable {
+                let why = format!("waiting for the event log: {error:#}");
+                telemetry::LogUnavailable {
+                    what: "open",
+                    error: &why,
+                    retry_in,
+                }
+                .emit();
+                *health.waiting.lock().expect("health lock poisoned") = Some(why);
+            }
+            retryable
+        },
+    );
+    let log = tokio::select! {
+        biased;
+        _ = shutdown.as_mut() => return Ok(None),
+        opened = opening => opened?,
+    };
+    if health
+        .waiting
+        .lock()
+        .expect("health lock poisoned")
+        .take()
+        .is_some()
+    {
+        info!("the event log answers; starting");
+    }
+    Ok(Some(log))
+}
+
+/// How long `run` waits for the store's lock: a lockstep killed just before
+/// this one started releases it within tens of milliseconds.
+pub const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the store, waiting up to `wait` for another process's lock (the
+/// service: [`STORE_LOCK_WAIT`]; commands that read the store: none).
+pub fn open_store(cfg: &Config, wait: Duration) -> Result<Store> {
+    let dir = cfg.data_dir.join("store");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Store::open_waiting(&dir, wait).with_context(|| {
+        format!(
+            "opening the store in {} (is another lockstep running on it?)",
+            dir.display()
+        )
+    })
+}
+
+/// The engine and next sequence to apply, from the store's checkpoint. A
+/// damaged or unreadable checkpoint is reported and the engine rebuilds from
+/// the start of the log instead.
+pub fn restore(store: &Store) -> Result<(Engine, u64)> {
+    match store.checkpoint() {
+        Ok(Some(Checkpoint { seq, snapshot })) => match Engine::restore(&snapshot) {
+            Ok(engine) => {
+                info!(seq, "resuming from checkpoint");
+                Ok((engine, seq + 1))
+            }
+            Err(e) => {
+                error!(seq, error = %e, "checkpoint does not restore; rebuilding from the log");
+                Ok((Engine::new(Policy::default()), 1))
+            }
+        },
+        Ok(None) => Ok((Engine::new(Policy::default()), 1)),
+        Err(e @ StoreError::CorruptCheckpoint { .. }) => {
+            error!(error = %e, "rebuilding from the log instead of starting from bad state");
+            Ok((Engine::new(Policy::default()), 1))
+        }
+        Err(e) => Err(e).context("reading the checkpoint"),
+    }
+}
