@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use lockstep_schemas::{Action, Envelope, Event, SlurmBaseState, SlurmNode, SlurmNodeFlag, Source};
+use lockstep_schemas::{
+    Action, ConditionStatus, Envelope, Event, KubeNode, SlurmBaseState, SlurmNode, SlurmNodeFlag,
+    Source,
+};
 mod common;
 
 use common::{read_all, wait_for, Lockstep, Stack};
@@ -137,6 +140,153 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
         ],
         None,
     );
+    k.kubectl(&["delete", "node", &node], None);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// What lockstep watches in Kubernetes follows the policy in force, through
+/// the log as the reducer's policy does: a policy change that names another
+/// node label and node condition restarts the node watch in the running
+/// process, and from then on their values are observed.
+#[test]
+fn a_policy_change_restarts_the_watch_it_changes_without_a_restart() {
+    let k = Stack::up();
+    let run = format!("{}", std::process::id());
+    let node = format!("policy-watch-node-{run}");
+    const LABEL: &str = "lockstep-test.io/rack";
+    const CONDITION: &str = "LockstepTestFault";
+    k.apply(&serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node, "labels": {LABEL: "r1"}},
+    }));
+
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits::default(),
+        ))
+        .unwrap();
+    let dir = temp_dir("kube-loop-policy-watch");
+    let mut lockstep = Lockstep::start(
+        &dir,
+        &format!(
+            "[log]\nnats_url = \"{}\"\n[service]\npolicy_poll_ms = 200\n[kubernetes]\nkubeconfig = \"{}\"\nactuate = false\n",
+            nats.url(),
+            k.lockstep_kubeconfig.display()
+        ),
+        &serde_json::json!({}),
+    );
+    // The node as observed, the last time it was, if it matches `pred`.
+    let observed = |pred: &dyn Fn(&KubeNode) -> bool| {
+        rt.block_on(read_all(&log))
+            .into_iter()
+            .rev()
+            .find_map(|r| match r.envelope.event {
+                Event::KubeNode(n) if n.name == node => Some(n),
+                _ => None,
+            })
+            .filter(|n| pred(n))
+    };
+
+    // The policy in force reads neither the label nor the condition.
+    let first = wait_for("the node observed", Duration::from_secs(60), || {
+        observed(&|_| true)
+    });
+    assert!(!first.labels.contains_key(LABEL), "{first:?}");
+    let pid = lockstep.child.0.as_ref().unwrap().id();
+
+    // The new policy reads both: lockstep appends it to the log, and the
+    // node watch restarts under it.
+    std::fs::write(
+        dir.join("policy.json"),
+        serde_json::json!({
+            "topology": {"features": [{"label": LABEL, "prefix": "rack-"}]},
+            "health": {"node_conditions": [CONDITION]},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let relisted = wait_for(
+        "the label under the new policy",
+        Duration::from_secs(60),
+        || observed(&|n| n.labels.get(LABEL).map(String::as_str) == Some("r1")),
+    );
+    assert_eq!(
+        relisted
+            .read_labels
+            .as_ref()
+            .map(|l| l.contains(&LABEL.to_owned())),
+        Some(true),
+        "{relisted:?}"
+    );
+
+    // The running watch is the new one: a new value of the label and the
+    // condition it now names are observed as they happen.
+    k.kubectl(
+        &[
+            "label",
+            "node",
+            &node,
+            &format!("{LABEL}=r2"),
+            "--overwrite",
+        ],
+        None,
+    );
+    wait_for("the label's new value", Duration::from_secs(60), || {
+        observed(&|n| n.labels.get(LABEL).map(String::as_str) == Some("r2"))
+    });
+    let status = serde_json::json!({"status": {"conditions": [{
+        "type": CONDITION, "status": "True", "reason": "Test",
+        "lastHeartbeatTime": "2025-01-01T00:00:00Z", "lastTransitionTime": "2025-01-01T00:00:00Z",
+    }]}});
+    k.kubectl(
+        &[
+            "patch",
+            "node",
+            &node,
+            "--subresource=status",
+            "--type=strategic",
+            "-p",
+            &status.to_string(),
+        ],
+        None,
+    );
+    wait_for(
+        "the condition the policy now names",
+        Duration::from_secs(60),
+        || {
+            observed(&|n| {
+                n.conditions
+                    .iter()
+                    .any(|c| c.type_ == CONDITION && c.status == ConditionStatus::True)
+            })
+        },
+    );
+
+    // All in the process that started: no restart.
+    assert!(
+        lockstep
+            .child
+            .0
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+            .is_none(),
+        "{}",
+        lockstep.log()
+    );
+    assert_eq!(lockstep.child.0.as_ref().unwrap().id(), pid);
+    assert!(
+        lockstep.log().contains("restarting those watches"),
+        "{}",
+        lockstep.log()
+    );
+    let status = lockstep.child.stop();
+    assert!(status.success(), "{}", lockstep.log());
     k.kubectl(&["delete", "node", &node], None);
     let _ = std::fs::remove_dir_all(dir);
 }

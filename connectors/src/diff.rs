@@ -155,6 +155,14 @@ impl<O: Observed> Known<O> {
         }
         gone
     }
+
+    /// Forgets every object and returns their keys, sorted (what a watch
+    /// that is given up leaves behind).
+    pub(crate) fn clear(&mut self) -> Vec<O::Key> {
+        let mut gone: Vec<O::Key> = self.objects.drain().map(|(k, _)| k).collect();
+        gone.sort();
+        gone
+    }
 }
 
 impl Observed for SlurmNode {
@@ -324,6 +332,8 @@ mod tests {
         assert!(k.remove(&'b'));
         assert!(!k.remove(&'b'));
         assert_eq!(k.len(), 1);
+        assert_eq!(k.clear(), vec!['c']);
+        assert_eq!(k.iter().count(), 0);
     }
 
     #[test]

@@ -16,13 +16,15 @@ use lockstep_store::{EventLog, Store};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use super::connectors::{self, Actuators};
+use super::connectors::{self, Actuators, Watched};
 use super::dispatch::dispatch;
 use crate::config::Config;
 
 /// A leadership's tasks and where its actions go.
 pub(super) struct Acting {
     actuators: Actuators,
+    /// What the Kubernetes observer watches, if there is one.
+    watched: Option<Watched>,
     tasks: JoinSet<()>,
 }
 
@@ -62,6 +64,7 @@ impl Acting {
         }
         let acting = Self {
             actuators: started.actuators,
+            watched: started.watched,
             tasks,
         };
         acting.take_over(cfg, engine, store, log).await?;
@@ -116,6 +119,14 @@ impl Acting {
         actions: Vec<IssuedAction>,
     ) -> Result<()> {
         dispatch(store, log, &self.actuators, actions, |_| true).await
+    }
+
+    /// A `PolicyChanged` put `policy` in force: the Kubernetes watches
+    /// follow what it needs watched.
+    pub(super) fn policy_changed(&self, policy: &Policy) {
+        if let Some(w) = &self.watched {
+            w.follow(policy);
+        }
     }
 
     /// Stops every task of the leadership and waits until they are gone.

@@ -13,7 +13,7 @@ use lockstep_connectors::clock::now_ms;
 use lockstep_connectors::{kube, slurm, Observation};
 use lockstep_schemas::{Connector, Envelope, Event, IssuedAction, Policy, Source};
 use lockstep_store::EventLog;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::info;
 
@@ -56,14 +56,45 @@ impl Actuators {
     }
 }
 
+/// The Kubernetes observer follows the policy in force: what it watches is
+/// sent here when a `PolicyChanged` changes it.
+pub(super) struct Watched {
+    spec: watch::Sender<kube::ObserveSpec>,
+    /// Node labels observed whatever the policy says (`kubernetes.node_labels`).
+    node_labels: Vec<String>,
+}
+
+impl Watched {
+    /// What `policy` needs watched.
+    fn spec(policy: &Policy, node_labels: &[String]) -> kube::ObserveSpec {
+        let labels: Vec<&str> = node_labels.iter().map(String::as_str).collect();
+        kube::ObserveSpec::from_policy(policy, &labels)
+    }
+
+    /// `policy` is now in force: the observer watches what it needs (the
+    /// watches it changes restart, the others go on).
+    pub(super) fn follow(&self, policy: &Policy) {
+        let new = Self::spec(policy, &self.node_labels);
+        self.spec.send_if_modified(|spec| {
+            let changed = *spec != new;
+            if changed {
+                *spec = new;
+            }
+            changed
+        });
+    }
+}
+
 /// The connectors of one leadership, as far as the service talks to them.
 pub(super) struct Started {
     pub(super) actuators: Actuators,
+    /// `None` without a Kubernetes observer.
+    pub(super) watched: Option<Watched>,
 }
 
 /// Starts the configured connectors: observers append to the log,
 /// actuators take dispatched actions and append their outcomes. What the
-/// Kubernetes observer watches comes from `policy`.
+/// Kubernetes observer watches starts from `policy`.
 pub(super) async fn start(
     cfg: &Config,
     policy: &Policy,
@@ -72,12 +103,13 @@ pub(super) async fn start(
 ) -> Result<Started> {
     let mut started = Started {
         actuators: Actuators::default(),
+        watched: None,
     };
     if let Some(s) = &cfg.slurm {
         start_slurm(s, log, &mut started.actuators, tasks)?;
     }
     if let Some(k) = &cfg.kubernetes {
-        start_kube(k, policy, log, &mut started.actuators, tasks).await?;
+        started.watched = start_kube(k, policy, log, &mut started.actuators, tasks).await?;
     }
     Ok(started)
 }
@@ -89,19 +121,24 @@ async fn start_kube(
     log: &EventLog,
     actuators: &mut Actuators,
     tasks: &mut JoinSet<()>,
-) -> Result<()> {
+) -> Result<Option<Watched>> {
     let kube_config = kube::load_config(k.kubeconfig.as_deref())
         .await
         .context("loading the Kubernetes client configuration")?;
+    let mut watched = None;
     if k.observe {
-        let labels: Vec<&str> = k.node_labels.iter().map(String::as_str).collect();
-        let spec = kube::ObserveSpec::from_policy(policy, &labels);
+        let spec = Watched::spec(policy, &k.node_labels);
+        let (spec_tx, spec_rx) = watch::channel(spec.clone());
         let observer =
             kube::Observer::new(kube_config.clone(), spec, kube::ObserverConfig::default())
                 .context("starting the Kubernetes observer")?;
         let (tx, rx) = mpsc::channel(OBSERVATIONS_WAITING_MAX);
-        tasks.spawn(observer.run(tx));
+        tasks.spawn(observer.run_following(spec_rx, tx));
         tasks.spawn(append_observations(log.clone(), rx));
+        watched = Some(Watched {
+            spec: spec_tx,
+            node_labels: k.node_labels.clone(),
+        });
         info!("watching Kubernetes");
     }
     if k.actuate {
@@ -133,7 +170,7 @@ async fn start_kube(
         actuators.kube = Some(tx);
         info!("carrying out Kubernetes actions");
     }
-    Ok(())
+    Ok(watched)
 }
 
 /// The Slurm observer and actuator.

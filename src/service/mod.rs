@@ -251,6 +251,14 @@ impl Service {
                 .dispatch(&self.store, &self.log, self.out.actions.clone())
                 .await?;
             self.sync.published(batch, &self.out.actions);
+            // What is watched follows the policy in force, as the engine
+            // does: from the log's `PolicyChanged` records.
+            if batch
+                .iter()
+                .any(|r| matches!(r.envelope.event, lockstep_schemas::Event::PolicyChanged(_)))
+            {
+                acting.policy_changed(self.engine.policy());
+            }
         }
         Ok(())
     }

@@ -29,4 +29,4 @@ pub use actuator::{Actuator, ActuatorConfig, FIELD_MANAGER};
 pub use error::{Error, Result};
 pub use lease::{Leadership, LeaseConfig};
 pub use observer::{load_config, Observer, ObserverConfig};
-pub use spec::{ObserveSpec, ScaleKind};
+pub use spec::{ChangedWatches, ObserveSpec, ScaleKind};

@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{select_all, BoxStream};
+use futures::stream::{AbortHandle, BoxStream, SelectAll};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams};
@@ -26,10 +26,11 @@ use kube::Client;
 use lockstep_schemas::{
     Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget, ScaleTargetRef, Source,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::error::{Error, Result};
-use super::reduce::{self, ObserveSpec};
+use super::reduce;
+use super::spec::{ChangedWatches, ObserveSpec, ScaleKind};
 use super::tracker::{Step, Tracker};
 use crate::backoff::Backoff;
 use crate::clock::now_ms;
@@ -138,19 +139,48 @@ impl Observer {
     /// backoff, and reported as [`Event::ConnectorStatus`] when they mean
     /// lockstep cannot see the cluster.
     pub async fn run(self, tx: mpsc::Sender<Observation>) {
+        // A spec nobody changes.
+        let (_unchanged, specs) = watch::channel((*self.spec).clone());
+        self.run_following(specs, tx).await;
+    }
+
+    /// [`Observer::run`], watching what `specs` names from now on: when it
+    /// changes (the policy in force changed), the watches whose parameters
+    /// differ restart under the new spec ([`ObserveSpec::changed_watches`]),
+    /// and the others go on undisturbed. A restarted watch lists again: every
+    /// object it watches is re-emitted as the new spec reduces it, and what it
+    /// no longer watches is gone.
+    pub async fn run_following(
+        mut self,
+        mut specs: watch::Receiver<ObserveSpec>,
+        tx: mpsc::Sender<Observation>,
+    ) {
+        let mut out = Vec::new();
+        let mut first = specs.borrow_and_update().clone();
+        first.normalize();
+        self.spec = Arc::new(first);
         let mut state = State::new(&self.spec);
-        let mut merged = select_all(self.streams());
+        let mut watches = Watches::default();
+        self.start_watches(ChangedWatches::ALL, &mut watches);
+        let mut following = true;
         let mut probe: Option<Pin<Box<dyn Future<Output = Result<()>> + Send>>> = None;
         let mut next_probe = tokio::time::Instant::now();
-        let mut out = Vec::new();
         loop {
             tokio::select! {
                 () = tx.closed() => return,
-                item = merged.next() => match item {
+                item = watches.merged.next() => match item {
                     Some(item) => state.handle(item, &mut out),
                     // The watchers never end; if they all did, there is
                     // nothing left to observe.
                     None => return,
+                },
+                changed = specs.changed(), if following => match changed {
+                    Ok(()) => {
+                        let spec = specs.borrow_and_update().clone();
+                        self.follow(spec, &mut state, &mut watches, &mut out);
+                    }
+                    // Nobody changes it any more: what is watched stays.
+                    Err(_) => following = false,
                 },
                 result = async { probe.as_mut().expect("guarded").await }, if probe.is_some() => {
                     probe = None;
@@ -175,6 +205,58 @@ impl Observer {
                     return;
                 }
             }
+        }
+    }
+
+    /// Watches what `spec` names from now on: restarts the watches it
+    /// changes, and gives up those it no longer wants.
+    fn follow(
+        &mut self,
+        mut spec: ObserveSpec,
+        state: &mut State,
+        watches: &mut Watches,
+        out: &mut Vec<Event>,
+    ) {
+        spec.normalize();
+        let changed = self.spec.changed_watches(&spec);
+        if !changed.any() {
+            return;
+        }
+        tracing::info!(
+            nodes = changed.nodes,
+            pods = changed.pods,
+            scale_targets = changed.scale_targets,
+            "the policy changes what is watched in kubernetes; restarting those watches"
+        );
+        state.respec(&self.spec, &spec, changed, out);
+        self.spec = Arc::new(spec);
+        self.start_watches(changed, watches);
+    }
+
+    /// (Re)starts the watches `which` names under the current spec, each
+    /// after stopping its predecessor.
+    fn start_watches(&self, which: ChangedWatches, watches: &mut Watches) {
+        if which.nodes {
+            if let Some(h) = watches.nodes.take() {
+                h.abort();
+            }
+            watches.nodes = Some(watches.add(self.node_watch()));
+        }
+        if which.pods {
+            if let Some(h) = watches.pods.take() {
+                h.abort();
+            }
+            watches.pods = self.pod_watch().map(|w| watches.add(w));
+        }
+        if which.scale_targets {
+            for handle in std::mem::take(&mut watches.scale_targets) {
+                handle.abort();
+            }
+            watches.scale_targets = self
+                .scale_target_watches()
+                .into_iter()
+                .map(|w| watches.add(w))
+                .collect();
         }
     }
 
@@ -208,38 +290,42 @@ impl Observer {
         .backoff(WatchBackoff::new(&self.config))
     }
 
-    fn streams(&self) -> Vec<BoxStream<'static, Item>> {
-        let mut streams = Vec::new();
+    fn node_watch(&self) -> BoxStream<'static, Item> {
         let spec = Arc::clone(&self.spec);
         let nodes: Api<Node> = Api::all(self.client.clone());
-        streams.push(
-            self.watch(nodes, spec.node_selector.as_deref())
+        self.watch(nodes, spec.node_selector.as_deref())
+            .map(move |r| match r {
+                Ok(e) => Item::Node(step(e, |n| {
+                    reduce::node(n, &spec).map(|o| (o.name.clone(), o))
+                })),
+                Err(e) => Item::Failed(Domain::KubeNodes, e),
+            })
+            .boxed()
+    }
+
+    /// The pod watch; none without a pod selector.
+    fn pod_watch(&self) -> Option<BoxStream<'static, Item>> {
+        let selector = self.spec.pod_selector.as_deref()?;
+        let spec = Arc::clone(&self.spec);
+        let pods: Api<Pod> = match &self.spec.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        Some(
+            self.watch(pods, Some(selector))
                 .map(move |r| match r {
-                    Ok(e) => Item::Node(step(e, |n| {
-                        reduce::node(n, &spec).map(|o| (o.name.clone(), o))
+                    Ok(e) => Item::Pod(step(e, |p| {
+                        reduce::pod(p, &spec).map(|o| ((o.namespace.clone(), o.name.clone()), o))
                     })),
-                    Err(e) => Item::Failed(Domain::KubeNodes, e),
+                    Err(e) => Item::Failed(Domain::KubePods, e),
                 })
                 .boxed(),
-        );
-        if let Some(selector) = self.spec.pod_selector.as_deref() {
-            let spec = Arc::clone(&self.spec);
-            let pods: Api<Pod> = match &self.spec.namespace {
-                Some(ns) => Api::namespaced(self.client.clone(), ns),
-                None => Api::all(self.client.clone()),
-            };
-            streams.push(
-                self.watch(pods, Some(selector))
-                    .map(move |r| match r {
-                        Ok(e) => Item::Pod(step(e, |p| {
-                            reduce::pod(p, &spec)
-                                .map(|o| ((o.namespace.clone(), o.name.clone()), o))
-                        })),
-                        Err(e) => Item::Failed(Domain::KubePods, e),
-                    })
-                    .boxed(),
-            );
-        }
+        )
+    }
+
+    /// One watch per kind of scale target, in the spec's order.
+    fn scale_target_watches(&self) -> Vec<BoxStream<'static, Item>> {
+        let mut streams = Vec::new();
         for (i, kind) in self.spec.scale_kinds.iter().enumerate() {
             let ar = kind.api_resource();
             let api: Api<DynamicObject> = match &self.spec.namespace {
@@ -262,6 +348,26 @@ impl Observer {
             );
         }
         streams
+    }
+}
+
+/// The running watches, merged into one stream (one task, no locks); each
+/// can be stopped on its own.
+#[derive(Default)]
+struct Watches {
+    merged: SelectAll<BoxStream<'static, Item>>,
+    nodes: Option<AbortHandle>,
+    pods: Option<AbortHandle>,
+    scale_targets: Vec<AbortHandle>,
+}
+
+impl Watches {
+    /// Merges `watch` in. Its handle stops it: it yields nothing more, and
+    /// leaves the merged stream the next time that is polled.
+    fn add(&mut self, watch: BoxStream<'static, Item>) -> AbortHandle {
+        let (watch, handle) = futures::stream::abortable(watch);
+        self.merged.push(watch.boxed());
+        handle
     }
 }
 
@@ -393,6 +499,41 @@ impl State {
 
     fn blind(&self) -> bool {
         self.sight == Sight::Blind
+    }
+
+    /// The spec changes from `old` to `new`: what the restarted watches
+    /// will list again keeps its trackers (their next listing says what is
+    /// gone); what is no longer watched at all is gone now.
+    fn respec(
+        &mut self,
+        old: &ObserveSpec,
+        new: &ObserveSpec,
+        changed: ChangedWatches,
+        out: &mut Vec<Event>,
+    ) {
+        if changed.pods && new.pod_selector.is_none() {
+            self.pods.forget_all(out);
+        }
+        if changed.scale_targets {
+            let shared = new.scale_kinds.len() > 1;
+            let mut before: Vec<(&ScaleKind, Tracker<KubeScaleTarget>)> =
+                old.scale_kinds.iter().zip(self.scales.drain(..)).collect();
+            self.scales = new
+                .scale_kinds
+                .iter()
+                .map(|kind| {
+                    let mut t = match before.iter().position(|(k, _)| *k == kind) {
+                        Some(i) => before.swap_remove(i).1,
+                        None => Tracker::new(!shared),
+                    };
+                    t.set_sync_markers(!shared);
+                    t
+                })
+                .collect();
+            for (_, mut t) in before {
+                t.forget_all(out);
+            }
+        }
     }
 
     fn handle(&mut self, item: Item, out: &mut Vec<Event>) {

@@ -2,8 +2,10 @@
 //! (selectors, namespace, kinds of scale target) and what of each it keeps
 //! (labels, conditions, taints).
 //!
-//! A policy change that changes the spec changes what is watched: a new
-//! listing under the new spec re-emits every object as it reduces it.
+//! A policy change that changes the spec changes what is watched: the
+//! observer restarts the watches whose parameters differ
+//! ([`ObserveSpec::changed_watches`]), and their new listing re-emits every
+//! object as the new spec reduces it.
 
 use kube::api::ApiResource;
 use lockstep_schemas::{Policy, Removal, ScaleTargetRef};
@@ -235,12 +237,74 @@ impl ObserveSpec {
         }
     }
 
+    /// The watches that watch something else under `new` than under
+    /// `self`: what a policy change restarts.
+    pub fn changed_watches(&self, new: &Self) -> ChangedWatches {
+        // Every field named, so that a new one cannot be forgotten here.
+        let Self {
+            node_selector,
+            pod_selector,
+            namespace,
+            node_conditions,
+            node_labels,
+            taint_prefixes,
+            taint_keys,
+            pod_labels,
+            pod_conditions,
+            scale_kinds,
+            scale_selector,
+            maintenance,
+        } = self;
+        ChangedWatches {
+            nodes: *node_selector != new.node_selector
+                || *node_conditions != new.node_conditions
+                || *node_labels != new.node_labels
+                || *taint_prefixes != new.taint_prefixes
+                || *taint_keys != new.taint_keys
+                || *maintenance != new.maintenance,
+            pods: *pod_selector != new.pod_selector
+                || *namespace != new.namespace
+                || *pod_labels != new.pod_labels
+                || *pod_conditions != new.pod_conditions,
+            scale_targets: *scale_kinds != new.scale_kinds
+                || *scale_selector != new.scale_selector
+                || *namespace != new.namespace,
+        }
+    }
+
     pub(super) fn taint_observed(&self, key: &str) -> bool {
         self.taint_keys.iter().any(|k| k == key)
             || self
                 .taint_prefixes
                 .iter()
                 .any(|p| key.starts_with(p.as_str()))
+    }
+}
+
+/// Which watches a change of [`ObserveSpec`] restarts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChangedWatches {
+    /// The node watch: its selector, or what it keeps of a node (labels,
+    /// conditions, taints, maintenance).
+    pub nodes: bool,
+    /// The pod watch: its selector or namespace, or what it keeps of a pod
+    /// (labels, conditions).
+    pub pods: bool,
+    /// The scale target watches: their kinds, selector or namespace.
+    pub scale_targets: bool,
+}
+
+impl ChangedWatches {
+    /// Every watch (the observer's start).
+    pub const ALL: Self = Self {
+        nodes: true,
+        pods: true,
+        scale_targets: true,
+    };
+
+    /// Whether any watch restarts.
+    pub const fn any(self) -> bool {
+        self.nodes || self.pods || self.scale_targets
     }
 }
 
@@ -279,5 +343,61 @@ mod tests {
             Some("app.kubernetes.io/component=slurmd")
         );
         assert_eq!(spec.scale_kinds, [ScaleKind::stateful_set()]);
+    }
+
+    #[test]
+    fn a_policy_change_restarts_only_the_watches_it_changes() {
+        let base = Policy::default();
+        let spec = |edit: &dyn Fn(&mut Policy)| {
+            let mut p = base.clone();
+            edit(&mut p);
+            ObserveSpec::from_policy(&p, DEFAULT_NODE_LABELS)
+        };
+        let before = spec(&|_| {});
+        let watches = |nodes, pods, scale_targets| ChangedWatches {
+            nodes,
+            pods,
+            scale_targets,
+        };
+        // (what the policy change does, the watches it restarts), one a line.
+        type Edit<'a> = &'a dyn Fn(&mut Policy);
+        let cases: Vec<(&str, Edit, ChangedWatches)> = vec![
+            ("nothing", &|_| {}, watches(false, false, false)),
+            (
+                "a topology label",
+                &|p| p.topology.unit_label = Some("nvidia.com/gpu.clique".to_owned()),
+                watches(true, false, false),
+            ),
+            (
+                "a node condition",
+                &|p| p.health.node_conditions = vec!["GpuXid".to_owned()],
+                watches(true, false, false),
+            ),
+            (
+                "maintenance",
+                &|p| p.maintenance.enabled = !p.maintenance.enabled,
+                watches(true, false, false),
+            ),
+            (
+                "the pod selector",
+                &|p| p.mapping.pod_selector = "app=other-slurmd".to_owned(),
+                watches(false, true, false),
+            ),
+            (
+                "the node name label",
+                &|p| p.mapping.node_name_label = Some("slurm.node".to_owned()),
+                watches(false, true, false),
+            ),
+            (
+                "a drain grace period",
+                &|p| p.health.not_ready_grace_s += 1,
+                watches(false, false, false),
+            ),
+        ];
+        for (what, edit, want) in cases {
+            let after = spec(edit);
+            assert_eq!(before.changed_watches(&after), want, "{what}");
+            assert_eq!(want.any(), before != after, "{what}");
+        }
     }
 }

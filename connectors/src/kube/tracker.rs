@@ -101,6 +101,20 @@ impl<O: Observed> Tracker<O> {
         }
     }
 
+    /// Whether it emits the domain's sync markers from the next listing on.
+    pub(crate) fn set_sync_markers(&mut self, on: bool) {
+        self.sync_markers = on;
+    }
+
+    /// The watch is given up for good (no longer wanted): every object it
+    /// reported is gone.
+    pub(crate) fn forget_all(&mut self, out: &mut Vec<Event>) {
+        self.listing = Listing::Idle;
+        for key in self.known.clear() {
+            out.push(O::gone(&key, 0));
+        }
+    }
+
     fn start_listing(&mut self, out: &mut Vec<Event>) {
         if self.listing == Listing::Active {
             return;
@@ -262,5 +276,19 @@ mod tests {
         );
         assert_eq!(got, vec!["obs 1", "obs 1", "obs 1", "gone a"]);
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_watch_given_up_leaves_its_objects_gone() {
+        let mut t = Tracker::<u32>::new(true);
+        let got = run(&mut t, vec![Init, Listed('b', 2), Listed('a', 1), InitDone]);
+        assert_eq!(got, vec!["[", "obs 2", "obs 1", "]"]);
+        let mut out = Vec::new();
+        t.forget_all(&mut out);
+        assert_eq!(
+            out.iter().map(show).collect::<Vec<_>>(),
+            vec!["gone a", "gone b"]
+        );
+        assert_eq!(t.len(), 0);
     }
 }
