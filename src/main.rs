@@ -306,47 +306,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             config,
             json,
             html: None,
-        } => {
-            if let (Some(cfg), false) = (&config, json) {
-                let cfg = load_config(Some(cfg))?;
-                if let Ok(store) = lockstep::service::open_store(&cfg, std::time::Duration::ZERO) {
-                    let transitions = store.transitions(&node)?;
-                    println!(
-                        "audit index of slurm node {node}: {} transitions",
-                        transitions.len()
-                    );
-                    for t in &transitions {
-                        println!(
-                            "{}  seq {:<6} {} -> {} [{}] {} (cause event {})",
-                            lockstep::render::time(t.time_ms),
-                            t.seq,
-                            t.from,
-                            t.to,
-                            t.rule,
-                            t.detail,
-                            t.cause
-                        );
-                    }
-                    return Ok(ExitCode::SUCCESS);
-                }
-                eprintln!("the store is in use (is lockstep running?); replaying the configured log instead");
-            }
-            let source = Source::new(log, config.as_deref())?;
-            let stdout = std::io::stdout();
-            let mut out = BufWriter::new(stdout.lock());
-            let damage = commands::audit(source.records()?, &node, json, &mut out)?;
-            out.flush()?;
-            match damage {
-                Some(e) => {
-                    eprintln!(
-                        "error: {}: {e} (the audit covers the log up to there)",
-                        source.name()
-                    );
-                    Ok(ExitCode::from(2))
-                }
-                None => Ok(ExitCode::SUCCESS),
-            }
-        }
+        } => audit(&node, log, config.as_deref(), json),
         Command::Policy(PolicyCommand::Default) => {
             println!("{}", serde_json::to_string_pretty(&Policy::default())?);
             Ok(ExitCode::SUCCESS)
@@ -401,6 +361,52 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Inspect { config, node } => {
             inspect(&load_config(config.as_deref())?, node.as_deref())
         }
+    }
+}
+
+/// `lockstep audit NODE`: from the store's audit index when the store is
+/// free, else by replaying the log.
+fn audit(node: &str, log: Option<String>, config: Option<&Path>, json: bool) -> Result<ExitCode> {
+    if let (Some(cfg), false) = (&config, json) {
+        let cfg = load_config(Some(cfg))?;
+        if let Ok(store) = lockstep::service::open_store(&cfg, std::time::Duration::ZERO) {
+            let transitions = store.transitions(node)?;
+            println!(
+                "audit index of slurm node {node}: {} transitions",
+                transitions.len()
+            );
+            for t in &transitions {
+                println!(
+                    "{}  seq {:<6} {} -> {} [{}] {} (cause event {})",
+                    lockstep::render::time(t.time_ms),
+                    t.seq,
+                    t.from,
+                    t.to,
+                    t.rule,
+                    t.detail,
+                    t.cause
+                );
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!(
+            "the store is in use (is lockstep running?); replaying the configured log instead"
+        );
+    }
+    let source = Source::new(log, config)?;
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let damage = commands::audit(source.records()?, node, json, &mut out)?;
+    out.flush()?;
+    match damage {
+        Some(e) => {
+            eprintln!(
+                "error: {}: {e} (the audit covers the log up to there)",
+                source.name()
+            );
+            Ok(ExitCode::from(2))
+        }
+        None => Ok(ExitCode::SUCCESS),
     }
 }
 
