@@ -30,7 +30,8 @@ use lockstep_testkit::kube::{
 };
 use lockstep_testkit::Proxy;
 use serde_json::json;
-use support::{mirror_nodes, spec, KubeConfig, Through, Watch};
+use support::{mirror_nodes, spec, KubeConfig, Through, Watch, WAIT};
+use tokio::sync::watch;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_lifecycle_appears_as_observations() {
@@ -282,6 +283,111 @@ async fn pod_lifecycle_appears_as_observations() {
         "--force",
         "--wait=false",
     ]);
+    cp.kubectl(&["delete", "node", &node]);
+}
+
+/// A changed spec (the policy in force changed) restarts only the watches
+/// it changes: a new pod selector lists the pods it selects and leaves gone
+/// those it no longer selects, while the node watch goes on undisturbed; a
+/// spec without a pod selector leaves every pod gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_spec_restarts_only_the_watches_it_changes() {
+    let cp = shared();
+    let run = unique("respec");
+    let moved = format!("{run}-b");
+    let (node, p1, p2) = (unique("rnode"), unique("pod"), unique("pod"));
+    cp.create(&node_obj(&node, &run, "z1"));
+    cp.create(&pod_obj(&p1, &run, Some(&node)));
+    let mut other = pod_obj(&p2, &run, Some(&node));
+    other["metadata"]["labels"][TEST_LABEL] = json!(moved);
+    cp.create(&other);
+    let first = spec(&run);
+    let (specs, rx) = watch::channel(first.clone());
+    let mut w = Watch::following(cp.kube_config().await, rx);
+    // Both first listings, in whatever order they come.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let listed = |seen: &[Event], domain: Domain| {
+        seen.iter()
+            .any(|e| matches!(e, Event::SyncDone { domain: d } if *d == domain))
+    };
+    while !(listed(&w.seen, Domain::KubePods) && listed(&w.seen, Domain::KubeNodes)) {
+        assert!(w.recv(deadline).await.is_some(), "{}", w.history());
+    }
+    assert!(
+        w.seen
+            .iter()
+            .any(|e| matches!(e, Event::KubePod(p) if p.name == p1)),
+        "{}",
+        w.history()
+    );
+    w.quiet(Duration::from_secs(1)).await;
+
+    let show = |events: &[Event]| -> Vec<String> { events.iter().map(Event::summary).collect() };
+    let from = w.seen.len();
+    let mut second = first.clone();
+    second.pod_selector = Some(format!("{TEST_LABEL}={moved}"));
+    specs.send(second.clone()).unwrap();
+    w.synced(Domain::KubePods).await;
+    w.quiet(Duration::from_secs(1)).await;
+    let after = &w.seen[from..];
+    assert!(
+        matches!(
+            after.first(),
+            Some(Event::SyncStarted {
+                domain: Domain::KubePods
+            })
+        ),
+        "{:#?}",
+        show(after)
+    );
+    assert!(
+        after
+            .iter()
+            .any(|e| matches!(e, Event::KubePod(p) if p.name == p2)),
+        "{:#?}",
+        show(after)
+    );
+    assert!(
+        after
+            .iter()
+            .any(|e| matches!(e, Event::KubePodGone { name, .. } if *name == p1)),
+        "{:#?}",
+        show(after)
+    );
+    assert!(
+        !after
+            .iter()
+            .any(|e| matches!(e, Event::KubePod(p) if p.name == p1)
+                || matches!(
+                    e,
+                    Event::SyncStarted {
+                        domain: Domain::KubeNodes
+                    } | Event::KubeNode(_)
+                )),
+        "the node watch went on: {:#?}",
+        show(after)
+    );
+
+    // The same spec again changes nothing.
+    specs.send(second.clone()).unwrap();
+    assert_eq!(
+        show(&w.quiet(Duration::from_secs(1)).await),
+        Vec::<String>::new()
+    );
+
+    // No pod selector: no pods watched, the ones seen are gone.
+    let mut third = second;
+    third.pod_selector = None;
+    specs.send(third).unwrap();
+    w.next(
+        "the pod gone with its watch",
+        |e| matches!(e, Event::KubePodGone { name, .. } if *name == p2),
+    )
+    .await;
+
+    for p in [&p1, &p2] {
+        cp.kubectl(&["delete", "pod", p, "-n", NS, "--wait=false"]);
+    }
     cp.kubectl(&["delete", "node", &node]);
 }
 

@@ -9,6 +9,9 @@
 //! Who acts: every instance folds the log; only the acting one (the holder
 //! of the leader Lease, once caught up with the log; every instance when
 //! leader election is off) observes, publishes and carries out actions.
+//! That is its `Role`: a follower competes for the Lease, a candidate
+//! holds it and catches up, a leader acts, with everything it runs for that
+//! in one `JoinSet` that stops with the leadership (`acting`).
 //! When it starts acting it publishes what the reducer issued that was
 //! never published (a batch committed just before a crash, the last moments
 //! of a previous leader) and carries out those still in flight. An action
@@ -18,6 +21,10 @@
 //! crashed or took over; one that was published but lost with its
 //! publisher gets no outcome, and the reducer retries it after
 //! `actions.timeout_s` of log time under a new id.
+//!
+//! The policy reaches the connectors as it reaches the engine: from the
+//! log's `PolicyChanged` records. When one is applied, the Kubernetes
+//! watches whose parameters it changes restart under it.
 //!
 //! This loop owns the engine. It never decides anything itself.
 

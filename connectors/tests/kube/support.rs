@@ -13,7 +13,7 @@ use lockstep_schemas::{
 };
 use lockstep_testkit::kube::{ControlPlane, NS, TEST_LABEL, ZONE};
 use lockstep_testkit::Proxy;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// A kube client configuration for a control plane, read with lockstep's
 /// own loader.
@@ -100,7 +100,20 @@ impl Watch {
         }
     }
 
-    async fn recv(&mut self, deadline: tokio::time::Instant) -> Option<Event> {
+    /// An observer that watches what `specs` names, as the service runs it.
+    pub fn following(config: kube::Config, specs: watch::Receiver<ObserveSpec>) -> Self {
+        let spec = specs.borrow().clone();
+        let observer = Observer::new(config, spec, test_observer_config()).expect("observer");
+        let (tx, rx) = mpsc::channel(1024);
+        Self {
+            rx,
+            seen: Vec::new(),
+            task: tokio::spawn(observer.run_following(specs, tx)),
+        }
+    }
+
+    /// The next event, if one comes before `deadline`.
+    pub async fn recv(&mut self, deadline: tokio::time::Instant) -> Option<Event> {
         match tokio::time::timeout_at(deadline, self.rx.recv()).await {
             Ok(Some(Observation {
                 source,
