@@ -1,7 +1,8 @@
 //! Figures of `lockstep run` against a real nats-server, for the README:
 //! end-to-end publish -> apply throughput, restart and catch-up of a large
-//! log with and without a checkpoint, and resident memory with 50,000 Slurm
-//! nodes in state.
+//! log with a checkpoint at its head, with one a whole checkpoint interval
+//! behind it (a crash just before the next checkpoint: the worst recovery)
+//! and without one, and resident memory with 50,000 Slurm nodes in state.
 //!
 //! ```sh
 //! cargo build --release --bin lockstep
@@ -90,13 +91,17 @@ fn rss_mib(pid: u32) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// The service's default checkpoint cadence (`[service]
+/// checkpoint_every_records`; also every 30 s).
+const CHECKPOINT_EVERY: usize = 100_000;
+
 fn config(dir: &Path, nats: &str, port: u16) -> PathBuf {
     let path = dir.join("lockstep.toml");
     let replicas = if nats.contains(',') { 3 } else { 1 };
     std::fs::write(
         &path,
         format!(
-            "data_dir = \"data\"\n[log]\nnats_url = \"{nats}\"\nreplicas = {replicas}\nmax_bytes = -1\n[service]\nbatch_max = 4096\ntick_interval_ms = 60000\ncheckpoint_every_records = 200000\ncheckpoint_every_ms = 60000\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
+            "data_dir = \"data\"\n[log]\nnats_url = \"{nats}\"\nreplicas = {replicas}\nmax_bytes = -1\n[service]\nbatch_max = 4096\ntick_interval_ms = 60000\ncheckpoint_every_records = {CHECKPOINT_EVERY}\ncheckpoint_every_ms = 30000\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
         ),
     )
     .unwrap();
@@ -145,13 +150,16 @@ fn main() {
     let mut g = Generator::new(Shape::plain(10_000, 4), 42);
     g.steady_state(events.saturating_sub(g.records().len()));
     let records = g.into_records();
+    // The last checkpoint interval is published while the service is down.
+    let behind = (CHECKPOINT_EVERY - 1).min(records.len() / 2);
+    let (records, rest) = records.split_at(records.len() - behind);
     let dir = temp_dir("service-figures");
     let port = free_port();
     let cfg = config(&dir, &nats.url(), port);
     let mut child = start(&cfg);
     std::thread::sleep(Duration::from_millis(500));
     let t = Instant::now();
-    let published = rt.block_on(publish(&log, &records));
+    let published = rt.block_on(publish(&log, records));
     let head = rt.block_on(log.head()).unwrap();
     wait_applied(port, head, Duration::from_secs(600));
     let total = t.elapsed();
@@ -176,7 +184,20 @@ fn main() {
     );
     stop(&mut child);
 
-    // 3. Restart without it: rebuild from the whole log.
+    // 3. A crash just before the next checkpoint: the checkpoint is one
+    // interval (less one record) behind the log's head.
+    rt.block_on(publish(&log, rest));
+    let head = rt.block_on(log.head()).unwrap();
+    let t = Instant::now();
+    let mut child = start(&cfg);
+    wait_applied(port, head, Duration::from_secs(600));
+    println!(
+        "restart with the checkpoint {behind} records behind the head (seq {head}): caught up in {:.2} s from process start",
+        t.elapsed().as_secs_f64()
+    );
+    stop(&mut child);
+
+    // 4. Restart without it: rebuild from the whole log.
     std::fs::remove_dir_all(dir.join("data/store")).unwrap();
     let t = Instant::now();
     let mut child = start(&cfg);
@@ -189,7 +210,7 @@ fn main() {
     drop(nats);
     let _ = std::fs::remove_dir_all(&dir);
 
-    // 4. Memory with a large model.
+    // 5. Memory with a large model.
     let nats = NatsServer::start();
     let log = rt
         .block_on(EventLog::connect_nats(
