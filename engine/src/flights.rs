@@ -291,6 +291,12 @@ impl Flights {
             .is_some_and(|slots| slots.iter().any(|(a, _)| aspect(a)))
     }
 
+    /// Whether no slot of an owner holds anything: one look-up that spares
+    /// the evaluation of an object with nothing in flight one per aspect.
+    pub fn idle(&self, owner: Owner, name: &str) -> bool {
+        !self.shard(owner).contains_key(name)
+    }
+
     /// Brings the slot of `key` in line with what is wanted ([`Slot::reconcile`]):
     /// made when something is wanted, dropped once it holds nothing.
     pub fn reconcile(

@@ -55,11 +55,15 @@ impl Engine {
         let cluster = &mut self.damping.drains;
         let visible = self.model.slurm_visible;
         let flights = &mut self.flights;
+        // Nothing in flight on the node (the common case): no aspect needs a
+        // look-up unless something is wanted of it.
+        let idle = flights.idle(Owner::SlurmNode, name);
         let node = Node {
             name,
             view: &view,
             slurm,
             side,
+            idle,
         };
         decide_state(
             &node, ctl, flights, &causes, visible, cluster, policy, ctx, &mut wake, out,
@@ -86,6 +90,9 @@ impl Engine {
                     cause: ctx.event,
                     rule: rule.name(),
                 };
+                if want.is_none() && idle {
+                    continue;
+                }
                 let key = Key::Slurm(name, aspect);
                 let (_, w) =
                     flights.reconcile(key, want, &issue, &policy.actions, &mut out.actions);
@@ -104,7 +111,8 @@ impl Engine {
         let flights = &mut self.flights;
         if let Some((key, pod)) = pod_key {
             let busy = || self.model.jobs_on(name) > 0 || scaling::slurm_busy(slurm);
-            let holds = |a: AspectRef<'_>| flights.holds(Key::Pod(key, a));
+            let pod_idle = flights.idle(Owner::Pod, key);
+            let holds = |a: AspectRef<'_>| !pod_idle && flights.holds(Key::Pod(key, a));
             let wants: Vec<Want<'_>> =
                 shown::pod_wants(pod, slurm, side, shown, busy, policy, &self.retired, holds);
             for (aspect, want, rule) in wants {
@@ -172,6 +180,8 @@ struct Node<'a> {
     view: &'a NodeView<'a>,
     slurm: &'a SlurmNode,
     side: SlurmSide,
+    /// No action of it is in flight.
+    idle: bool,
 }
 
 /// The cause table, in its order: drain rows 1-4 (`drain`), the maintenance
@@ -307,6 +317,7 @@ fn decide_state(
         view,
         slurm,
         side,
+        idle,
     } = *node;
     let key = Key::Slurm(name, AspectRef::State);
     let now = ctx.now_ms;
@@ -360,7 +371,7 @@ fn decide_state(
     let mut gave_up = None;
     if !slurm_visible {
         rule = Rule::SlurmInvisible;
-    } else if act {
+    } else if act && !(idle && action.is_none()) {
         let before = out.actions.len();
         let issue = Issue {
             seq: ctx.seq,
