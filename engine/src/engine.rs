@@ -111,6 +111,18 @@ struct Ctx<'a> {
     event: &'a EventId,
 }
 
+impl<'a> Ctx<'a> {
+    /// An action `rule` wants because of this record.
+    fn issue(&self, rule: Rule) -> Issue<'a> {
+        Issue {
+            seq: self.seq,
+            now_ms: self.now_ms,
+            cause: self.event,
+            rule: rule.name(),
+        }
+    }
+}
+
 /// The reducer.
 ///
 /// Feed it records in sequence order with [`Engine::apply`]; read what it

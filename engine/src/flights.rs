@@ -38,6 +38,7 @@ use lockstep_schemas::{
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use crate::health::min_wake;
 use crate::model::pod_key;
 use crate::slot::{Issue, Slot, Step};
 use crate::sorted;
@@ -317,6 +318,24 @@ impl Flights {
             self.drop_slot(key);
         }
         done
+    }
+
+    /// [`Flights::reconcile`], keeping the earliest time any slot needs
+    /// another look in `wake`.
+    pub fn bring(
+        &mut self,
+        key: Key<'_>,
+        want: Option<Action>,
+        issue: &Issue<'_>,
+        policy: &ActionPolicy,
+        out: &mut Vec<IssuedAction>,
+        wake: &mut Option<u64>,
+    ) -> Step {
+        let (step, at) = self.reconcile(key, want, issue, policy, out);
+        if let Some(at) = at {
+            min_wake(wake, at);
+        }
+        step
     }
 
     /// Forgets what the slot of `key` holds.

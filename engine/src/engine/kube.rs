@@ -41,19 +41,16 @@ impl Engine {
         }
         let mut wake = None;
         for (aspect, want, rule) in wants {
-            let issue = Issue {
-                seq: ctx.seq,
-                now_ms: ctx.now_ms,
-                cause: ctx.event,
-                rule: rule.name(),
-            };
+            let issue = ctx.issue(rule);
             let key = Key::Kube(name, aspect);
-            let (_, w) =
-                self.flights
-                    .reconcile(key, want, &issue, &policy.actions, &mut out.actions);
-            if let Some(w) = w {
-                min_wake(&mut wake, w);
-            }
+            self.flights.bring(
+                key,
+                want,
+                &issue,
+                &policy.actions,
+                &mut out.actions,
+                &mut wake,
+            );
         }
         self.timers.set(WakeOf::Kube(name), wake);
     }

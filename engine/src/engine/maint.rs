@@ -47,31 +47,27 @@ impl Engine {
             None => [("", None), ("", None)],
         };
         self.scratch.names = names;
-        let issue = |rule: Rule| Issue {
-            seq: ctx.seq,
-            now_ms: now,
-            cause: ctx.event,
-            rule: rule.name(),
-        };
         let flights = &mut self.flights;
         let key = Key::Kube(kube, AspectRef::Reservation);
-        let (_, w) = flights.reconcile(
+        flights.bring(
             key,
             reservation,
-            &issue(rule),
+            &ctx.issue(rule),
             &policy.actions,
             &mut out.actions,
+            &mut wake,
         );
-        if let Some(w) = w {
-            min_wake(&mut wake, w);
-        }
         for (t, want) in conditions.into_iter().filter(|(t, _)| !t.is_empty()) {
             let key = Key::Kube(kube, AspectRef::Condition(t));
-            let issue = issue(Rule::DrainConditions);
-            let (_, w) = flights.reconcile(key, want, &issue, &policy.actions, &mut out.actions);
-            if let Some(w) = w {
-                min_wake(&mut wake, w);
-            }
+            let issue = ctx.issue(Rule::DrainConditions);
+            flights.bring(
+                key,
+                want,
+                &issue,
+                &policy.actions,
+                &mut out.actions,
+                &mut wake,
+            );
         }
         self.timers.set(WakeOf::Maint(kube), wake);
     }

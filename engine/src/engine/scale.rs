@@ -360,20 +360,11 @@ impl Engine {
                     uid: v.uid.clone(),
                 }
             });
-            let issue = Issue {
-                seq: ctx.seq,
-                now_ms: ctx.now_ms,
-                cause: ctx.event,
-                rule: Rule::DeletePod.name(),
-            };
+            let issue = ctx.issue(Rule::DeletePod);
             let key = Key::Pod(&v.pod_key, AspectRef::Delete);
             let policy = &self.policy.actions;
-            let (_, w) = self
-                .flights
-                .reconcile(key, want, &issue, policy, &mut out.actions);
-            if let Some(w) = w {
-                min_wake(wake, w);
-            }
+            self.flights
+                .bring(key, want, &issue, policy, &mut out.actions, wake);
         }
     }
 
@@ -393,20 +384,11 @@ impl Engine {
             };
             let marked = planned.plan.mark.contains(key);
             let want = scaling::cost_want(&entry.obs, marked);
-            let issue = Issue {
-                seq: ctx.seq,
-                now_ms: ctx.now_ms,
-                cause: ctx.event,
-                rule: Rule::DeletionCost.name(),
-            };
+            let issue = ctx.issue(Rule::DeletionCost);
             let key = Key::Pod(key, AspectRef::Label(cost_key));
             let policy = &self.policy.actions;
-            let (_, w) = self
-                .flights
-                .reconcile(key, want, &issue, policy, &mut out.actions);
-            if let Some(w) = w {
-                min_wake(wake, w);
-            }
+            self.flights
+                .bring(key, want, &issue, policy, &mut out.actions, wake);
         }
     }
 
@@ -569,12 +551,8 @@ impl<'p> Victims<'_, 'p> {
                 rule: Rule::Replace.name(),
             };
             let key = Key::Pod(&v.pod_key, AspectRef::Delete);
-            let (_, w) = self
-                .flights
-                .reconcile(key, want, &issue, policy, &mut out.actions);
-            if let Some(w) = w {
-                min_wake(wake, w);
-            }
+            self.flights
+                .bring(key, want, &issue, policy, &mut out.actions, wake);
         }
     }
 
@@ -671,15 +649,12 @@ pub(super) fn reconcile_replicas(
     };
     let before = out.actions.len();
     let key = Key::Scale(&rule.target);
-    let (_, w) = flights.reconcile(key, want, &issue, policy, &mut out.actions);
+    flights.bring(key, want, &issue, policy, &mut out.actions, wake);
     if out.actions[before..]
         .iter()
         .any(|a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current))
     {
         ctl.last_up_ms = Some(now);
-    }
-    if let Some(w) = w {
-        min_wake(wake, w);
     }
 }
 

@@ -84,21 +84,19 @@ impl Engine {
                 (AspectRef::Topology, topology, Rule::Topology),
             ];
             for (aspect, want, rule) in wants {
-                let issue = Issue {
-                    seq: ctx.seq,
-                    now_ms: now,
-                    cause: ctx.event,
-                    rule: rule.name(),
-                };
+                let issue = ctx.issue(rule);
                 if want.is_none() && idle {
                     continue;
                 }
                 let key = Key::Slurm(name, aspect);
-                let (_, w) =
-                    flights.reconcile(key, want, &issue, &policy.actions, &mut out.actions);
-                if let Some(w) = w {
-                    min_wake(&mut wake, w);
-                }
+                flights.bring(
+                    key,
+                    want,
+                    &issue,
+                    &policy.actions,
+                    &mut out.actions,
+                    &mut wake,
+                );
             }
             topology_issue(ctl, name, invalid, ctx, out);
         }
@@ -116,18 +114,16 @@ impl Engine {
             let wants: Vec<Want<'_>> =
                 shown::pod_wants(pod, slurm, side, shown, busy, policy, &self.retired, holds);
             for (aspect, want, rule) in wants {
-                let issue = Issue {
-                    seq: ctx.seq,
-                    now_ms: now,
-                    cause: ctx.event,
-                    rule: rule.name(),
-                };
+                let issue = ctx.issue(rule);
                 let key = Key::Pod(key, aspect);
-                let (_, w) =
-                    flights.reconcile(key, want, &issue, &policy.actions, &mut out.actions);
-                if let Some(w) = w {
-                    min_wake(&mut wake, w);
-                }
+                flights.bring(
+                    key,
+                    want,
+                    &issue,
+                    &policy.actions,
+                    &mut out.actions,
+                    &mut wake,
+                );
             }
         }
 
@@ -379,10 +375,7 @@ fn decide_state(
             cause: cause_event,
             rule: rule.name(),
         };
-        let (step, w) = flights.reconcile(key, action, &issue, &policy.actions, &mut out.actions);
-        if let Some(w) = w {
-            min_wake(wake, w);
-        }
+        let step = flights.bring(key, action, &issue, &policy.actions, &mut out.actions, wake);
         if let Step::GaveUp { attempts, error } = step {
             rule = Rule::GaveUp;
             gave_up = Some(format!("gave up after {attempts} attempts: {error}"));
