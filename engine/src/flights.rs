@@ -292,6 +292,15 @@ impl Flights {
             .is_some_and(|slots| slots.iter().any(|(a, _)| aspect(a)))
     }
 
+    /// Whether a resume of Slurm node `name` is not settled: sent, or done
+    /// but not yet observed. Slurm may start a job on the node any moment,
+    /// whatever the last observation of it says.
+    pub fn resuming(&self, name: &str) -> bool {
+        self.get(Key::Slurm(name, AspectRef::State))
+            .and_then(|s| s.current.as_ref())
+            .is_some_and(|c| matches!(c.action, Action::SlurmResume { .. }))
+    }
+
     /// Whether no slot of an owner holds anything: one look-up that spares
     /// the evaluation of an object with nothing in flight one per aspect.
     pub fn idle(&self, owner: Owner, name: &str) -> bool {

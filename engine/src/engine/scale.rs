@@ -229,6 +229,7 @@ impl Engine {
             rule,
             &self.scaling.idle_since,
             &self.scaling.victims,
+            |slurm| self.flights.resuming(slurm),
             now,
         );
         // Busy Slurm nodes, each once even while two pods claim it (a

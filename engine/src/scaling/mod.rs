@@ -161,7 +161,9 @@ pub(crate) struct PodFacts<'a> {
     pub busy: bool,
     /// Slurm knows its node.
     pub known: bool,
-    /// Its Slurm node is DRAINED.
+    /// Its Slurm node is DRAINED and stays so: no resume of it is in flight
+    /// (a resume sent, or done and not yet observed, lets Slurm start a job
+    /// on it before its pod is gone).
     pub drained: bool,
     pub deleting: bool,
     /// Assigned, Running and Ready.
@@ -232,6 +234,7 @@ pub(crate) fn pod_facts<'a>(
     rule: &ScaleRule,
     idle_since: &FxHashMap<String, u64>,
     victims: &BTreeMap<String, Victim>,
+    resuming: impl Fn(&str) -> bool,
     now: u64,
 ) -> (Vec<PodFacts<'a>>, Vec<u64>) {
     let idle_ms = ms(rule.idle_before_scale_down_s);
@@ -270,7 +273,7 @@ pub(crate) fn pod_facts<'a>(
             jobs,
             busy,
             known: node.is_some(),
-            drained: node.is_some_and(|n| drained(n, jobs)),
+            drained: node.is_some_and(|n| drained(n, jobs)) && !resuming(slurm),
             deleting: p.deleting,
             serving: p.running_and_ready() && p.node_name.is_some(),
             idle_enough,
