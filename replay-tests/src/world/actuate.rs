@@ -295,12 +295,23 @@ impl World {
             return;
         }
         let since = issued_ms.saturating_sub(self.cfg.observation_lag_ms);
-        let wanted = self
+        // Pods on the node now, or removed from it since lockstep last
+        // looked.
+        let on_node = self
             .kube
             .pods
             .values()
             .filter(|p| p.node.as_deref() == Some(node))
-            .filter_map(|p| self.slurm.nodes.get(&p.name))
+            .map(|p| &p.name)
+            .chain(
+                self.kube
+                    .removed_from
+                    .iter()
+                    .filter(|(_, n, at)| n == node && *at >= since)
+                    .map(|(pod, _, _)| pod),
+            );
+        let wanted = on_node
+            .filter_map(|pod| self.slurm.nodes.get(pod))
             .any(|n| n.unhealthy_since(since));
         if !wanted {
             let unhealthy: Vec<&str> = self

@@ -193,6 +193,10 @@ pub(crate) struct Kube {
     pub sets: Vec<Workload>,
     /// Since when each pod name has had no pod that is up.
     pub pod_down_since: BTreeMap<String, Ms>,
+    /// Removed pods that were bound to a node: pod name, node, when. What
+    /// a controller saw on a node a moment ago may be gone by the time its
+    /// action arrives.
+    pub removed_from: Vec<(String, String, Ms)>,
     uids: u64,
     controllers_due: bool,
 }
@@ -377,7 +381,10 @@ impl World {
             self.kube.rv += 1;
             let rv = self.kube.rv;
             self.obs_gone(Kind::Pods, name.to_owned(), rv);
-            drop(p);
+            if let Some(node) = p.node {
+                let now = self.now;
+                self.kube.removed_from.push((p.name, node, now));
+            }
         }
         self.refresh_pod_down(name);
         self.controllers_soon();
