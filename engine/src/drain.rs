@@ -238,11 +238,15 @@ pub(crate) fn state_want(
     };
     let down = primary.is_health() && policy.health.action == HealthAction::Down;
     let reason = format!("{} {}", policy.drain.reason_prefix, primary.describe(view));
-    let shown = if down {
-        side.down
-    } else {
-        side.drained || (side.down && side.owned)
-    };
+    // What Slurm shows before lockstep's own action on it shows is about to
+    // change: a cause back while a resume is on its way takes the node out
+    // again, and a drain sent for a new cause waits to be seen.
+    let shown = !side.unseen
+        && if down {
+            side.down
+        } else {
+            side.drained || (side.down && side.owned)
+        };
     // A cause that names itself rewrites only lockstep's own reason: a drain
     // somebody else set already keeps the node out, and its reason is
     // theirs (replacing it would make it lockstep's, to be resumed later).
@@ -332,6 +336,10 @@ pub(crate) struct SlurmSide {
     /// `state=DOWN` (a drain lockstep made that Slurm then took DOWN is
     /// unhealthy: slurmd stopped answering under it).
     pub unhealthy: bool,
+    /// lockstep's last drain, down or resume of it (sent, done, or failed
+    /// and to be tried again) does not show yet ([`SlurmSide::see`]): what Slurm shows is about to change,
+    /// so it satisfies no cause.
+    pub unseen: bool,
 }
 
 impl SlurmSide {
@@ -348,6 +356,7 @@ impl SlurmSide {
             down,
             owned,
             unhealthy,
+            unseen: false,
         }
     }
 
@@ -359,6 +368,30 @@ impl SlurmSide {
     /// Out of service by lockstep's doing.
     pub fn owned_out(self) -> bool {
         self.owned
+    }
+
+    /// Marks the node `unseen` when Slurm does not show the effect of
+    /// `action`, lockstep's drain, down or resume of it still in flight: a
+    /// drain or down shows with its reason (slurmctld may append to it) or
+    /// with somebody else's (theirs keeps the node out as well; lockstep's
+    /// own with an earlier reason may be from before a resume), a resume
+    /// once lockstep's drain or down is gone.
+    #[must_use]
+    pub fn see(mut self, action: Option<&Action>, node: &SlurmNode) -> Self {
+        let with_reason = |reason: &str| {
+            !self.owned
+                || node
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with(reason))
+        };
+        self.unseen = match action {
+            Some(Action::SlurmDrain { reason, .. }) => !(self.drained && with_reason(reason)),
+            Some(Action::SlurmDown { reason, .. }) => !(self.down && with_reason(reason)),
+            Some(Action::SlurmResume { .. }) => self.owned_out(),
+            _ => false,
+        };
+        self
     }
 }
 
@@ -610,6 +643,47 @@ mod tests {
         }
     }
 
+    /// Whether lockstep's own action in flight shows, one case per line:
+    /// (action, Slurm shows) -> unseen.
+    #[test]
+    fn seen_rows_table() {
+        use SlurmBaseState::{Down, Idle};
+        use SlurmNodeFlag::{Drain, NotResponding};
+        let drain = |r: &str| Action::SlurmDrain {
+            node: "n1".into(),
+            reason: r.into(),
+        };
+        let down = |r: &str| Action::SlurmDown {
+            node: "n1".into(),
+            reason: r.into(),
+        };
+        let resume = Action::SlurmResume { node: "n1".into() };
+        #[rustfmt::skip]
+        let rows: &[(Option<Action>, SlurmNode, bool)] = &[
+            (None, node(Idle, &[Drain], Some("lockstep: a")), false),
+            (Some(drain("lockstep: a")), node(Idle, &[Drain], Some("lockstep: a")), false),
+            // lockstep's drain for an earlier cause, maybe from before a resume
+            (Some(drain("lockstep: a")), node(Idle, &[Drain], Some("lockstep: b")), true),
+            // somebody else's drain keeps the node out as well
+            (Some(drain("lockstep: a")), node(Idle, &[Drain], Some("bad dimm")), false),
+            (Some(drain("lockstep: a")), node(Idle, &[], None), true),
+            (Some(down("lockstep: a")), node(Down, &[NotResponding], Some("lockstep: a : Not responding")), false),
+            (Some(down("lockstep: a")), node(Idle, &[], None), true),
+            (Some(resume.clone()), node(Idle, &[Drain], Some("lockstep: a")), true),
+            (Some(resume.clone()), node(Idle, &[], None), false),
+            (Some(resume), node(Idle, &[Drain], Some("bad dimm")), false),
+        ];
+        let own = Ownership {
+            prefix: "lockstep:",
+            earlier_prefixes: &[],
+            slurm_user: None,
+        };
+        for (i, (action, n, unseen)) in rows.iter().enumerate() {
+            let side = SlurmSide::of(n, &own).see(action.as_ref(), n);
+            assert_eq!(side.unseen, *unseen, "row {i}");
+        }
+    }
+
     /// The state rows, one case per line: (cause, Slurm shows (drained,
     /// down, owned, unhealthy), before, damping holds) -> (phase, rule,
     /// action).
@@ -622,6 +696,7 @@ mod tests {
             down: dn,
             owned: o,
             unhealthy: u,
+            unseen: false,
         };
         let (none, out_owned, out_other) = (
             side(false, false, false, false),
@@ -649,6 +724,8 @@ mod tests {
             (Some(Cause::Health(HealthCause::NotReady)), none, fresh, None, (Dg, Rule::NotReady, Some("slurm_drain"))),
             // names itself: lockstep's drain for another cause says so
             (Some(Cause::Health(HealthCause::KubeNodeGone)), out_owned, drained, None, (Dg, Rule::KubeNodeGone, Some("slurm_drain"))),
+            // a cause back while lockstep's resume (or another drain) is on its way
+            (Some(Cause::Scaling(VictimKind::ScaleIn)), SlurmSide { unseen: true, ..out_owned }, (Rs, Rule::CauseCleared, false), None, (Dg, Rule::ScaleIn, Some("slurm_drain"))),
             (None, out_owned, drained, None, (Rs, Rule::CauseCleared, Some("slurm_resume"))),
             (None, out_owned, drained, hold, (Rs, Rule::FlapHold, None)),
             (None, out_other, fresh, None, (Fd, Rule::ForeignDrain, None)),

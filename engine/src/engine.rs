@@ -250,6 +250,19 @@ impl Engine {
         }
     }
 
+    /// Whether what Slurm shows of node `name` is about to change: the effect
+    /// of lockstep's last drain, down or resume of it does not show yet.
+    fn slurm_unseen(&self, name: &str) -> bool {
+        let Some(action) = self.flights.state_action(name) else {
+            return false;
+        };
+        self.model.slurm_nodes.get(name).is_some_and(|n| {
+            SlurmSide::of(&n.obs, &self.ownership())
+                .see(Some(action), &n.obs)
+                .unseen
+        })
+    }
+
     /// Sequence of the last applied record (0 before the first).
     pub fn last_seq(&self) -> u64 {
         self.last_seq

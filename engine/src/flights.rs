@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::health::min_wake;
 use crate::model::pod_key;
-use crate::slot::{Issue, Slot, Step};
+use crate::slot::{Flight, Issue, Slot, Step};
 use crate::sorted;
 use crate::units::after_ms;
 
@@ -292,13 +292,15 @@ impl Flights {
             .is_some_and(|slots| slots.iter().any(|(a, _)| aspect(a)))
     }
 
-    /// Whether a resume of Slurm node `name` is not settled: sent, or done
-    /// but not yet observed. Slurm may start a job on the node any moment,
-    /// whatever the last observation of it says.
-    pub fn resuming(&self, name: &str) -> bool {
+    /// lockstep's last drain, down or resume of Slurm node `name` while it
+    /// is not settled and not given up: sent, done, or failed and to be
+    /// tried again (a failure may be a timeout of an action that took
+    /// effect).
+    pub fn state_action(&self, name: &str) -> Option<&Action> {
         self.get(Key::Slurm(name, AspectRef::State))
             .and_then(|s| s.current.as_ref())
-            .is_some_and(|c| matches!(c.action, Action::SlurmResume { .. }))
+            .filter(|c| !matches!(c.flight, Flight::GaveUp { .. }))
+            .map(|c| &c.action)
     }
 
     /// Whether no slot of an owner holds anything: one look-up that spares

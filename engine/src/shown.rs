@@ -453,6 +453,7 @@ mod tests {
             down: n.state == Down,
             owned,
             unhealthy: n.state == Down && !owned,
+            unseen: false,
         };
         let fd = ("SlurmNodeDrained", T);
         let hc_false = ("SlurmNodeHealthy", F);

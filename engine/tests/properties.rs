@@ -810,6 +810,21 @@ fn the_operations_reach_scale_in() {
     }
 }
 
+/// The log of `ops` with every drain of lockstep's showing the reason of a
+/// scale-in drain, as Slurm shows the drain lockstep set (lockstep waits to
+/// see its own drain before it trusts a node to be out).
+fn with_scale_in_reasons(ops: &[Op]) -> Vec<EventRecord> {
+    let mut recs = build_log(ops);
+    for rec in &mut recs {
+        if let Event::SlurmNode(n) = &mut rec.envelope.event {
+            if n.reason.as_deref() == Some(&format!("{PREFIX} test")) {
+                n.reason = Some(format!("{PREFIX} scale-in"));
+            }
+        }
+    }
+    recs
+}
+
 fn scale_in_run(delete_pod: bool) -> Vec<lockstep_schemas::ActionKind> {
     let mut ops = vec![
         Op::Policy {
@@ -847,8 +862,7 @@ fn scale_in_run(delete_pod: bool) -> Vec<lockstep_schemas::ActionKind> {
         });
     }
     ops.push(Op::Advance { s: 2 });
-    let recs = build_log(&ops);
-    let run = run_once(&recs);
+    let run = run_once(&with_scale_in_reasons(&ops));
     run.actions.iter().map(|a| a.action.kind()).collect()
 }
 

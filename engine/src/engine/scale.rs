@@ -229,7 +229,7 @@ impl Engine {
             rule,
             &self.scaling.idle_since,
             &self.scaling.victims,
-            |slurm| self.flights.resuming(slurm),
+            |slurm| self.slurm_unseen(slurm),
             now,
         );
         // Busy Slurm nodes, each once even while two pods claim it (a

@@ -33,7 +33,8 @@ impl Engine {
             self.scratch.causes = causes;
             return;
         };
-        let side = SlurmSide::of(slurm, &self.ownership());
+        let side =
+            SlurmSide::of(slurm, &self.ownership()).see(self.flights.state_action(name), slurm);
         if !self.ctl.contains_key(name) {
             self.ctl.insert(name.to_owned(), NodeCtl::default());
             let state = |a: &Aspect| *a == Aspect::State;

@@ -39,8 +39,8 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use lockstep_schemas::{
-    Action, KubePod, Policy, Removal, ScaleRule, ScaleTargetRef, SlurmBaseState, SlurmJob,
-    SlurmJobState, SlurmNode, SlurmNodeFlag,
+    Action, ConditionStatus, KubePod, Policy, Removal, ScaleRule, ScaleTargetRef, SlurmBaseState,
+    SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
@@ -161,12 +161,15 @@ pub(crate) struct PodFacts<'a> {
     pub busy: bool,
     /// Slurm knows its node.
     pub known: bool,
-    /// Its Slurm node is DRAINED and stays so: no resume of it is in flight
-    /// (a resume sent, or done and not yet observed, lets Slurm start a job
-    /// on it before its pod is gone).
+    /// Its Slurm node is DRAINED, and lockstep's last drain, down or resume
+    /// of it shows (a resume sent, or done and not yet seen, lets Slurm
+    /// start a job on it before its pod is gone; a drain sent after it
+    /// may come too late).
     pub drained: bool,
     pub deleting: bool,
-    /// Assigned, Running and Ready.
+    /// Assigned, Running and Ready, on a Kubernetes node that is Ready (the
+    /// node lifecycle controller marks every pod of a node that is not
+    /// Ready not ready, and a controller removes not-ready pods first).
     pub serving: bool,
     /// Its Slurm node has been idle for `idle_before_scale_down_s`.
     pub idle_enough: bool,
@@ -234,7 +237,7 @@ pub(crate) fn pod_facts<'a>(
     rule: &ScaleRule,
     idle_since: &FxHashMap<String, u64>,
     victims: &BTreeMap<String, Victim>,
-    resuming: impl Fn(&str) -> bool,
+    unseen: impl Fn(&str) -> bool,
     now: u64,
 ) -> (Vec<PodFacts<'a>>, Vec<u64>) {
     let idle_ms = ms(rule.idle_before_scale_down_s);
@@ -273,9 +276,15 @@ pub(crate) fn pod_facts<'a>(
             jobs,
             busy,
             known: node.is_some(),
-            drained: node.is_some_and(|n| drained(n, jobs)) && !resuming(slurm),
+            drained: node.is_some_and(|n| drained(n, jobs)) && !unseen(slurm),
             deleting: p.deleting,
-            serving: p.running_and_ready() && p.node_name.is_some(),
+            serving: p.running_and_ready()
+                && p.node_name.as_deref().is_some_and(|n| {
+                    model
+                        .kube_nodes
+                        .get(n)
+                        .is_none_or(|k| k.obs.ready == ConditionStatus::True)
+                }),
             idle_enough,
             cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
             revision: p.revision.as_deref(),
