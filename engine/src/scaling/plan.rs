@@ -153,10 +153,25 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
         .collect();
     plan.victims
         .extend(leaving.iter().map(|p| p.slurm.to_owned()));
+    // `replicas` already lowered past marked victims whose pods are not
+    // seen going yet: the controller removes them next, whatever the
+    // demand says now, so they stay victims, and marked, until gone.
+    let live = s.pods.iter().filter(|p| !p.deleting).count() as u32;
+    let mut doomed: Vec<&PodFacts> = s
+        .pods
+        .iter()
+        .filter(|p| !p.deleting && s.victims.contains(&p.slurm))
+        .filter(|p| p.cost == Some(victim_cost))
+        .collect();
+    doomed.sort_by(|a, b| victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
+    doomed.truncate(live.saturating_sub(s.current) as usize);
+    plan.victims
+        .extend(doomed.iter().map(|p| p.slurm.to_owned()));
     let mut kept: Vec<&PodFacts> = s
         .pods
         .iter()
         .filter(|p| !p.deleting && s.victims.contains(&p.slurm))
+        .filter(|p| !doomed.iter().any(|d| d.key == p.key))
         .filter(|p| p.why_not_removable().is_none())
         .collect();
     kept.sort_by(|a, b| victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
@@ -173,10 +188,14 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
         kept.extend(fresh);
     }
     plan.victims.extend(kept.iter().map(|p| p.slurm.to_owned()));
-    plan.mark = kept
+    plan.mark = doomed
         .iter()
-        .filter(|p| p.safe_to_remove())
         .map(|p| p.key.to_owned())
+        .chain(
+            kept.iter()
+                .filter(|p| p.safe_to_remove())
+                .map(|p| p.key.to_owned()),
+        )
         .collect();
     // Lower only when the controller can pick nothing but the marked,
     // DRAINED victims: every other pod serves and costs more, none is on
