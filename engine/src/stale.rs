@@ -15,6 +15,7 @@
 //! | 3   | the object is not held, a tombstone says it was deleted at version >= incoming | ignored: a deleted object does not come back |
 //! | 4   | otherwise                                                        | applied                |
 //! | 5   | a Kubernetes node at the held version that looked for fewer label keys than the held copy (taken under an earlier policy) | counts as listed; the held copy is kept |
+//! | 6   | a deletion of version 0 (inferred from a full listing) outside a listing of its kind, of an object held at a known version | ignored: a late copy of one; connectors infer deletions only between `SyncStarted` and `SyncDone` (logs from before versions, all 0, keep row 1) |
 //!
 //! An observation equal in version to the one held is applied: it says
 //! nothing new, so it changes nothing, except inside a relist, where it
@@ -69,6 +70,12 @@ pub(crate) fn reads_at_least(incoming: &Option<Vec<String>>, held: &Option<Vec<S
 /// Row 2: an observation (or deletion) older than the one held.
 pub(crate) fn older_than_held(incoming: u64, held: Option<u64>) -> bool {
     incoming != 0 && held.is_some_and(|h| h != 0 && incoming < h)
+}
+
+/// Row 6: a deletion a full listing inferred (version 0) arriving while no
+/// listing of its kind is in progress, of an object held at a known version.
+pub(crate) fn inferred_outside_listing(incoming: u64, listing: bool, held: Option<u64>) -> bool {
+    incoming == 0 && !listing && held.is_some_and(|h| h != 0)
 }
 
 /// Row 3: an observation of a deleted object, not newer than its deletion.
@@ -176,6 +183,22 @@ mod tests {
                 None => buried(incoming, tomb),
             };
             assert_eq!(got, ignored, "{incoming} {held:?} {tomb:?}");
+        }
+    }
+
+    #[test]
+    fn inferred_deletions_table() {
+        // (incoming, listing in progress, held) -> ignored
+        let rows: &[(u64, bool, Option<u64>, bool)] = &[
+            (0, true, Some(9), false),   // inferred by the listing under way
+            (0, false, Some(9), true),   // a late copy of an inferred deletion
+            (0, false, Some(0), false),  // held unversioned (an old log): row 1
+            (0, false, None, false),     // not held: nothing to undo
+            (12, false, Some(9), false), // a watched deletion, with its version
+        ];
+        for &(incoming, listing, held, ignored) in rows {
+            let got = inferred_outside_listing(incoming, listing, held);
+            assert_eq!(got, ignored, "{incoming} {listing} {held:?}");
         }
     }
 

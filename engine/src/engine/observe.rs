@@ -106,15 +106,22 @@ impl Engine {
         if stale::older_than_held(version, held) {
             return true;
         }
-        let gone = matches!(
-            event,
-            Event::SlurmNodeGone { .. }
-                | Event::SlurmJobGone { .. }
-                | Event::SlurmPartitionGone { .. }
-                | Event::KubeNodeGone { .. }
-                | Event::KubePodGone { .. }
-                | Event::KubeScaleTargetGone { .. }
-        );
+        let gone_from = match event {
+            Event::SlurmNodeGone { .. } => Some(Domain::SlurmNodes),
+            Event::SlurmJobGone { .. } => Some(Domain::SlurmJobs),
+            Event::SlurmPartitionGone { .. } => Some(Domain::SlurmPartitions),
+            Event::KubeNodeGone { .. } => Some(Domain::KubeNodes),
+            Event::KubePodGone { .. } => Some(Domain::KubePods),
+            Event::KubeScaleTargetGone { .. } => Some(Domain::KubeScaleTargets),
+            _ => None,
+        };
+        let gone = gone_from.is_some();
+        if let Some(domain) = gone_from {
+            let listing = self.model.sync[domain_index(domain)].listing;
+            if stale::inferred_outside_listing(version, listing, held) {
+                return true;
+            }
+        }
         if held.is_none() && stale::buried(version, self.tombstones.version(&key, now_ms)) {
             // Deleted since: an observation, or an older deletion, of it.
             return true;
