@@ -4,6 +4,7 @@
 //! is due.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::io::{Read, Write};
 
 use lockstep_schemas::{
     Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
@@ -178,6 +179,21 @@ struct Scratch {
     names: Vec<String>,
 }
 
+/// Feeds what is written to a SHA-256: [`Engine::hash`] without the
+/// snapshot's bytes in memory.
+struct HashWriter(Sha256);
+
+impl Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Errors restoring a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -323,12 +339,29 @@ impl Engine {
 
     /// The whole state as named-field MessagePack, maps in key order.
     pub fn snapshot(&self) -> Vec<u8> {
-        rmp_serde::to_vec_named(self).expect("engine state always encodes")
+        let mut bytes = Vec::new();
+        self.snapshot_to(&mut bytes)
+            .expect("engine state always encodes");
+        bytes
+    }
+
+    /// [`Engine::snapshot`], written to `w` as it is encoded: the same
+    /// bytes, without holding them all. Buffer `w` (a `BufWriter`): the
+    /// encoder writes many small pieces.
+    pub fn snapshot_to(&self, mut w: impl Write) -> Result<(), rmp_serde::encode::Error> {
+        rmp_serde::encode::write_named(&mut w, self)
     }
 
     /// Rebuilds an engine from [`Engine::snapshot`].
     pub fn restore(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        let mut e: Self = rmp_serde::from_slice(bytes).map_err(SnapshotError::Decode)?;
+        Self::restore_from(bytes)
+    }
+
+    /// [`Engine::restore`], decoding from `r` as it is read: no buffer of
+    /// the whole snapshot. Buffer `r` (a `BufReader`): the decoder reads
+    /// many small pieces.
+    pub fn restore_from(r: impl Read) -> Result<Self, SnapshotError> {
+        let mut e: Self = rmp_serde::from_read(r).map_err(SnapshotError::Decode)?;
         if e.layout != LAYOUT {
             return Err(SnapshotError::Layout { found: e.layout });
         }
@@ -342,7 +375,10 @@ impl Engine {
 
     /// SHA-256 of the snapshot, in hex: equal on every machine for the same log.
     pub fn hash(&self) -> String {
-        let digest = Sha256::digest(self.snapshot());
+        let mut sha = HashWriter(Sha256::new());
+        self.snapshot_to(&mut sha)
+            .expect("engine state always encodes");
+        let digest = sha.0.finalize();
         digest.iter().map(|b| format!("{b:02x}")).collect()
     }
 
@@ -414,5 +450,19 @@ mod tests {
         let err = Engine::restore(&e.snapshot()).expect_err("refused");
         assert!(matches!(err, SnapshotError::Layout { found } if found == LAYOUT - 1));
         assert!(err.to_string().contains("state layout"));
+    }
+
+    #[test]
+    fn a_streamed_snapshot_is_the_same_bytes_and_restores_from_a_reader() {
+        let e = Engine::new(Policy::default());
+        let mut streamed = Vec::new();
+        e.snapshot_to(&mut streamed).expect("encodes");
+        assert_eq!(streamed, e.snapshot());
+        let digest = Sha256::digest(&streamed);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(e.hash(), hex);
+        let back =
+            Engine::restore_from(std::io::BufReader::new(streamed.as_slice())).expect("restores");
+        assert_eq!(back.hash(), e.hash());
     }
 }
