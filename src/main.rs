@@ -495,14 +495,15 @@ async fn export(
 
 fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCode> {
     let store = lockstep::service::open_store(cfg, std::time::Duration::ZERO)?;
-    match store.checkpoint() {
-        Ok(Some(cp)) => {
-            let engine = lockstep_engine::Engine::restore(&cp.snapshot)
-                .context("restoring the checkpoint")?;
+    match store.read_checkpoint(|r| lockstep_engine::Engine::restore_from(r)) {
+        Ok(Some((seq, engine))) => {
+            let engine = engine.context("restoring the checkpoint")?;
+            let bytes = std::fs::metadata(store.checkpoint_path()).map_or_else(
+                |_| "in the database".to_owned(),
+                |m| format!("{} bytes", m.len()),
+            );
             println!(
-                "checkpoint: seq {} ({} bytes), state hash {}",
-                cp.seq,
-                cp.snapshot.len(),
+                "checkpoint: seq {seq} ({bytes}), state hash {}",
                 engine.hash()
             );
         }

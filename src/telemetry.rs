@@ -764,9 +764,9 @@ pub fn why(engine: &Engine, store: &lockstep_store::Store, name: &str) -> serde_
 pub struct CheckpointWritten {
     /// Its sequence.
     pub seq: u64,
-    /// Its size.
-    pub bytes: usize,
-    /// Time taking the snapshot.
+    /// Its size on disk.
+    pub bytes: u64,
+    /// Time writing it, snapshot and sync included.
     pub took: Duration,
 }
 

@@ -14,8 +14,9 @@
 //! Where the kills land, by seeded choice per kill:
 //! - `random`: a random time into the life (0 .. `--life-ms`): start-up,
 //!   catch-up, steady state;
-//! - `checkpoint`: as soon as the log says a checkpoint was taken (the
-//!   snapshot is done, its commit and flush are under way), plus 0-2 ms;
+//! - `checkpoint`: as soon as the log says a checkpoint is being written
+//!   (its batch is committed and flushed; the snapshot is being streamed to
+//!   a temporary file, synced and renamed over the last one), plus 0-2 ms;
 //! - `publish`: as soon as a committed batch that issued actions is logged
 //!   (its actions are about to be or being published), plus 0-2 ms;
 //! - `handover` (with `--two-replicas`): the leader of two replicas with
@@ -123,7 +124,7 @@ fn publish_marker(line: &str) -> bool {
 }
 
 fn checkpoint_marker(line: &str) -> bool {
-    line.contains("checkpoint written")
+    line.contains("writing a checkpoint")
 }
 
 fn violation(a: &Args, kill: usize, what: &str, dirs: &[&Instance]) -> ! {

@@ -1,5 +1,6 @@
-//! Applying a batch: fold it into the engine, then commit the checkpoint
-//! (when due), the ledger entries and the audit rows in one transaction.
+//! Applying a batch: fold it into the engine, commit the ledger entries and
+//! the audit rows in one transaction and flush them, then write the
+//! checkpoint when one is due.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -7,13 +8,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use lockstep_engine::Engine;
 use lockstep_schemas::{Event, EventRecord};
-use lockstep_store::{Checkpoint, Commit};
+use lockstep_store::{Commit, Store};
+use tracing::info;
 
 use super::Service;
 use crate::telemetry;
 
 impl Service {
-    /// Applies one batch and commits it (checkpoint when due, ledger, audit).
+    /// Applies one batch and commits it (ledger, audit), then writes a
+    /// checkpoint when one is due.
     pub(super) async fn apply_batch(&mut self, batch: &[EventRecord]) -> Result<()> {
         let started = Instant::now();
         self.out.clear();
@@ -36,15 +39,6 @@ impl Service {
             self.next = rec.seq + 1;
         }
         let apply = started.elapsed();
-        let service = &self.cfg.service;
-        self.since_checkpoint.0 += batch.len() as u64;
-        let due = self.since_checkpoint.0 >= service.checkpoint_every_records
-            || self.since_checkpoint.1.elapsed()
-                >= Duration::from_millis(service.checkpoint_every_ms);
-        if due {
-            commit.checkpoint = Some(take_checkpoint(&self.engine));
-            self.since_checkpoint = (0, Instant::now());
-        }
         commit.issued.clone_from(&self.out.actions);
         commit.transitions.clone_from(&self.out.transitions);
         let commit_started = Instant::now();
@@ -58,8 +52,15 @@ impl Service {
             commit: commit_started.elapsed(),
         }
         .emit();
-        if let Some(cp) = &commit.checkpoint {
-            self.health.checkpoint_seq.store(cp.seq, Ordering::Relaxed);
+        let service = &self.cfg.service;
+        self.since_checkpoint.0 += batch.len() as u64;
+        let due = self.since_checkpoint.0 >= service.checkpoint_every_records
+            || self.since_checkpoint.1.elapsed()
+                >= Duration::from_millis(service.checkpoint_every_ms);
+        if due {
+            let seq = write_checkpoint(&self.store, &self.engine)?;
+            self.since_checkpoint = (0, Instant::now());
+            self.health.checkpoint_seq.store(seq, Ordering::Relaxed);
         }
         self.health
             .applied_seq
@@ -68,18 +69,31 @@ impl Service {
     }
 }
 
-/// A checkpoint of everything the engine has applied.
-pub(super) fn take_checkpoint(engine: &Engine) -> Checkpoint {
+/// Writes a checkpoint of everything the engine has applied, streamed to
+/// the store's checkpoint file; returns its sequence.
+///
+/// Only after the batches it covers are committed and flushed: a crash
+/// before the new checkpoint is on disk restarts from the old one and
+/// re-applies those batches, which is harmless, because committing them
+/// again changes nothing: the ledger inserts an action only if its id is
+/// absent (and the same records issue the same ids), and audit rows are
+/// keyed by (node, seq, place in the record), so they are overwritten with
+/// the same transitions. A checkpoint ahead of its commits, on the other
+/// hand, would lose them.
+pub(super) fn write_checkpoint(store: &Store, engine: &Engine) -> Result<u64> {
     let started = Instant::now();
-    let snapshot = engine.snapshot();
+    let seq = engine.last_seq();
+    info!(seq, "writing a checkpoint");
+    let bytes = store
+        .write_checkpoint(seq, |w| {
+            engine.snapshot_to(w).map_err(std::io::Error::other)
+        })
+        .with_context(|| format!("writing the checkpoint at seq {seq}"))?;
     telemetry::CheckpointWritten {
-        seq: engine.last_seq(),
-        bytes: snapshot.len(),
+        seq,
+        bytes,
         took: started.elapsed(),
     }
     .emit();
-    Checkpoint {
-        seq: engine.last_seq(),
-        snapshot,
-    }
+    Ok(seq)
 }

@@ -1,10 +1,12 @@
 //! `lockstep run`: consume the log, apply in batches, commit, then act.
 //!
 //! Persist first, then act (restate's partition processor): each batch's
-//! checkpoint (when due), ledger entries and audit rows are committed in one
-//! store transaction and flushed before its actions are published. After a
-//! crash the service restarts from the last checkpoint and re-applies the
-//! log after it (the same records give the same action ids).
+//! ledger entries and audit rows are committed in one store transaction and
+//! flushed before its actions are published; when a checkpoint is due, it
+//! is written after that commit, streamed to its own file. After a crash
+//! the service restarts from the last checkpoint and re-applies the log
+//! after it (the same records give the same action ids, and committing
+//! them again changes nothing).
 //!
 //! Who acts: every instance folds the log; only the acting one (the holder
 //! of the leader Lease, once caught up with the log; every instance when
@@ -40,7 +42,7 @@ use lockstep_connectors::clock::now_ms;
 use lockstep_connectors::kube::Leadership;
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::EventRecord;
-use lockstep_store::{Commit, EventLog, Store};
+use lockstep_store::{EventLog, Store};
 use tokio::sync::mpsc;
 use tracing::{error, info};
 
@@ -312,11 +314,8 @@ impl Service {
         if let Role::Leader(acting) = std::mem::replace(&mut self.role, Role::Follower) {
             acting.stop().await;
         }
-        self.store
-            .commit(&Commit {
-                checkpoint: Some(apply::take_checkpoint(&self.engine)),
-                ..Commit::default()
-            })
+        // Every batch applied is committed and flushed already.
+        apply::write_checkpoint(&self.store, &self.engine)
             .context("writing the final checkpoint")?;
         self.store.flush().await?;
         self.log.flush().await?;

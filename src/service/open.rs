@@ -1,14 +1,14 @@
 //! Opening what the service runs on: the event log (waiting while it does
 //! not answer), the store, and the engine restored from its checkpoint.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use lockstep_connectors::backoff::{retry, Backoff};
 use lockstep_engine::Engine;
 use lockstep_schemas::Policy;
 use lockstep_store::store::Error as StoreError;
-use lockstep_store::{Checkpoint, EventLog, Store};
+use lockstep_store::{EventLog, Store};
 use tracing::{error, info};
 
 use crate::config::Config;
@@ -93,21 +93,24 @@ pub fn open_store(cfg: &Config, wait: Duration) -> Result<Store> {
     })
 }
 
-/// The engine and next sequence to apply, from the store's checkpoint. A
-/// damaged or unreadable checkpoint is reported and the engine rebuilds from
-/// the start of the log instead.
+/// The engine and next sequence to apply, from the store's checkpoint,
+/// decoded as it is read. A damaged or unreadable checkpoint is reported
+/// and the engine rebuilds from the start of the log instead.
 pub fn restore(store: &Store) -> Result<(Engine, u64)> {
-    match store.checkpoint() {
-        Ok(Some(Checkpoint { seq, snapshot })) => match Engine::restore(&snapshot) {
-            Ok(engine) => {
-                info!(seq, "resuming from checkpoint");
-                Ok((engine, seq + 1))
-            }
-            Err(e) => {
-                error!(seq, error = %e, "checkpoint does not restore; rebuilding from the log");
-                Ok((Engine::new(Policy::default()), 1))
-            }
-        },
+    let started = Instant::now();
+    match store.read_checkpoint(|r| Engine::restore_from(r)) {
+        Ok(Some((seq, Ok(engine)))) => {
+            info!(
+                seq,
+                took_ms = started.elapsed().as_millis() as u64,
+                "resuming from checkpoint"
+            );
+            Ok((engine, seq + 1))
+        }
+        Ok(Some((seq, Err(e)))) => {
+            error!(seq, error = %e, "checkpoint does not restore; rebuilding from the log");
+            Ok((Engine::new(Policy::default()), 1))
+        }
         Ok(None) => Ok((Engine::new(Policy::default()), 1)),
         Err(e @ StoreError::CorruptCheckpoint { .. }) => {
             error!(error = %e, "rebuilding from the log instead of starting from bad state");

@@ -1,12 +1,16 @@
-//! The store (sled): the engine checkpoint, the action ledger and the audit
-//! index, committed together in one transaction per batch.
+//! The store: the action ledger and the audit index (sled), committed
+//! together in one transaction per batch, and the engine checkpoint, a file
+//! beside them written by streaming.
 //!
 //! It owns durability of what the service decided; it never decides. A
-//! checkpoint carries a SHA-256 of its bytes: a damaged one is detected and
-//! refused, and the service rebuilds from the log instead of starting from
-//! bad state.
+//! checkpoint carries a SHA-256 of its bytes: a damaged or truncated one is
+//! detected and refused, and the service rebuilds from the log instead of
+//! starting from bad state.
 
-use std::path::Path;
+mod checkpoint;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
 use lockstep_schemas::Transition;
 use lockstep_schemas::{ActionId, IssuedAction, OutcomeResult};
@@ -34,11 +38,21 @@ pub enum Error {
         /// The format found.
         found: u32,
     },
-    /// The checkpoint is damaged (its checksum does not match).
-    #[error("checkpoint at seq {seq} is damaged (checksum mismatch)")]
+    /// The checkpoint is damaged (truncated, or its checksum does not
+    /// match).
+    #[error("checkpoint at seq {seq} is damaged (truncated or checksum mismatch)")]
     CorruptCheckpoint {
-        /// The sequence it claims.
+        /// The sequence it claims (0 when not even that can be read).
         seq: u64,
+    },
+    /// Reading or writing the checkpoint file failed.
+    #[error("checkpoint file {path}")]
+    CheckpointIo {
+        /// The file.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
     },
     /// A stored value does not decode.
     #[error("stored {what} does not decode")]
@@ -91,11 +105,11 @@ pub struct LedgerEntry {
     pub outcome: Option<OutcomeResult>,
 }
 
-/// One batch's worth of things to make durable together.
+/// One batch's worth of things to make durable together. The checkpoint
+/// is not one of them: [`Store::write_checkpoint`] writes it apart, after
+/// the batch is committed and flushed.
 #[derive(Debug, Default)]
 pub struct Commit {
-    /// A new checkpoint, if one is due.
-    pub checkpoint: Option<Checkpoint>,
     /// Actions issued in the batch.
     pub issued: Vec<IssuedAction>,
     /// Outcomes reported in the batch.
@@ -106,6 +120,8 @@ pub struct Commit {
 
 /// The store.
 pub struct Store {
+    /// The store's directory: sled's files and the checkpoint file.
+    dir: PathBuf,
     db: sled::Db,
     meta: sled::Tree,
     ledger: sled::Tree,
@@ -156,6 +172,7 @@ impl Store {
             }
         }
         Ok(Self {
+            dir: dir.to_path_buf(),
             db,
             meta,
             ledger,
@@ -163,35 +180,103 @@ impl Store {
         })
     }
 
-    /// The last checkpoint, verified; `Ok(None)` when there is none.
+    /// The last checkpoint, verified, read whole into memory; `Ok(None)`
+    /// when there is none. [`Self::read_checkpoint`] decodes it without
+    /// holding its bytes.
     pub fn checkpoint(&self) -> Result<Option<Checkpoint>> {
-        let Some(raw) = self.meta.get("checkpoint")? else {
+        let read = self.read_checkpoint(|r| {
+            let mut snapshot = Vec::new();
+            r.read_to_end(&mut snapshot).map(|_| snapshot)
+        })?;
+        read.map(|(seq, snapshot)| {
+            snapshot
+                .map(|snapshot| Checkpoint { seq, snapshot })
+                .map_err(|source| self.checkpoint_io(source))
+        })
+        .transpose()
+    }
+
+    /// Decodes the last checkpoint with `decode`, which reads its body (the
+    /// bytes the writer's `body` wrote) as a stream, then verifies it:
+    /// `Ok(Some((seq, decoded)))`, `Ok(None)` when there is no checkpoint.
+    /// A damaged or truncated checkpoint is [`Error::CorruptCheckpoint`],
+    /// whatever `decode` made of it: what it decoded is dropped.
+    ///
+    /// A store written before checkpoints were files keeps its checkpoint
+    /// in the database; it is read while there is no file.
+    pub fn read_checkpoint<T, E>(
+        &self,
+        decode: impl FnOnce(&mut dyn Read) -> Result<T, E>,
+    ) -> Result<Option<(u64, Result<T, E>)>> {
+        let file = match std::fs::File::open(self.checkpoint_path()) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return self.read_legacy_checkpoint(decode)
+            }
+            Err(e) => return Err(self.checkpoint_io(e)),
+        };
+        match checkpoint::read(file, decode) {
+            Ok((seq, decoded)) => Ok(Some((seq, decoded))),
+            Err(checkpoint::ReadError::Corrupt { seq }) => Err(Error::CorruptCheckpoint { seq }),
+            Err(checkpoint::ReadError::Io(source)) => Err(self.checkpoint_io(source)),
+        }
+    }
+
+    /// The checkpoint as stores before checkpoint files kept it: in `meta`
+    /// under `checkpoint`, `[seq: u64 BE][sha256 of snapshot: 32][snapshot]`.
+    fn read_legacy_checkpoint<T, E>(
+        &self,
+        decode: impl FnOnce(&mut dyn Read) -> Result<T, E>,
+    ) -> Result<Option<(u64, Result<T, E>)>> {
+        let Some(raw) = self.meta.get(LEGACY_CHECKPOINT_KEY)? else {
             return Ok(None);
         };
-        // [seq: u64 BE][sha256 of snapshot: 32][snapshot]
         if raw.len() < 40 {
             return Err(Error::CorruptCheckpoint { seq: 0 });
         }
         let seq = u64::from_be_bytes(raw[..8].try_into().expect("8 bytes"));
-        let (sum, snapshot) = raw[8..].split_at(32);
+        let (sum, mut snapshot) = raw[8..].split_at(32);
         if Sha256::digest(snapshot).as_slice() != sum {
             return Err(Error::CorruptCheckpoint { seq });
         }
-        Ok(Some(Checkpoint {
-            seq,
-            snapshot: snapshot.to_vec(),
-        }))
+        Ok(Some((seq, decode(&mut snapshot))))
     }
 
-    /// Writes one batch atomically: checkpoint, ledger, audit index.
+    /// Writes a checkpoint of the engine after `seq`: `body` writes the
+    /// snapshot, which goes to disk as it is written (no buffer of the
+    /// whole). The new checkpoint replaces the old one atomically once it
+    /// is whole and on disk; until then, and when `body` or the writing
+    /// fails, the old one stays. Returns the checkpoint file's size.
+    ///
+    /// Write it after the batches it covers are committed and flushed: a
+    /// checkpoint never runs ahead of the ledger and audit index.
+    pub fn write_checkpoint(
+        &self,
+        seq: u64,
+        body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<u64> {
+        let path = self.checkpoint_path();
+        let bytes = checkpoint::write(&path, seq, body).map_err(|e| self.checkpoint_io(e))?;
+        // The file supersedes a checkpoint an older lockstep kept in the
+        // database; it goes to disk with the next flush.
+        self.meta.remove(LEGACY_CHECKPOINT_KEY)?;
+        Ok(bytes)
+    }
+
+    /// Where the checkpoint file is.
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.dir.join(checkpoint::FILE_NAME)
+    }
+
+    fn checkpoint_io(&self, source: std::io::Error) -> Error {
+        Error::CheckpointIo {
+            path: self.checkpoint_path().display().to_string(),
+            source,
+        }
+    }
+
+    /// Writes one batch atomically: ledger, audit index.
     pub fn commit(&self, commit: &Commit) -> Result<()> {
-        let checkpoint = commit.checkpoint.as_ref().map(|c| {
-            let mut raw = Vec::with_capacity(40 + c.snapshot.len());
-            raw.extend_from_slice(&c.seq.to_be_bytes());
-            raw.extend_from_slice(&Sha256::digest(&c.snapshot));
-            raw.extend_from_slice(&c.snapshot);
-            raw
-        });
         // Keyed by (node, seq, place among that record's transitions): the
         // same whatever the batch split, so re-applying after a restart
         // overwrites instead of duplicating.
@@ -208,11 +293,8 @@ impl Store {
                 rmp_serde::to_vec_named(t).expect("transitions encode"),
             ));
         }
-        (&self.meta, &self.ledger, &self.audit)
-            .transaction(|(meta, ledger, audit)| {
-                if let Some(raw) = &checkpoint {
-                    meta.insert("checkpoint", raw.as_slice())?;
-                }
+        (&self.ledger, &self.audit)
+            .transaction(|(ledger, audit)| {
                 for a in &commit.issued {
                     // Re-applying after a restart issues the same ids: keep
                     // what the ledger already knows about them.
@@ -333,19 +415,39 @@ impl Store {
         self.db.size_on_disk().unwrap_or(0)
     }
 
-    /// Overwrites the checkpoint bytes (tests: simulate damage).
+    /// Overwrites a byte of the checkpoint (tests: simulate damage).
     #[doc(hidden)]
     pub fn damage_checkpoint(&self) -> Result<()> {
-        if let Some(raw) = self.meta.get("checkpoint")? {
+        let path = self.checkpoint_path();
+        if path.exists() {
+            return checkpoint::damage(&path).map_err(|e| self.checkpoint_io(e));
+        }
+        if let Some(raw) = self.meta.get(LEGACY_CHECKPOINT_KEY)? {
             let mut raw = raw.to_vec();
             let last = raw.len() - 1;
             raw[last] ^= 0xff;
-            self.meta.insert("checkpoint", raw)?;
+            self.meta.insert(LEGACY_CHECKPOINT_KEY, raw)?;
             self.db.flush()?;
         }
         Ok(())
     }
+
+    /// Writes a checkpoint the way stores before checkpoint files did: in
+    /// the database (tests: an old store).
+    #[doc(hidden)]
+    pub fn write_legacy_checkpoint(&self, seq: u64, snapshot: &[u8]) -> Result<()> {
+        let mut raw = Vec::with_capacity(40 + snapshot.len());
+        raw.extend_from_slice(&seq.to_be_bytes());
+        raw.extend_from_slice(&Sha256::digest(snapshot));
+        raw.extend_from_slice(snapshot);
+        self.meta.insert(LEGACY_CHECKPOINT_KEY, raw)?;
+        self.db.flush()?;
+        Ok(())
+    }
 }
+
+/// Where stores before checkpoint files kept the checkpoint, in `meta`.
+const LEGACY_CHECKPOINT_KEY: &str = "checkpoint";
 
 /// sled with a bounded page cache: its default (1 GiB) would dwarf the
 /// engine's own memory.

@@ -1,4 +1,5 @@
-//! The store: checkpoints verified, ledger and audit index idempotent,
+//! The store: checkpoints verified (streamed through a file, replaced
+//! atomically, read from the database of an older store), ledger and audit index idempotent,
 //! formats refused when newer.
 
 use lockstep_schemas::{Action, ActionId, EventId, IssuedAction, OutcomeResult};
@@ -41,10 +42,6 @@ fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
     let store = Store::open(&dir).unwrap();
     assert_eq!(store.checkpoint().unwrap(), None);
     let commit = Commit {
-        checkpoint: Some(Checkpoint {
-            seq: 10,
-            snapshot: b"engine state".to_vec(),
-        }),
         issued: vec![issued(9, "n1"), issued(10, "n2")],
         outcomes: vec![],
         transitions: vec![
@@ -60,7 +57,6 @@ fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
     // The same batch again (a restart re-applies it): nothing duplicated,
     // nothing the ledger knew forgotten.
     store.commit(&commit).unwrap();
-    assert_eq!(store.checkpoint().unwrap().unwrap().seq, 10);
     assert_eq!(store.undispatched().unwrap(), [commit.issued[1].clone()]);
     assert_eq!(
         store
@@ -88,25 +84,139 @@ fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Writes `snapshot` as the checkpoint after `seq`.
+fn write(store: &Store, seq: u64, snapshot: &[u8]) -> u64 {
+    store
+        .write_checkpoint(seq, |w| w.write_all(snapshot))
+        .unwrap()
+}
+
+/// The body as the streaming reader sees it, and its sequence.
+fn read(store: &Store) -> Option<(u64, Vec<u8>)> {
+    store
+        .read_checkpoint(|r| {
+            let mut body = Vec::new();
+            r.read_to_end(&mut body).map(|_| body)
+        })
+        .unwrap()
+        .map(|(seq, body)| (seq, body.unwrap()))
+}
+
+#[test]
+fn a_checkpoint_goes_through_its_file_and_replaces_the_last() {
+    let dir = temp_dir("store-checkpoint");
+    let snapshot: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    {
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(store.checkpoint().unwrap(), None);
+        assert_eq!(read(&store), None);
+        let bytes = write(&store, 7, b"older state");
+        assert_eq!(
+            bytes,
+            std::fs::metadata(store.checkpoint_path()).unwrap().len()
+        );
+        let bytes = write(&store, 10, &snapshot);
+        assert_eq!(bytes, 20 + snapshot.len() as u64 + 32);
+    }
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(read(&store), Some((10, snapshot.clone())));
+    assert_eq!(
+        store.checkpoint().unwrap(),
+        Some(Checkpoint { seq: 10, snapshot })
+    );
+    // A decoder that stops early: the rest of the body is still verified.
+    let (seq, first) = store
+        .read_checkpoint(|r| {
+            let mut first = [0u8; 4];
+            r.read_exact(&mut first).map(|()| first)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!((seq, first.unwrap()), (10, [0, 1, 2, 3]));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_damaged_checkpoint_is_detected() {
     let dir = temp_dir("store-corrupt");
     {
         let store = Store::open(&dir).unwrap();
-        store
-            .commit(&Commit {
-                checkpoint: Some(Checkpoint {
-                    seq: 42,
-                    snapshot: vec![7; 1000],
-                }),
-                ..Commit::default()
-            })
-            .unwrap();
+        write(&store, 42, &[7; 1000]);
         store.damage_checkpoint().unwrap();
     }
     let store = Store::open(&dir).unwrap();
     let err = store.checkpoint().unwrap_err();
     assert!(matches!(err, Error::CorruptCheckpoint { seq: 42 }), "{err}");
+    // Whatever the decoder made of it.
+    let err = store
+        .read_checkpoint(|_| Ok::<_, std::io::Error>(()))
+        .unwrap_err();
+    assert!(matches!(err, Error::CorruptCheckpoint { seq: 42 }), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_truncated_checkpoint_is_detected() {
+    let dir = temp_dir("store-truncated");
+    let store = Store::open(&dir).unwrap();
+    write(&store, 42, &[7; 1000]);
+    let path = store.checkpoint_path();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    for len in [500, 40, 10, 0] {
+        file.set_len(len).unwrap();
+        let err = store.checkpoint().unwrap_err();
+        let seq = if len >= 52 { 42 } else { 0 };
+        assert!(
+            matches!(err, Error::CorruptCheckpoint { seq: s } if s == seq),
+            "{len}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_checkpoint_whose_writing_fails_leaves_the_last_one_and_no_temporary_file() {
+    let dir = temp_dir("store-checkpoint-fails");
+    let store = Store::open(&dir).unwrap();
+    write(&store, 5, b"state at 5");
+    let err = store
+        .write_checkpoint(9, |w| {
+            w.write_all(&[1; 100_000])?;
+            Err(std::io::Error::other("the engine did not encode"))
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::CheckpointIo { .. }), "{err}");
+    assert_eq!(read(&store), Some((5, b"state at 5".to_vec())));
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("engine."))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["engine.checkpoint"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_checkpoint_in_the_database_is_read_until_a_file_replaces_it() {
+    let dir = temp_dir("store-legacy-checkpoint");
+    {
+        let store = Store::open(&dir).unwrap();
+        store.write_legacy_checkpoint(3, b"old layout").unwrap();
+    }
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(read(&store), Some((3, b"old layout".to_vec())));
+    store.damage_checkpoint().unwrap();
+    let err = store.checkpoint().unwrap_err();
+    assert!(matches!(err, Error::CorruptCheckpoint { seq: 3 }), "{err}");
+    store.write_legacy_checkpoint(3, b"old layout").unwrap();
+    write(&store, 8, b"new layout");
+    assert_eq!(read(&store), Some((8, b"new layout".to_vec())));
+    // Gone from the database: without the file, there is no checkpoint.
+    drop(store);
+    std::fs::remove_file(dir.join("engine.checkpoint")).unwrap();
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.checkpoint().unwrap(), None);
     let _ = std::fs::remove_dir_all(dir);
 }
 
