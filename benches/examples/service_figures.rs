@@ -10,6 +10,15 @@
 //! ```
 //! (defaults: 1,000,000 events, 50,000 nodes; needs `nats-server` on PATH).
 //!
+//! With `--memory` first, only the memory figures:
+//! `cargo run --release -p lockstep-benches --example service_figures -- --memory [memory_nodes]`.
+//! They are the resident memory after applying the log, and the peak of
+//! each life of the process (applying the log and its checkpoints, then a
+//! restart from the checkpoint), the final checkpoint written on the way
+//! out included: the largest of `VmRSS` sampled every 50 ms and the last
+//! `VmHWM` read before it exits. `LOCKSTEP_BIN` runs another build of
+//! `lockstep` (an earlier commit's, for a before and after).
+//!
 //! With `--cluster` first, only the publish -> apply figure, on one
 //! nats-server and then on a three-server JetStream cluster
 //! (`deploy/local/nats/up.sh`) with the streams replicated three times:
@@ -26,7 +35,10 @@ use lockstep_store::{EventLog, StreamLimits};
 use lockstep_testkit::{free_port, temp_dir, NatsServer};
 
 fn lockstep_bin() -> PathBuf {
-    lockstep_benches::sibling_binary("lockstep")
+    std::env::var_os("LOCKSTEP_BIN").map_or_else(
+        || lockstep_benches::sibling_binary("lockstep"),
+        PathBuf::from,
+    )
 }
 
 fn status(port: u16) -> Option<(bool, u64)> {
@@ -74,6 +86,26 @@ fn start(config: &Path) -> Child {
         .expect("run target/release/lockstep (cargo build --release --bin lockstep)")
 }
 
+/// [`start`], logging checkpoints and restores to `log` as well as warnings.
+fn start_logged(config: &Path, log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    Command::new(lockstep_bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .env(
+            "RUST_LOG",
+            "warn,lockstep::telemetry=info,lockstep::service=info",
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("run target/release/lockstep (cargo build --release --bin lockstep)")
+}
+
 fn stop(child: &mut Child) {
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -83,12 +115,61 @@ fn stop(child: &mut Child) {
 }
 
 fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:").unwrap_or(f64::NAN)
+}
+
+/// A `/proc/PID/status` memory field (`VmRSS:`, `VmHWM:`) in MiB; `None`
+/// once the process has exited (a zombie has no memory fields).
+fn status_mib(pid: u32, field: &str) -> Option<f64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
+        .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+        .map(|kb| kb / 1024.0)
+}
+
+/// The peak resident memory of one process over its life.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peak {
+    /// The largest `VmRSS` sampled.
+    sampled_mib: f64,
+    /// The last `VmHWM` read (the kernel's high-water mark).
+    hwm_mib: f64,
+}
+
+impl Peak {
+    fn mib(self) -> f64 {
+        self.sampled_mib.max(self.hwm_mib)
+    }
+}
+
+/// Samples `pid`'s memory every 50 ms until it exits.
+fn sample_peak(pid: u32) -> std::thread::JoinHandle<Peak> {
+    std::thread::spawn(move || {
+        let mut peak = Peak::default();
+        while let Some(rss) = status_mib(pid, "VmRSS:") {
+            peak.sampled_mib = peak.sampled_mib.max(rss);
+            if let Some(hwm) = status_mib(pid, "VmHWM:") {
+                peak.hwm_mib = peak.hwm_mib.max(hwm);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        peak
+    })
+}
+
+/// `key=value` of the lines of `log` that contain `what`.
+fn logged(log: &Path, what: &str, key: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .collect()
 }
 
 /// The service's default checkpoint cadence (`[service]
@@ -125,6 +206,15 @@ fn main() {
         args.next();
         let events = args.next().map_or(200_000, |a| a.parse().expect("events"));
         return cluster_throughput(events);
+    }
+    if args.peek().is_some_and(|a| a == "--memory") {
+        args.next();
+        let nodes = args
+            .next()
+            .map_or(50_000, |a| a.parse().expect("memory_nodes"));
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _entered = rt.enter();
+        return memory(&rt, nodes);
     }
     let events: usize = args
         .next()
@@ -211,6 +301,13 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     // 5. Memory with a large model.
+    memory(&rt, memory_nodes);
+}
+
+/// Resident memory of `lockstep run` with `memory_nodes` Slurm nodes (one
+/// Kubernetes node per ten), as many pods and 100,000 jobs in state: after
+/// applying the log, and the peak of each life, checkpoints included.
+fn memory(rt: &tokio::runtime::Runtime, memory_nodes: usize) {
     let nats = NatsServer::start();
     let log = rt
         .block_on(EventLog::connect_nats(
@@ -230,24 +327,62 @@ fn main() {
     eprintln!("generating a cluster of {memory_nodes} slurm nodes and 100,000 jobs ...");
     let records = Generator::new(shape, 7).into_records();
     rt.block_on(publish(&log, &records));
+    drop(records);
     let head = rt.block_on(log.head()).unwrap();
     let dir = temp_dir("service-memory");
     let port = free_port();
     let cfg = config(&dir, &nats.url(), port);
-    let mut child = start(&cfg);
+    let run_log = dir.join("run.log");
+    let mut child = start_logged(&cfg, &run_log);
+    let peak = sample_peak(child.id());
     wait_applied(port, head, Duration::from_secs(600));
     std::thread::sleep(Duration::from_secs(3));
     let built = rss_mib(child.id());
+    let t = Instant::now();
     stop(&mut child);
-    let mut child = start(&cfg);
+    let first_stop = t.elapsed();
+    let first = peak.join().unwrap();
+    let t = Instant::now();
+    let mut child = start_logged(&cfg, &run_log);
+    let peak = sample_peak(child.id());
     wait_applied(port, head, Duration::from_secs(600));
+    let caught_up = t.elapsed();
     std::thread::sleep(Duration::from_secs(3));
-    println!(
-        "memory: lockstep run with {memory_nodes} slurm nodes, {} kubernetes nodes, {memory_nodes} pods and 100,000 jobs in state: {built:.0} MiB resident after applying the log, {:.0} MiB after a restart from its checkpoint",
-        memory_nodes / 10,
-        rss_mib(child.id())
-    );
+    let restarted = rss_mib(child.id());
+    let t = Instant::now();
     stop(&mut child);
+    let second_stop = t.elapsed();
+    let second = peak.join().unwrap();
+    println!(
+        "memory: lockstep run with {memory_nodes} slurm nodes, {} kubernetes nodes, {memory_nodes} pods and 100,000 jobs in state: {built:.0} MiB resident after applying the log, {restarted:.0} MiB after a restart from its checkpoint",
+        memory_nodes / 10,
+    );
+    println!(
+        "memory: peak resident {:.0} MiB applying the log ({head} records) and writing its checkpoints (VmHWM {:.0} MiB, sampled VmRSS max {:.0} MiB); peak {:.0} MiB restoring from the checkpoint and stopping (VmHWM {:.0} MiB, sampled {:.0} MiB)",
+        first.mib(),
+        first.hwm_mib,
+        first.sampled_mib,
+        second.mib(),
+        second.hwm_mib,
+        second.sampled_mib,
+    );
+    println!(
+        "checkpoints written (bytes, took_ms): {:?}",
+        logged(&run_log, "checkpoint written", "bytes")
+            .into_iter()
+            .zip(logged(&run_log, "checkpoint written", "took_ms"))
+            .collect::<Vec<_>>()
+    );
+    println!(
+        "stop (SIGTERM -> exit, the final checkpoint included): {:.2} s, {:.2} s; restart from the checkpoint: caught up {:.2} s from process start; restore took_ms {:?}",
+        first_stop.as_secs_f64(),
+        second_stop.as_secs_f64(),
+        caught_up.as_secs_f64(),
+        logged(&run_log, "resuming from checkpoint", "took_ms"),
+    );
+    if let Ok(m) = std::fs::metadata(dir.join("data/store/engine.checkpoint")) {
+        println!("checkpoint file: {} bytes", m.len());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
