@@ -477,13 +477,22 @@ impl Nats {
         let publish = async_nats::jetstream::context::Publish::build()
             .message_id(&envelope.id.0)
             .payload(payload.into());
-        let ack = self
-            .js
-            .send_publish(subject, publish)
-            .await
-            .map_err(|e| js_err("publish")(e.to_string()))?
-            .await
-            .map_err(|e| js_err("publish ack")(e.to_string()))?;
+        let mut attempt = 0;
+        let ack = loop {
+            let sent = self
+                .js
+                .send_publish(subject.clone(), publish.clone())
+                .await
+                .map_err(|e| js_err("publish")(e.to_string()))?;
+            match sent.await {
+                Ok(ack) => break ack,
+                Err(e) if duplicate_in_process(&e) && attempt < IN_PROCESS_WAITS => {
+                    attempt += 1;
+                    tokio::time::sleep(IN_PROCESS_WAIT).await;
+                }
+                Err(e) => return Err(js_err("publish ack")(e.to_string())),
+            }
+        };
         Ok(Appended {
             seq: ack.sequence,
             duplicate: ack.duplicate,
@@ -587,10 +596,24 @@ impl Nats {
             );
         }
         let mut fresh = Vec::with_capacity(acks.len());
-        for ack in acks {
-            let ack = ack
-                .await
-                .map_err(|e| js_err("publish action ack")(e.to_string()))?;
+        for (a, ack) in actions.iter().zip(acks) {
+            let mut ack = ack.await;
+            let mut attempt = 0;
+            while matches!(&ack, Err(e) if duplicate_in_process(e)) && attempt < IN_PROCESS_WAITS {
+                attempt += 1;
+                tokio::time::sleep(IN_PROCESS_WAIT).await;
+                let payload = rmp_serde::to_vec_named(a).expect("actions encode");
+                let publish = async_nats::jetstream::context::Publish::build()
+                    .message_id(&a.id.0)
+                    .payload(payload.into());
+                ack = self
+                    .js
+                    .send_publish(format!("ls.act.{}", a.action.kind().name()), publish)
+                    .await
+                    .map_err(|e| js_err("publish action")(e.to_string()))?
+                    .await;
+            }
+            let ack = ack.map_err(|e| js_err("publish action ack")(e.to_string()))?;
             fresh.push(!ack.duplicate);
         }
         Ok(fresh)
@@ -639,4 +662,25 @@ impl Nats {
         }
         Ok(out)
     }
+}
+
+/// How often, and how long apart, a publish answered "duplicate message id
+/// is in process" is sent again.
+const IN_PROCESS_WAITS: u32 = 100;
+const IN_PROCESS_WAIT: Duration = Duration::from_millis(20);
+
+/// JetStream's answer "duplicate message id is in process" (error code
+/// 10158): a publish with the same message id is being stored (on a
+/// replicated stream, until its entry is committed by a majority). Sent
+/// again a moment later, it is answered as a duplicate of that one.
+fn duplicate_in_process(e: &async_nats::jetstream::context::PublishError) -> bool {
+    const DUPLICATE_IN_PROCESS: u64 = 10158;
+    e.kind() == async_nats::jetstream::context::PublishErrorKind::Other
+        && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>())
+            .is_some_and(|je| {
+                // `ErrorCode` keeps its number private; it serializes as it.
+                rmp_serde::to_vec(&je.error_code()).ok()
+                    == rmp_serde::to_vec(&DUPLICATE_IN_PROCESS).ok()
+            })
 }
