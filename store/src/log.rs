@@ -477,22 +477,15 @@ impl Nats {
         let publish = async_nats::jetstream::context::Publish::build()
             .message_id(&envelope.id.0)
             .payload(payload.into());
-        let mut attempt = 0;
-        let ack = loop {
-            let sent = self
-                .js
-                .send_publish(subject.clone(), publish.clone())
-                .await
-                .map_err(|e| js_err("publish")(e.to_string()))?;
-            match sent.await {
-                Ok(ack) => break ack,
-                Err(e) if duplicate_in_process(&e) && attempt < IN_PROCESS_WAITS => {
-                    attempt += 1;
-                    tokio::time::sleep(IN_PROCESS_WAIT).await;
-                }
-                Err(e) => return Err(js_err("publish ack")(e.to_string())),
-            }
-        };
+        let first = self
+            .js
+            .send_publish(subject.clone(), publish.clone())
+            .await
+            .map_err(|e| js_err("publish")(e.to_string()))?
+            .await;
+        let ack = self
+            .settle(&subject, &publish, first, ("publish", "publish ack"))
+            .await?;
         Ok(Appended {
             seq: ack.sequence,
             duplicate: ack.duplicate,
@@ -581,42 +574,59 @@ impl Nats {
     }
 
     async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<Vec<bool>> {
-        let mut acks = Vec::with_capacity(actions.len());
+        let mut sent = Vec::with_capacity(actions.len());
         for a in actions {
             let payload = rmp_serde::to_vec_named(a).expect("actions encode");
             let subject = format!("ls.act.{}", a.action.kind().name());
             let publish = async_nats::jetstream::context::Publish::build()
                 .message_id(&a.id.0)
                 .payload(payload.into());
-            acks.push(
-                self.js
-                    .send_publish(subject, publish)
-                    .await
-                    .map_err(|e| js_err("publish action")(e.to_string()))?,
-            );
+            let ack = self
+                .js
+                .send_publish(subject.clone(), publish.clone())
+                .await
+                .map_err(|e| js_err("publish action")(e.to_string()))?;
+            sent.push((subject, publish, ack));
         }
-        let mut fresh = Vec::with_capacity(acks.len());
-        for (a, ack) in actions.iter().zip(acks) {
-            let mut ack = ack.await;
-            let mut attempt = 0;
-            while matches!(&ack, Err(e) if duplicate_in_process(e)) && attempt < IN_PROCESS_WAITS {
-                attempt += 1;
-                tokio::time::sleep(IN_PROCESS_WAIT).await;
-                let payload = rmp_serde::to_vec_named(a).expect("actions encode");
-                let publish = async_nats::jetstream::context::Publish::build()
-                    .message_id(&a.id.0)
-                    .payload(payload.into());
-                ack = self
-                    .js
-                    .send_publish(format!("ls.act.{}", a.action.kind().name()), publish)
-                    .await
-                    .map_err(|e| js_err("publish action")(e.to_string()))?
-                    .await;
-            }
-            let ack = ack.map_err(|e| js_err("publish action ack")(e.to_string()))?;
+        let mut fresh = Vec::with_capacity(sent.len());
+        for (subject, publish, ack) in sent {
+            let what = ("publish action", "publish action ack");
+            let ack = self.settle(&subject, &publish, ack.await, what).await?;
             fresh.push(!ack.duplicate);
         }
         Ok(fresh)
+    }
+
+    /// The ack of a publish, sent again while JetStream answers that the same
+    /// message id is in process ([`duplicate_in_process`]), until it is
+    /// answered as a duplicate. `what`: the words for a failed send and a
+    /// failed ack.
+    async fn settle(
+        &self,
+        subject: &str,
+        publish: &async_nats::jetstream::context::Publish,
+        mut ack: std::result::Result<
+            async_nats::jetstream::publish::PublishAck,
+            async_nats::jetstream::context::PublishError,
+        >,
+        what: (&'static str, &'static str),
+    ) -> Result<async_nats::jetstream::publish::PublishAck> {
+        let mut attempt = 0;
+        loop {
+            match ack {
+                Err(e) if duplicate_in_process(&e) && attempt < IN_PROCESS_WAITS => {
+                    attempt += 1;
+                    tokio::time::sleep(IN_PROCESS_WAIT).await;
+                    ack = self
+                        .js
+                        .send_publish(subject.to_owned(), publish.clone())
+                        .await
+                        .map_err(|e| js_err(what.0)(e.to_string()))?
+                        .await;
+                }
+                other => return other.map_err(|e| js_err(what.1)(e.to_string())),
+            }
+        }
     }
 
     async fn actions(&self) -> Result<Vec<IssuedAction>> {
