@@ -8,7 +8,9 @@
 #   scripts/bench-reaction.sh [trials]        (default 200 per measurement)
 #
 # LOCKSTEP_BENCH_POLL_MS sets the Slurm observer's poll interval (1000);
-# LOCKSTEP_BENCH_SIZES which setups run ("4 1000").
+# LOCKSTEP_BENCH_SIZES which setups run ("4 1000"); LOCKSTEP_BENCH_NATS=cluster
+# puts the log on a three-server JetStream cluster (streams replicated three
+# times) instead of one nats-server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-rust.sh
@@ -16,6 +18,12 @@ scripts/ensure-nats.sh
 trials=${1:-200}
 poll=${LOCKSTEP_BENCH_POLL_MS:-1000}
 sizes=${LOCKSTEP_BENCH_SIZES:-4 1000}
+cluster=()
+case ${LOCKSTEP_BENCH_NATS:-single} in
+  single) ;;
+  cluster) cluster=(--cluster) ;;
+  *) echo "LOCKSTEP_BENCH_NATS is single or cluster, not $LOCKSTEP_BENCH_NATS" >&2; exit 2 ;;
+esac
 state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-local}
 big=/tmp/lockstep-bench-slurm
 
@@ -31,7 +39,7 @@ run() { # slurm-state-dir nodes
   # shellcheck disable=SC1091
   (. "$1/env.sh"
    KUBECONFIG=$kubeconfig LOCKSTEP_KUBECONFIG=$lockstep_kubeconfig \
-     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll")
+     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll" "${cluster[@]}")
 }
 
 for size in $sizes; do

@@ -22,7 +22,9 @@
 //! Arguments: `--trials N` (200), `--nodes N` (Kubernetes nodes and slurmd
 //! pods to create, one per Slurm node; the Slurm side must have as many),
 //! `--slurmd N` (how many of the Slurm nodes have a slurmd; trials rotate
-//! over those), `--poll-ms N` (the Slurm observer's poll interval, 1000).
+//! over those), `--poll-ms N` (the Slurm observer's poll interval, 1000),
+//! `--cluster` (the log on a three-server JetStream cluster with both
+//! streams replicated three times, instead of one nats-server).
 //! Environment: `SLURM_CONF`, `SLURMRESTD_URL`, `SLURM_JWT_FILE`,
 //! `KUBECONFIG` (admin, for the bench), `LOCKSTEP_KUBECONFIG` (lockstep's
 //! ServiceAccount).
@@ -36,7 +38,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use lockstep_connectors::slurm::{RestClient, RestConfig, TokenSource};
 use lockstep_schemas::SlurmNodeFlag;
-use lockstep_testkit::{free_port, temp_dir, NatsServer};
+use lockstep_testkit::{free_port, temp_dir, NatsCluster, NatsServer};
 
 const NS: &str = "slurm-bench";
 const MARK: &str = "lockstep-bench";
@@ -46,6 +48,7 @@ struct Args {
     nodes: usize,
     slurmd: usize,
     poll_ms: u64,
+    cluster: bool,
 }
 
 fn args() -> Args {
@@ -54,6 +57,7 @@ fn args() -> Args {
         nodes: 4,
         slurmd: 4,
         poll_ms: 1000,
+        cluster: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -67,8 +71,11 @@ fn args() -> Args {
             "--nodes" => a.nodes = value() as usize,
             "--slurmd" => a.slurmd = value() as usize,
             "--poll-ms" => a.poll_ms = value(),
+            "--cluster" => a.cluster = true,
             "-h" | "--help" => {
-                println!("reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N]");
+                println!(
+                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster]"
+                );
                 std::process::exit(0);
             }
             other => panic!("unknown argument {other}"),
@@ -257,7 +264,15 @@ async fn main() {
     }
 
     // lockstep, as deployed: NATS log, leader election, its ServiceAccount.
-    let nats = NatsServer::start();
+    let (_single, _cluster, nats_url, replicas) = if a.cluster {
+        let c = NatsCluster::start();
+        let url = c.url();
+        (None, Some(c), url, 3)
+    } else {
+        let s = NatsServer::start();
+        let url = s.url();
+        (Some(s), None, url, 1)
+    };
     let dir = temp_dir("reaction-latency");
     let port = free_port();
     let policy = serde_json::json!({"health": {"unhealthy_taint": null}});
@@ -266,12 +281,12 @@ async fn main() {
         dir.join("lockstep.toml"),
         format!(
             "data_dir = \"data\"\npolicy_file = \"policy.json\"\n\
-             [log]\nnats_url = \"{nats}\"\n\
+             [log]\nnats_url = \"{nats}\"\nreplicas = {replicas}\n\
              [telemetry]\nlisten = \"127.0.0.1:{port}\"\n\
              [kubernetes]\nkubeconfig = \"{kc}\"\n\
              [slurm]\nrest_url = \"{rest}\"\njwt_file = \"{jwt}\"\nslurm_conf = \"{conf}\"\npoll_interval_ms = {poll}\n\
              [leader_election]\nnamespace = \"lockstep-system\"\nlease_name = \"bench\"\n",
-            nats = nats.url(),
+            nats = nats_url,
             kc = env("LOCKSTEP_KUBECONFIG"),
             rest = env("SLURMRESTD_URL"),
             jwt = env("SLURM_JWT_FILE"),
@@ -289,7 +304,7 @@ async fn main() {
         .spawn()
         .expect("lockstep runs (cargo build --release --bin lockstep)");
     let lockstep = Kill(child);
-    let _ = FAILURE_EXPORT.set((nats.url(), dir.clone()));
+    let _ = FAILURE_EXPORT.set((nats_url.clone(), dir.clone()));
     eprintln!("lockstep log: {}", dir.join("run.log").display());
     wait("lockstep leads", Duration::from_secs(60), || async {
         leads(port)
@@ -327,7 +342,11 @@ async fn main() {
         .await;
     }
     figures(
-        &format!("cordon -> DRAIN visible in slurmctld ({} nodes)", a.nodes),
+        &format!(
+            "cordon -> DRAIN visible in slurmctld ({} nodes, log {})",
+            a.nodes,
+            if a.cluster { "R3" } else { "R1" }
+        ),
         cordon,
     );
 
@@ -375,8 +394,10 @@ async fn main() {
     }
     figures(
         &format!(
-            "Slurm drain -> pod condition visible in the API ({} nodes, poll {} ms)",
-            a.nodes, a.poll_ms
+            "Slurm drain -> pod condition visible in the API ({} nodes, poll {} ms, log {})",
+            a.nodes,
+            a.poll_ms,
+            if a.cluster { "R3" } else { "R1" }
         ),
         drain,
     );
