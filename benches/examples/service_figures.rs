@@ -8,7 +8,8 @@
 //! cargo build --release --bin lockstep
 //! cargo run --release -p lockstep-benches --example service_figures -- [events] [memory_nodes]
 //! ```
-//! (defaults: 1,000,000 events, 50,000 nodes; needs `nats-server` on PATH).
+//! (defaults: 1,000,000 events, 50,000 nodes, 0 to skip the memory figures;
+//! needs `nats-server` on PATH).
 //!
 //! With `--memory` first, only the memory figures:
 //! `cargo run --release -p lockstep-benches --example service_figures -- --memory [memory_nodes]`.
@@ -300,8 +301,10 @@ fn main() {
     drop(nats);
     let _ = std::fs::remove_dir_all(&dir);
 
-    // 5. Memory with a large model.
-    memory(&rt, memory_nodes);
+    // 5. Memory with a large model (0: skip).
+    if memory_nodes > 0 {
+        memory(&rt, memory_nodes);
+    }
 }
 
 /// Resident memory of `lockstep run` with `memory_nodes` Slurm nodes (one
