@@ -1,11 +1,23 @@
 //! Serializes hash maps in key order, so that a snapshot (and the state hash
 //! taken over it) does not depend on hash-map iteration order.
+//!
+//! Neither direction builds a second map of the entries: writing sorts a
+//! vector of references (16 bytes an entry), reading inserts each entry
+//! straight into a table sized once from the map's length. A `BTreeMap` in
+//! between held every value twice at the peak of a restore.
 
-use std::collections::BTreeMap;
+use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 
 use rustc_hash::FxHashMap;
+use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Entries reserved up front at most, whatever length a snapshot claims: a
+/// damaged length must not allocate gigabytes before the decoder fails.
+/// The table grows past it as entries actually arrive.
+const RESERVE_ENTRIES_MAX: usize = 1 << 20;
 
 pub(crate) fn serialize<K, V, S>(map: &FxHashMap<K, V>, s: S) -> Result<S::Ok, S::Error>
 where
@@ -13,16 +25,64 @@ where
     V: Serialize,
     S: Serializer,
 {
-    let ordered: BTreeMap<&K, &V> = map.iter().collect();
-    ordered.serialize(s)
+    let mut ordered: Vec<(&K, &V)> = map.iter().collect();
+    // Keys are unique, so an unstable sort gives the one order.
+    ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    s.collect_map(ordered)
 }
 
 pub(crate) fn deserialize<'de, K, V, D>(d: D) -> Result<FxHashMap<K, V>, D::Error>
 where
-    K: Ord + Eq + Hash + Deserialize<'de>,
+    K: Eq + Hash + Deserialize<'de>,
     V: Deserialize<'de>,
     D: Deserializer<'de>,
 {
-    let ordered: BTreeMap<K, V> = BTreeMap::deserialize(d)?;
-    Ok(ordered.into_iter().collect())
+    struct Entries<K, V>(PhantomData<(K, V)>);
+
+    impl<'de, K, V> Visitor<'de> for Entries<K, V>
+    where
+        K: Eq + Hash + Deserialize<'de>,
+        V: Deserialize<'de>,
+    {
+        type Value = FxHashMap<K, V>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+            let reserve = access.size_hint().unwrap_or(0).min(RESERVE_ENTRIES_MAX);
+            let mut map = FxHashMap::with_capacity_and_hasher(reserve, Default::default());
+            // A repeated key keeps its last value, as a `BTreeMap` did.
+            while let Some((k, v)) = access.next_entry()? {
+                map.insert(k, v);
+            }
+            Ok(map)
+        }
+    }
+
+    d.deserialize_map(Entries(PhantomData))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct Hashed(#[serde(with = "super")] FxHashMap<String, u32>);
+
+    #[test]
+    fn writes_the_bytes_of_the_same_entries_in_a_btree_map_and_reads_them_back() {
+        let entries = [("b", 2), ("a", 1), ("c", 3), ("aa", 4)];
+        let hashed: FxHashMap<String, u32> =
+            entries.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+        let btree: BTreeMap<String, u32> =
+            entries.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+        let bytes = rmp_serde::to_vec_named(&Hashed(hashed.clone())).expect("encodes");
+        assert_eq!(bytes, rmp_serde::to_vec_named(&btree).expect("encodes"));
+        let back: Hashed = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(back.0, hashed);
+    }
 }

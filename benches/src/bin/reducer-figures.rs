@@ -88,9 +88,11 @@ fn memory(slurm_nodes: usize) {
 
 fn restore(path: &str) {
     let before = rss_mib();
-    let bytes = std::fs::read(path).expect("read snapshot");
-    let engine = Engine::restore(&bytes).expect("restores");
-    drop(bytes);
+    // Decoded as it is read, as the service restores its checkpoint: a
+    // buffer of the whole snapshot, freed after, counted here before.
+    let file = std::fs::File::open(path).expect("open snapshot");
+    let engine =
+        Engine::restore_from(std::io::BufReader::with_capacity(256 << 10, file)).expect("restores");
     let [s, k, p, j] = engine.sizes();
     println!(
         "memory: engine with {s} slurm nodes, {k} kubernetes nodes, {p} pods, {j} jobs restored from a {:.1} MB snapshot: {:.0} MiB resident ({before:.0} MiB before)",
