@@ -99,10 +99,28 @@ impl Engine {
     /// its tombstone; a deletion that is applied leaves one.
     pub(super) fn stale(&mut self, event: &Event, ctx: &Ctx<'_>) -> bool {
         let now_ms = ctx.now_ms;
+        let version = event.version();
+        // The common case first, without building the object's key: an
+        // observation of an object held. Only row 2 can apply to it; there
+        // is no tombstone to read or lift.
+        let observed_held = match event {
+            Event::SlurmNode(SlurmNode { name, .. }) => {
+                Some(self.model.slurm_nodes.get(name).map(|s| s.obs.version))
+            }
+            Event::SlurmJob(SlurmJob { job_id, .. }) => {
+                Some(self.model.jobs.get(job_id).map(|s| s.obs.version))
+            }
+            Event::KubeNode(KubeNode { name, .. }) => {
+                Some(self.model.kube_nodes.get(name).map(|k| k.obs.version))
+            }
+            _ => None,
+        };
+        if let Some(Some(held)) = observed_held {
+            return stale::older_than_held(version, Some(held));
+        }
         let Some((key, held)) = self.held(event) else {
             return false;
         };
-        let version = event.version();
         if stale::older_than_held(version, held) {
             return true;
         }
@@ -244,7 +262,7 @@ impl Engine {
                 };
                 let side_changed = SlurmSide::of(&seen.obs, &own) != SlurmSide::of(node, &own);
                 let busy_changed = scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
-                seen.obs.clone_from(node);
+                crate::model::assign_slurm_node(&mut seen.obs, node);
                 seen.gen = gen;
                 if side_changed {
                     self.touch_slurm(&node.name);

@@ -415,11 +415,16 @@ impl Engine {
         let mut old: Vec<(u32, String, String, String)> = Vec::new();
         for (key, entry) in &self.model.pods {
             let p = &entry.obs;
-            let Some((slurm, _, uid)) = live.iter().find(|(_, k, _)| k == key) else {
+            if p.revision.as_ref().is_none_or(|r| r == rev) {
+                continue;
+            }
+            // `live` is sorted by pod key, each key once (`pod_facts`): a
+            // look-up per pod, not a walk of every pod of the target.
+            let Ok(at) = live.binary_search_by(|(_, k, _)| k.as_str().cmp(key.as_str())) else {
                 continue;
             };
-            if p.revision.as_ref().is_none_or(|r| r == rev)
-                || self.scaling.victims.contains_key(slurm)
+            let (slurm, _, uid) = &live[at];
+            if self.scaling.victims.contains_key(slurm)
                 || p.deleting
                 || !self.model.slurm_nodes.contains_key(slurm)
             {
