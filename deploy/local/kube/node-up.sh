@@ -128,6 +128,15 @@ start() {
   setsid bash -c 'echo $$ > "$1"; shift; exec "$@"' _ "$RUN/$name.pid" "$@" \
     >> "$LOGS/$name.log" 2>&1 < /dev/null 9>&- &
   for _ in $(seq 50); do [[ -s $RUN/$name.pid ]] && break; sleep 0.1; done
+  # The shell writes the pid file before it execs NAME: wait for the exec
+  # (or the end of the process), so that `alive`, which checks the name in
+  # /proc/PID/comm, does not take the shell for a process that exited.
+  local pid
+  pid=$(cat "$RUN/$name.pid" 2>/dev/null) || true
+  for _ in $(seq 100); do
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == bash ]] || break
+    sleep 0.05
+  done
 }
 wait_for() {
   local name=$1 check=$2 t0=$SECONDS

@@ -141,6 +141,15 @@ start() {
   setsid bash -c 'echo $$ > "$1"; shift; exec "$@"' _ "$RUN/$name.pid" "$BIN/$name" "$@" \
     >> "$LOGS/$name.log" 2>&1 < /dev/null 9>&- &   # 9>&-: do not hold the state lock
   for _ in $(seq 50); do [[ -s $RUN/$name.pid ]] && break; sleep 0.1; done
+  # The shell writes the pid file before it execs NAME: wait for the exec
+  # (or the end of the process), so that `alive`, which checks the name in
+  # /proc/PID/comm, does not take the shell for a process that exited.
+  local pid
+  pid=$(cat "$RUN/$name.pid" 2>/dev/null) || true
+  for _ in $(seq 100); do
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == bash ]] || break
+    sleep 0.05
+  done
 }
 etcd_healthy() { grep -q '"health":"true"' <<< "$(curl -fsS -m 3 "http://127.0.0.1:$ETCD_CLIENT_PORT/health" 2>/dev/null)"; }
 api_ready() { [[ $(curl -ksS -m 5 -H "Authorization: Bearer $TOKEN" "$SERVER/readyz" 2>/dev/null) == ok ]]; }
