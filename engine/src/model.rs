@@ -338,7 +338,7 @@ impl Model {
                 }
                 hold(&mut self.running_jobs, &seen.obs, false, flipped);
                 demand(&mut self.pending_nodes, &self.unscalable, &seen.obs, false);
-                assign_job(&mut seen.obs, job);
+                seen.obs.assign_from(job);
             }
             None => {
                 self.jobs.insert(
@@ -416,52 +416,4 @@ pub(crate) fn slurm_relevant_change(a: &SlurmNode, b: &SlurmNode) -> bool {
         || a.features != b.features
         || a.topology != b.topology
         || a.partitions != b.partitions
-}
-
-/// `held.clone_from(seen)` field by field: the derived `clone_from` clones
-/// the whole node anew, while a node observed again mostly differs in its
-/// state alone, so this reuses the held strings' buffers.
-pub(crate) fn assign_slurm_node(held: &mut SlurmNode, seen: &SlurmNode) {
-    // Destructured so that a new field cannot be forgotten here.
-    let SlurmNode {
-        name,
-        state,
-        flags,
-        reason,
-        reason_user,
-        features,
-        topology,
-        partitions,
-        version,
-    } = seen;
-    held.name.clone_from(name);
-    held.state.clone_from(state);
-    held.flags.clone_from(flags);
-    held.reason.clone_from(reason);
-    held.reason_user.clone_from(reason_user);
-    held.features.clone_from(features);
-    held.topology.clone_from(topology);
-    held.partitions.clone_from(partitions);
-    held.version = *version;
-}
-
-/// `held.clone_from(seen)` field by field, reusing the held buffers (see
-/// [`assign_slurm_node`]).
-fn assign_job(held: &mut SlurmJob, seen: &SlurmJob) {
-    let SlurmJob {
-        job_id,
-        state,
-        partition,
-        nodes,
-        node_count,
-        pending_reason,
-        version,
-    } = seen;
-    held.job_id = *job_id;
-    held.state.clone_from(state);
-    held.partition.clone_from(partition);
-    held.nodes.clone_from(nodes);
-    held.node_count = *node_count;
-    held.pending_reason.clone_from(pending_reason);
-    held.version = *version;
 }

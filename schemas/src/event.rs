@@ -291,8 +291,9 @@ const fn yes() -> bool {
 }
 
 /// Equality of what an observation says, its version aside: a relist that
-/// only bumps versions is the same observation. Destructures every field, so
-/// a field added later cannot be forgotten here.
+/// only bumps versions is the same observation; and assignment that reuses
+/// the held buffers. Destructures every field, so a field added later
+/// cannot be forgotten here.
 macro_rules! same_but_version {
     ($ty:ident { $($field:ident),* $(,)? }) => {
         impl $ty {
@@ -300,6 +301,16 @@ macro_rules! same_but_version {
             pub fn same_but_version(&self, other: &Self) -> bool {
                 let $ty { version: _, $($field),* } = self;
                 $(*$field == other.$field)&&*
+            }
+
+            /// `self.clone_from(other)` field by field: the derived
+            /// `clone_from` clones the whole object anew, while an object
+            /// observed again mostly differs in a field or two, so this
+            /// reuses the buffers already held.
+            pub fn assign_from(&mut self, other: &Self) {
+                let $ty { version, $($field),* } = other;
+                $(self.$field.clone_from($field);)*
+                self.version = *version;
             }
         }
     };

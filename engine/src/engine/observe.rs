@@ -262,7 +262,7 @@ impl Engine {
                 };
                 let side_changed = SlurmSide::of(&seen.obs, &own) != SlurmSide::of(node, &own);
                 let busy_changed = scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
-                crate::model::assign_slurm_node(&mut seen.obs, node);
+                seen.obs.assign_from(node);
                 seen.gen = gen;
                 if side_changed {
                     self.touch_slurm(&node.name);
