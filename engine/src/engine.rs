@@ -312,6 +312,12 @@ impl Engine {
         self.flights.pending()
     }
 
+    /// Ids of the actions in flight (sent, no outcome yet), in no
+    /// particular order: what [`Self::pending`] lists, without copying.
+    pub fn pending_ids(&self) -> impl Iterator<Item = &lockstep_schemas::ActionId> {
+        self.flights.pending_ids()
+    }
+
     /// Number of Slurm nodes, Kubernetes nodes, pods and jobs in the model.
     pub fn sizes(&self) -> [usize; 4] {
         [

@@ -581,6 +581,12 @@ impl Flights {
         named.chain(self.scale.values().map(|e| &e.slot))
     }
 
+    /// Ids of the actions sent and without an outcome yet, in no particular
+    /// order, borrowed: [`Self::pending`] without a copy of each.
+    pub fn pending_ids(&self) -> impl Iterator<Item = &ActionId> {
+        self.slots().filter_map(Slot::pending).map(|f| &f.id)
+    }
+
     /// Targets with an action sent and no outcome yet.
     pub fn pending(&self) -> Vec<(Target, ActionId)> {
         let mut v: Vec<(Target, ActionId)> = self

@@ -11,13 +11,13 @@ use std::time::Duration;
 use anyhow::Result;
 use lockstep_connectors::clock::now_ms;
 use lockstep_engine::Engine;
-use lockstep_schemas::{Envelope, Event, IssuedAction, Policy, Source};
+use lockstep_schemas::{ActionId, Envelope, Event, IssuedAction, Policy, Source};
 use lockstep_store::{EventLog, Store};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use super::connectors::{self, Actuators, Watched};
-use super::dispatch::dispatch;
+use super::dispatch::{dispatch, DISPATCH_PAGE};
 use crate::config::Config;
 
 /// A leadership's tasks and where its actions go.
@@ -91,23 +91,40 @@ impl Acting {
             Some(_) => now_ms().saturating_sub(cfg.log.duplicate_window_s * 1000 * 9 / 10),
             None => 0,
         };
-        let unpublished: Vec<_> = store
-            .undispatched()?
-            .into_iter()
-            .filter(|a| a.time_ms >= horizon)
-            .collect();
-        let in_flight: std::collections::HashSet<_> =
-            engine.pending().into_iter().map(|(_, id)| id).collect();
+        // Borrowed, not copied: a new leader may find a hundred thousand
+        // actions in flight.
+        let in_flight: std::collections::HashSet<&ActionId> = engine.pending_ids().collect();
         info!(
             applied_seq = engine.last_seq(),
-            unpublished = unpublished.len(),
             in_flight = in_flight.len(),
             "acting"
         );
-        dispatch(store, log, &self.actuators, unpublished, |a| {
-            in_flight.contains(&a.id)
-        })
-        .await
+        // Page by page: however many actions wait, memory holds one page
+        // of them and of their publication.
+        let (mut unpublished, mut too_old) = (0usize, 0usize);
+        let mut after: Option<IssuedAction> = None;
+        loop {
+            let page = store.undispatched(after.as_ref(), DISPATCH_PAGE)?;
+            let Some(last) = page.last().cloned() else {
+                break;
+            };
+            let (recent, old): (Vec<_>, Vec<_>) =
+                page.into_iter().partition(|a| a.time_ms >= horizon);
+            store.forget_undispatched(&old)?;
+            too_old += old.len();
+            unpublished += recent.len();
+            dispatch(store, log, &self.actuators, &recent, |a| {
+                in_flight.contains(&a.id)
+            })
+            .await?;
+            after = Some(last);
+        }
+        info!(
+            unpublished,
+            too_old_to_publish = too_old,
+            "actions of earlier leaderships published"
+        );
+        Ok(())
     }
 
     /// Publishes the actions of a batch and carries out those this instance
@@ -116,7 +133,7 @@ impl Acting {
         &self,
         store: &Store,
         log: &EventLog,
-        actions: Vec<IssuedAction>,
+        actions: &[IssuedAction],
     ) -> Result<()> {
         dispatch(store, log, &self.actuators, actions, |_| true).await
     }

@@ -9,22 +9,41 @@ use lockstep_store::{EventLog, Store};
 use super::connectors::{Actuators, APPEND_BACKOFF_MAX_MS};
 use crate::telemetry;
 
+/// Actions published, recorded and handed over at a time: what one
+/// publication holds in memory (payloads and acks) is bounded by it, not by
+/// how many actions a batch or a take-over has.
+pub(super) const DISPATCH_PAGE: usize = 1024;
+
 /// Publishes actions the ledger has not dispatched, records them, then
 /// hands those this call was first to publish and that `carry_out` accepts
-/// to the actuators of this process.
+/// to the actuators of this process; [`DISPATCH_PAGE`] actions at a time,
+/// in order.
 pub(super) async fn dispatch(
     store: &Store,
     log: &EventLog,
     actuators: &Actuators,
-    actions: Vec<IssuedAction>,
+    actions: &[IssuedAction],
     carry_out: impl Fn(&IssuedAction) -> bool,
+) -> Result<()> {
+    for page in actions.chunks(DISPATCH_PAGE) {
+        dispatch_page(store, log, actuators, page, &carry_out).await?;
+    }
+    Ok(())
+}
+
+async fn dispatch_page(
+    store: &Store,
+    log: &EventLog,
+    actuators: &Actuators,
+    actions: &[IssuedAction],
+    carry_out: &impl Fn(&IssuedAction) -> bool,
 ) -> Result<()> {
     let mut todo = Vec::with_capacity(actions.len());
     for a in actions {
         if store.ledger_entry(&a.id)?.is_some_and(|e| e.dispatched > 0) {
             continue;
         }
-        todo.push(a);
+        todo.push(a.clone());
     }
     if todo.is_empty() {
         return Ok(());

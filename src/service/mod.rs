@@ -257,7 +257,7 @@ impl Service {
         if let Some(acting) = self.role.acting() {
             // Then act.
             acting
-                .dispatch(&self.store, &self.log, self.out.actions.clone())
+                .dispatch(&self.store, &self.log, &self.out.actions)
                 .await?;
             self.sync.published(batch, &self.out.actions);
             // What is watched follows the policy in force, as the engine

@@ -1,6 +1,7 @@
-//! The store: the action ledger and the audit index (sled), committed
-//! together in one transaction per batch, and the engine checkpoint, a file
-//! beside them written by streaming.
+//! The store: the action ledger, its index of actions not yet dispatched,
+//! and the audit index (sled), committed together in one transaction per
+//! batch, and the engine checkpoint, a file beside them written by
+//! streaming.
 //!
 //! It owns durability of what the service decided; it never decides. A
 //! checkpoint carries a SHA-256 of its bytes: a damaged or truncated one is
@@ -18,8 +19,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sled::Transactional;
 
-/// The format this build writes. A store written by a newer format is refused.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this build writes. A store written by a newer format is
+/// refused; an older one is upgraded when opened.
+///
+/// - 1: ledger, audit index, checkpoint.
+/// - 2: and the `undispatched` index (built from the ledger on upgrade).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +130,10 @@ pub struct Store {
     db: sled::Db,
     meta: sled::Tree,
     ledger: sled::Tree,
+    /// `seq(BE) id` of every ledger entry not dispatched and without an
+    /// outcome: what a new leader publishes, found without reading the
+    /// whole ledger (which keeps every action ever issued).
+    undispatched: sled::Tree,
     audit: sled::Tree,
 }
 
@@ -156,28 +165,51 @@ impl Store {
     fn from_db(db: sled::Db, dir: &Path) -> Result<Self> {
         let meta = db.open_tree("meta")?;
         let ledger = db.open_tree("ledger")?;
+        let undispatched = db.open_tree("undispatched")?;
         let audit = db.open_tree("audit")?;
-        match meta.get("format")? {
-            Some(v) => {
-                let found = u32::from_be_bytes(v.as_ref().try_into().unwrap_or([0xff; 4]));
-                if found > FORMAT_VERSION {
-                    return Err(Error::NewerFormat {
-                        path: dir.display().to_string(),
-                        found,
-                    });
-                }
-            }
-            None => {
-                meta.insert("format", &FORMAT_VERSION.to_be_bytes())?;
-            }
+        let found = match meta.get("format")? {
+            Some(v) => u32::from_be_bytes(v.as_ref().try_into().unwrap_or([0xff; 4])),
+            // A new store (format 1 stores always recorded their format).
+            None => FORMAT_VERSION,
+        };
+        if found > FORMAT_VERSION {
+            return Err(Error::NewerFormat {
+                path: dir.display().to_string(),
+                found,
+            });
         }
-        Ok(Self {
+        let store = Self {
             dir: dir.to_path_buf(),
             db,
             meta,
             ledger,
+            undispatched,
             audit,
-        })
+        };
+        if found < 2 {
+            // Idempotent: a crash before the new format is recorded builds
+            // the same index again on the next open.
+            store.index_undispatched()?;
+        }
+        if found != FORMAT_VERSION || store.meta.get("format")?.is_none() {
+            store.meta.insert("format", &FORMAT_VERSION.to_be_bytes())?;
+            store.db.flush()?;
+        }
+        Ok(store)
+    }
+
+    /// Builds the `undispatched` index from the ledger (upgrading a format
+    /// 1 store).
+    fn index_undispatched(&self) -> Result<()> {
+        for item in self.ledger.iter() {
+            let (_, v) = item?;
+            let entry = decode_entry(&v)?;
+            if entry.is_undispatched() {
+                self.undispatched
+                    .insert(undispatched_key(&entry.issued), &[])?;
+            }
+        }
+        Ok(())
     }
 
     /// The last checkpoint, verified, read whole into memory; `Ok(None)`
@@ -293,8 +325,8 @@ impl Store {
                 rmp_serde::to_vec_named(t).expect("transitions encode"),
             ));
         }
-        (&self.ledger, &self.audit)
-            .transaction(|(ledger, audit)| {
+        (&self.ledger, &self.undispatched, &self.audit)
+            .transaction(|(ledger, undispatched, audit)| {
                 for a in &commit.issued {
                     // Re-applying after a restart issues the same ids: keep
                     // what the ledger already knows about them.
@@ -308,12 +340,14 @@ impl Store {
                             a.id.0.as_bytes(),
                             rmp_serde::to_vec_named(&entry).expect("ledger encodes"),
                         )?;
+                        undispatched.insert(undispatched_key(a), &[])?;
                     }
                 }
                 for (id, outcome) in &commit.outcomes {
                     if let Some(raw) = ledger.get(id.0.as_bytes())? {
                         if let Ok(mut entry) = rmp_serde::from_slice::<LedgerEntry>(&raw) {
                             entry.outcome = Some(outcome.clone());
+                            undispatched.remove(undispatched_key(&entry.issued))?;
                             ledger.insert(
                                 id.0.as_bytes(),
                                 rmp_serde::to_vec_named(&entry).expect("ledger encodes"),
@@ -329,48 +363,86 @@ impl Store {
             .map_err(|e: sled::transaction::TransactionError| Error::Transaction(e.to_string()))
     }
 
-    /// Actions of the ledger this store never dispatched and that have no
-    /// outcome (an action with an outcome was dispatched, by another
-    /// instance if not by this one), in issue order.
-    pub fn undispatched(&self) -> Result<Vec<IssuedAction>> {
-        let mut out = Vec::new();
-        for item in self.ledger.iter() {
-            let (_, v) = item?;
-            let entry: LedgerEntry = rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
-                what: "ledger entry",
-                source,
-            })?;
-            if entry.dispatched == 0 && entry.outcome.is_none() {
-                out.push(entry.issued);
+    /// Up to `max` actions of the ledger this store never dispatched and
+    /// that have no outcome (an action with an outcome was dispatched, by
+    /// another instance if not by this one), in issue order: the first
+    /// ones, or those after `after` (the last of the previous page). Read
+    /// page by page, the actions a new leader publishes take memory for one
+    /// page, however many there are.
+    pub fn undispatched(
+        &self,
+        after: Option<&IssuedAction>,
+        max: usize,
+    ) -> Result<Vec<IssuedAction>> {
+        let keys = match after {
+            Some(a) => {
+                let mut from = undispatched_key(a);
+                from.push(0);
+                self.undispatched.range(from..)
+            }
+            None => self.undispatched.iter(),
+        };
+        let mut out = Vec::with_capacity(max.min(1024));
+        for item in keys {
+            if out.len() >= max {
+                break;
+            }
+            let (k, _) = item?;
+            let entry = self
+                .ledger
+                .get(&k[8..])?
+                .map(|v| decode_entry(&v))
+                .transpose()?;
+            match entry {
+                Some(e) if e.is_undispatched() => out.push(e.issued),
+                // Not in the ledger, or dispatched since: not indexed.
+                _ => {
+                    self.undispatched.remove(&k)?;
+                }
             }
         }
-        out.sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
         Ok(out)
     }
 
-    /// Records that these actions were handed to the action stream.
-    pub fn mark_dispatched(&self, ids: &[ActionId]) -> Result<()> {
-        for id in ids {
-            self.ledger.update_and_fetch(id.0.as_bytes(), |old| {
-                let old = old?;
-                let mut entry: LedgerEntry = rmp_serde::from_slice(old).ok()?;
-                entry.dispatched += 1;
-                Some(rmp_serde::to_vec_named(&entry).expect("ledger encodes"))
-            })?;
+    /// Takes actions out of those [`Self::undispatched`] offers, without
+    /// recording a dispatch: actions too old to publish (see the service's
+    /// take-over), left to the leader of their time.
+    pub fn forget_undispatched(&self, actions: &[IssuedAction]) -> Result<()> {
+        for a in actions {
+            self.undispatched.remove(undispatched_key(a))?;
         }
         Ok(())
+    }
+
+    /// Records that these actions were handed to the action stream, in one
+    /// transaction.
+    pub fn mark_dispatched(&self, ids: &[ActionId]) -> Result<()> {
+        (&self.ledger, &self.undispatched)
+            .transaction(|(ledger, undispatched)| {
+                for id in ids {
+                    let Some(old) = ledger.get(id.0.as_bytes())? else {
+                        continue;
+                    };
+                    let Ok(mut entry) = rmp_serde::from_slice::<LedgerEntry>(&old) else {
+                        continue;
+                    };
+                    entry.dispatched += 1;
+                    undispatched.remove(undispatched_key(&entry.issued))?;
+                    ledger.insert(
+                        id.0.as_bytes(),
+                        rmp_serde::to_vec_named(&entry).expect("ledger encodes"),
+                    )?;
+                }
+                Ok(())
+            })
+            .map_err(|e: sled::transaction::TransactionError| Error::Transaction(e.to_string()))
     }
 
     /// The ledger entry of one action.
     pub fn ledger_entry(&self, id: &ActionId) -> Result<Option<LedgerEntry>> {
         self.ledger
             .get(id.0.as_bytes())?
-            .map(|v| {
-                rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
-                    what: "ledger entry",
-                    source,
-                })
-            })
+            .map(|v| decode_entry(&v))
             .transpose()
     }
 
@@ -378,13 +450,7 @@ impl Store {
     pub fn ledger(&self) -> Result<Vec<LedgerEntry>> {
         self.ledger
             .iter()
-            .map(|item| {
-                let (_, v) = item?;
-                rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
-                    what: "ledger entry",
-                    source,
-                })
-            })
+            .map(|item| decode_entry(&item?.1))
             .collect()
     }
 
@@ -459,6 +525,29 @@ pub(crate) fn sled_config(dir: &Path) -> sled::Config {
 
 /// Upper bound of sled's page cache, per database.
 const CACHE_BYTES_MAX: u64 = 8 << 20;
+
+impl LedgerEntry {
+    /// Never dispatched by this store, and no outcome.
+    fn is_undispatched(&self) -> bool {
+        self.dispatched == 0 && self.outcome.is_none()
+    }
+}
+
+fn decode_entry(raw: &[u8]) -> Result<LedgerEntry> {
+    rmp_serde::from_slice(raw).map_err(|source| Error::Decode {
+        what: "ledger entry",
+        source,
+    })
+}
+
+/// `seq(BE) id`: the `undispatched` index in issue order (the order the
+/// ledger's actions were published in).
+fn undispatched_key(a: &IssuedAction) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + a.id.0.len());
+    k.extend_from_slice(&a.seq.to_be_bytes());
+    k.extend_from_slice(a.id.0.as_bytes());
+    k
+}
 
 /// `node \0 seq(BE) index(BE)`: a node's transitions in log order.
 fn audit_key(node: &str, seq: u64, index: u32) -> Vec<u8> {

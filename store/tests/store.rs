@@ -57,7 +57,10 @@ fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
     // The same batch again (a restart re-applies it): nothing duplicated,
     // nothing the ledger knew forgotten.
     store.commit(&commit).unwrap();
-    assert_eq!(store.undispatched().unwrap(), [commit.issued[1].clone()]);
+    assert_eq!(
+        store.undispatched(None, 100).unwrap(),
+        [commit.issued[1].clone()]
+    );
     assert_eq!(
         store
             .ledger_entry(&commit.issued[0].id)
@@ -217,6 +220,108 @@ fn a_checkpoint_in_the_database_is_read_until_a_file_replaces_it() {
     std::fs::remove_file(dir.join("engine.checkpoint")).unwrap();
     let store = Store::open(&dir).unwrap();
     assert_eq!(store.checkpoint().unwrap(), None);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn undispatched_actions_come_in_pages_in_issue_order_and_leave_when_dispatched_done_or_forgotten() {
+    let dir = temp_dir("store-undispatched");
+    let store = Store::open(&dir).unwrap();
+    // Issued out of order across batches; offered in (seq, id) order.
+    let all: Vec<IssuedAction> = (0..10u64)
+        .map(|i| issued(100 - i, &format!("n{i}")))
+        .collect();
+    store
+        .commit(&Commit {
+            issued: all[5..].to_vec(),
+            ..Commit::default()
+        })
+        .unwrap();
+    store
+        .commit(&Commit {
+            issued: all[..5].to_vec(),
+            ..Commit::default()
+        })
+        .unwrap();
+    let mut expected = all.clone();
+    expected.sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+    let pages = |store: &Store| {
+        let mut got = Vec::new();
+        let mut page = store.undispatched(None, 3).unwrap();
+        while !page.is_empty() {
+            assert!(page.len() <= 3);
+            got.extend(page);
+            page = store.undispatched(got.last(), 3).unwrap();
+        }
+        got
+    };
+    assert_eq!(pages(&store), expected);
+    // Dispatched, finished (an outcome from another instance's dispatch),
+    // forgotten: none of them is offered again.
+    store.mark_dispatched(&[expected[0].id.clone()]).unwrap();
+    store
+        .commit(&Commit {
+            outcomes: vec![(expected[4].id.clone(), OutcomeResult::Succeeded)],
+            ..Commit::default()
+        })
+        .unwrap();
+    store
+        .forget_undispatched(std::slice::from_ref(&expected[9]))
+        .unwrap();
+    let left: Vec<_> = [1, 2, 3, 5, 6, 7, 8]
+        .iter()
+        .map(|&i| expected[i].clone())
+        .collect();
+    assert_eq!(pages(&store), left);
+    // Forgetting keeps the ledger entry as it was.
+    assert_eq!(
+        store
+            .ledger_entry(&expected[9].id)
+            .unwrap()
+            .unwrap()
+            .dispatched,
+        0
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_format_1_store_is_upgraded_with_its_undispatched_actions_indexed() {
+    let dir = temp_dir("store-upgrade");
+    let (a, b, c) = (issued(1, "n1"), issued(2, "n2"), issued(3, "n3"));
+    {
+        let store = Store::open(&dir).unwrap();
+        store
+            .commit(&Commit {
+                issued: vec![a.clone(), b.clone(), c.clone()],
+                ..Commit::default()
+            })
+            .unwrap();
+        store.mark_dispatched(std::slice::from_ref(&b.id)).unwrap();
+    }
+    {
+        // What a format 1 lockstep left: no index, format 1.
+        let db = sled::open(&dir).unwrap();
+        db.drop_tree("undispatched").unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .insert("format", &1u32.to_be_bytes())
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.undispatched(None, 10).unwrap(), [a, c]);
+    drop(store);
+    let db = sled::open(&dir).unwrap();
+    assert_eq!(
+        db.open_tree("meta")
+            .unwrap()
+            .get("format")
+            .unwrap()
+            .unwrap(),
+        &lockstep_store::store::FORMAT_VERSION.to_be_bytes()[..]
+    );
+    drop(db);
     let _ = std::fs::remove_dir_all(dir);
 }
 
