@@ -247,6 +247,9 @@ impl Flights {
                 let i = match slots.iter().position(|(a, _)| a.as_ref() == aspect) {
                     Some(i) => i,
                     None => {
+                        // Most owners have one slot for long: a first push
+                        // would make room for four.
+                        slots.reserve_exact(1);
                         slots.push((aspect.to_owned(), Entry::default()));
                         slots.len() - 1
                     }

@@ -20,7 +20,7 @@ impl Service {
     pub(super) async fn apply_batch(&mut self, batch: &[EventRecord]) -> Result<()> {
         let started = Instant::now();
         self.out.clear();
-        let mut commit = Commit::default();
+        let mut outcomes = Vec::new();
         for rec in batch {
             if rec.seq < self.next {
                 continue;
@@ -32,15 +32,16 @@ impl Service {
                     result: telemetry::outcome_result(&o.result),
                 }
                 .emit();
-                commit
-                    .outcomes
-                    .push((o.action_id.clone(), o.result.clone()));
+                outcomes.push((o.action_id.clone(), o.result.clone()));
             }
             self.next = rec.seq + 1;
         }
         let apply = started.elapsed();
-        commit.issued.clone_from(&self.out.actions);
-        commit.transitions.clone_from(&self.out.transitions);
+        let commit = Commit {
+            issued: &self.out.actions,
+            outcomes,
+            transitions: &self.out.transitions,
+        };
         let commit_started = Instant::now();
         self.store.commit(&commit).context("committing a batch")?;
         self.store.flush().await.context("flushing the store")?;

@@ -114,13 +114,14 @@ pub struct LedgerEntry {
 /// is not one of them: [`Store::write_checkpoint`] writes it apart, after
 /// the batch is committed and flushed.
 #[derive(Debug, Default)]
-pub struct Commit {
-    /// Actions issued in the batch.
-    pub issued: Vec<IssuedAction>,
+pub struct Commit<'a> {
+    /// Actions issued in the batch (borrowed from the engine's output: a
+    /// batch's actions are not copied to be committed).
+    pub issued: &'a [IssuedAction],
     /// Outcomes reported in the batch.
     pub outcomes: Vec<(ActionId, OutcomeResult)>,
     /// Transitions of the batch.
-    pub transitions: Vec<Transition>,
+    pub transitions: &'a [Transition],
 }
 
 /// The store.
@@ -308,13 +309,13 @@ impl Store {
     }
 
     /// Writes one batch atomically: ledger, audit index.
-    pub fn commit(&self, commit: &Commit) -> Result<()> {
+    pub fn commit(&self, commit: &Commit<'_>) -> Result<()> {
         // Keyed by (node, seq, place among that record's transitions): the
         // same whatever the batch split, so re-applying after a restart
         // overwrites instead of duplicating.
         let mut audit_rows: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(commit.transitions.len());
         let mut place = (0u64, 0u32);
-        for t in &commit.transitions {
+        for t in commit.transitions {
             place = if place.0 == t.seq {
                 (t.seq, place.1 + 1)
             } else {
@@ -327,7 +328,7 @@ impl Store {
         }
         (&self.ledger, &self.undispatched, &self.audit)
             .transaction(|(ledger, undispatched, audit)| {
-                for a in &commit.issued {
+                for a in commit.issued {
                     // Re-applying after a restart issues the same ids: keep
                     // what the ledger already knows about them.
                     if ledger.get(a.id.0.as_bytes())?.is_none() {

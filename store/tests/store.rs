@@ -42,9 +42,9 @@ fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
     let store = Store::open(&dir).unwrap();
     assert_eq!(store.checkpoint().unwrap(), None);
     let commit = Commit {
-        issued: vec![issued(9, "n1"), issued(10, "n2")],
+        issued: &[issued(9, "n1"), issued(10, "n2")],
         outcomes: vec![],
-        transitions: vec![
+        transitions: &[
             transition(9, "n1"),
             transition(10, "n2"),
             transition(10, "n1"),
@@ -233,13 +233,13 @@ fn undispatched_actions_come_in_pages_in_issue_order_and_leave_when_dispatched_d
         .collect();
     store
         .commit(&Commit {
-            issued: all[5..].to_vec(),
+            issued: &all[5..],
             ..Commit::default()
         })
         .unwrap();
     store
         .commit(&Commit {
-            issued: all[..5].to_vec(),
+            issued: &all[..5],
             ..Commit::default()
         })
         .unwrap();
@@ -293,7 +293,7 @@ fn a_format_1_store_is_upgraded_with_its_undispatched_actions_indexed() {
         let store = Store::open(&dir).unwrap();
         store
             .commit(&Commit {
-                issued: vec![a.clone(), b.clone(), c.clone()],
+                issued: &[a.clone(), b.clone(), c.clone()],
                 ..Commit::default()
             })
             .unwrap();

@@ -22,7 +22,7 @@ impl Engine {
         for n in &names {
             if let Some(s) = self.model.slurm_nodes.get(n) {
                 let side = SlurmSide::of(&s.obs, &own);
-                if self.ctl.get(n).is_some_and(|c| c.slurm_health.shown) {
+                if self.ctl.get(n).is_some_and(NodeCtl::slurm_health_shown) {
                     // Shown and still unhealthy; or shown, recovered, and
                     // held by the hysteresis: that keeps a taint, never puts
                     // one on.

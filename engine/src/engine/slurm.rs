@@ -41,7 +41,7 @@ impl Engine {
             self.flights.adopt(Owner::SlurmNode, name, state);
         }
         let ctl = self.ctl.get_mut(name).expect("inserted above");
-        let shown_before = ctl.slurm_health.shown;
+        let shown_before = ctl.slurm_health_shown();
         show_health(
             ctl,
             &view,
@@ -52,7 +52,7 @@ impl Engine {
             &mut self.damping.marks,
             &mut wake,
         );
-        let shown = ctl.slurm_health.shown;
+        let shown = ctl.slurm_health_shown();
         let cluster = &mut self.damping.drains;
         let visible = self.model.slurm_visible;
         let flights = &mut self.flights;
@@ -243,13 +243,15 @@ fn show_health(
                 .iter()
                 .any(|c| c.type_ == hc && c.status == ConditionStatus::False)
         });
-    if side.unhealthy && pod_shows && !ctl.slurm_health.shown {
-        ctl.slurm_health.shown = true;
-        ctl.slurm_health.unhealthy_since.get_or_insert(now);
+    if side.unhealthy && pod_shows && !ctl.slurm_health_shown() {
+        ctl.with_slurm_health(|h| {
+            h.shown = true;
+            h.unhealthy_since.get_or_insert(now);
+        });
     }
     if slurm_visible {
-        if let Some(at) =
-            health::slurm_health_step(&mut ctl.slurm_health, side.unhealthy, now, policy, marks)
+        if let Some(at) = ctl
+            .with_slurm_health(|h| health::slurm_health_step(h, side.unhealthy, now, policy, marks))
         {
             min_wake(wake, at);
         }
@@ -289,7 +291,7 @@ fn carry_origins(ctl: &mut NodeCtl, causes: &[Cause], view: &NodeView<'_>, ctx: 
     if !causes.is_empty() {
         ctl.cleared = None;
     } else if had_causes {
-        ctl.cleared = Some(here());
+        ctl.cleared = Some(Box::new(here()));
     }
 }
 
