@@ -338,6 +338,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 commands::read_policy(path)?;
             }
             lockstep::telemetry::init_logging(cfg.telemetry.log_format);
+            if !cfg.service.transparent_huge_pages {
+                opt_out_of_huge_pages();
+            }
             let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
             rt.block_on(lockstep::service::run(cfg, shutdown_signal()))?;
             Ok(ExitCode::SUCCESS)
@@ -435,6 +438,16 @@ async fn signalled() {
 /// signal, or a stop that takes longer than [`SHUTDOWN_GRACE`] (a hung
 /// disk, a lost data directory), ends the process at once: nothing is
 /// lost, the next start resumes from the last checkpoint and the log.
+/// Keeps the kernel from backing this process's memory with transparent
+/// huge pages (`[service] transparent_huge_pages`), before the runtime and
+/// the engine allocate: a huge page is resident as a whole.
+fn opt_out_of_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::warn!(error = %e, "could not opt out of transparent huge pages (prctl PR_SET_THP_DISABLE); resident memory may be higher");
+    }
+}
+
 async fn shutdown_signal() {
     signalled().await;
     tracing::info!("shutdown requested; finishing the batch (a second signal stops at once)");

@@ -405,6 +405,56 @@ fn the_embedded_log_needs_nothing_else_and_exports_to_a_replayable_file() {
     );
 }
 
+/// `THP_enabled` of a process (`/proc/PID/status`): whether the kernel may
+/// back its memory with transparent huge pages.
+fn thp_enabled(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("THP_enabled in /proc/PID/status (Linux 5.0+)")
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn lockstep_run_opts_out_of_transparent_huge_pages_unless_told_otherwise() {
+    // With a policy file the service appends `PolicyChanged` at start: once
+    // applied, the service runs (and stops gracefully on SIGTERM).
+    let service = Service::new(None);
+    let policy = service.dir.join("policy.json");
+    std::fs::write(&policy, serde_json::to_string(&Policy::default()).unwrap()).unwrap();
+    let cfg = std::fs::read_to_string(&service.config).unwrap();
+    std::fs::write(
+        &service.config,
+        format!("policy_file = \"policy.json\"\n{cfg}"),
+    )
+    .unwrap();
+    let child = service.start();
+    service.wait_applied(1);
+    assert_eq!(thp_enabled(child.id()), "0", "{}", service.log());
+    service.stop(child);
+
+    // On request, the node's setting applies, as it does to this test.
+    let cfg = std::fs::read_to_string(&service.config).unwrap();
+    std::fs::write(
+        &service.config,
+        cfg.replace("[service]\n", "[service]\ntransparent_huge_pages = true\n"),
+    )
+    .unwrap();
+    // A changed policy is appended at start: the second life's own record.
+    std::fs::write(&policy, r#"{"health": {"not_ready_grace_s": 5}}"#).unwrap();
+    let child = service.start();
+    service.wait_applied(2);
+    assert_eq!(
+        thp_enabled(child.id()),
+        thp_enabled(std::process::id()),
+        "{}",
+        service.log()
+    );
+    service.stop(child);
+}
+
 fn policy_in_force(store: &Path) -> Policy {
     let store = Store::open(store).unwrap();
     let cp = store.checkpoint().unwrap().unwrap();

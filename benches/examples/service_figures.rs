@@ -175,7 +175,7 @@ fn logged(log: &Path, what: &str, key: &str) -> Vec<String> {
 
 /// The service's default checkpoint cadence (`[service]
 /// checkpoint_every_records`; also every 30 s).
-const CHECKPOINT_EVERY: usize = 100_000;
+const CHECKPOINT_EVERY: usize = 50_000;
 
 fn config(dir: &Path, nats: &str, port: u16) -> PathBuf {
     let path = dir.join("lockstep.toml");

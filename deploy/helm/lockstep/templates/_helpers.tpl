@@ -75,6 +75,7 @@ tick_interval_ms = {{ int64 .Values.loop.tickIntervalMs }}
 policy_poll_ms = {{ int64 .Values.loop.policyPollMs }}
 checkpoint_every_records = {{ int64 .Values.loop.checkpointEveryRecords }}
 checkpoint_every_ms = {{ int64 .Values.loop.checkpointEveryMs }}
+transparent_huge_pages = {{ .Values.loop.transparentHugePages }}
 [telemetry]
 listen = "0.0.0.0:{{ .Values.telemetry.port }}"
 log_format = {{ .Values.telemetry.logFormat | quote }}
