@@ -21,7 +21,7 @@
 # (27443), LOCKSTEP_ETCD_CLIENT_PORT / _PEER_PORT (27479 / 27480),
 # LOCKSTEP_NODE_NAME (lockstep-node), LOCKSTEP_NODE_POD_CIDR (10.85.0.0/24),
 # LOCKSTEP_NODE_BRIDGE (lsnode0), LOCKSTEP_NODE_HOST_PORTS (loopback ports
-# pods may reach at the bridge address, space or comma separated),
+# pods may reach at the bridge address, space or comma separated; none),
 # LOCKSTEP_NODE_READY_TIMEOUT (180 s), LOCKSTEP_NODE_MONITOR_GRACE (20s).
 set -euo pipefail
 
@@ -45,7 +45,8 @@ KUBE="$STATE_ROOT/kube"
 NODE_NAME=${LOCKSTEP_NODE_NAME:-lockstep-node}
 POD_CIDR=${LOCKSTEP_NODE_POD_CIDR:-10.85.0.0/24}
 BRIDGE=${LOCKSTEP_NODE_BRIDGE:-lsnode0}
-read -r -a HOST_PORTS <<< "${LOCKSTEP_NODE_HOST_PORTS//,/ }"
+HOST_PORTS_LIST=${LOCKSTEP_NODE_HOST_PORTS:-}
+read -r -a HOST_PORTS <<< "${HOST_PORTS_LIST//,/ }"
 READY_TIMEOUT=${LOCKSTEP_NODE_READY_TIMEOUT:-180}
 MONITOR_GRACE=${LOCKSTEP_NODE_MONITOR_GRACE:-20s}
 # The same feature gates as the API server (deploy/local/kube/up.sh).
@@ -115,29 +116,9 @@ RUN="$NODE/run"
 LOGS="$NODE/logs"
 mkdir -p "$RUN" "$LOGS" "$NODE/containerd" "$NODE/cni/net.d" "$NODE/kubelet" "$NODE/pod-logs"
 
-alive() {
-  local pid
-  pid=$(cat "$RUN/$1.pid" 2>/dev/null) || return 1
-  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${1:0:15}" ]]
-}
-start() {
-  local name=$1; shift
-  rm -f "$RUN/$name.pid"
-  printf '\n==== %s start %s\n' "$(date -Is)" "$name" >> "$LOGS/$name.log"
-  # shellcheck disable=SC2016  # for the inner bash
-  setsid bash -c 'echo $$ > "$1"; shift; exec "$@"' _ "$RUN/$name.pid" "$@" \
-    >> "$LOGS/$name.log" 2>&1 < /dev/null 9>&- &
-  for _ in $(seq 50); do [[ -s $RUN/$name.pid ]] && break; sleep 0.1; done
-  # The shell writes the pid file before it execs NAME: wait for the exec
-  # (or the end of the process), so that `alive`, which checks the name in
-  # /proc/PID/comm, does not take the shell for a process that exited.
-  local pid
-  pid=$(cat "$RUN/$name.pid" 2>/dev/null) || true
-  for _ in $(seq 100); do
-    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == bash ]] || break
-    sleep 0.05
-  done
-}
+# alive NAME, start NAME COMMAND...
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
 wait_for() {
   local name=$1 check=$2 t0=$SECONDS
   while ! $check; do

@@ -124,33 +124,10 @@ EOF
 }
 
 # ---- process helpers --------------------------------------------------------
-# alive NAME: pid file present and the pid is a running NAME process
-alive() {
-  local pidf="$RUN/$1.pid" pid
-  [[ -s $pidf ]] || return 1
-  pid=$(<"$pidf")
-  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$1" ]]
-}
+# alive NAME, start NAME COMMAND...
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# start NAME ARGS...: detached (own session), pid written by the process itself
-start() {
-  local name=$1; shift
-  rm -f "$RUN/$name.pid"
-  printf '\n==== %s start %s\n' "$(date -Is)" "$name" >> "$LOGS/$name.log"
-  # shellcheck disable=SC2016  # $$ and $@ are for the inner bash
-  setsid bash -c 'echo $$ > "$1"; shift; exec "$@"' _ "$RUN/$name.pid" "$BIN/$name" "$@" \
-    >> "$LOGS/$name.log" 2>&1 < /dev/null 9>&- &   # 9>&-: do not hold the state lock
-  for _ in $(seq 50); do [[ -s $RUN/$name.pid ]] && break; sleep 0.1; done
-  # The shell writes the pid file before it execs NAME: wait for the exec
-  # (or the end of the process), so that `alive`, which checks the name in
-  # /proc/PID/comm, does not take the shell for a process that exited.
-  local pid
-  pid=$(cat "$RUN/$name.pid" 2>/dev/null) || true
-  for _ in $(seq 100); do
-    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == bash ]] || break
-    sleep 0.05
-  done
-}
 etcd_healthy() { grep -q '"health":"true"' <<< "$(curl -fsS -m 3 "http://127.0.0.1:$ETCD_CLIENT_PORT/health" 2>/dev/null)"; }
 api_ready() { [[ $(curl -ksS -m 5 -H "Authorization: Bearer $TOKEN" "$SERVER/readyz" 2>/dev/null) == ok ]]; }
 # wait_for NAME CHECK: up to READY_TIMEOUT seconds; on failure print the log tail
@@ -189,7 +166,7 @@ else
   port_busy "$ETCD_CLIENT_PORT" && die "port $ETCD_CLIENT_PORT is taken by another process (set LOCKSTEP_ETCD_CLIENT_PORT)"
   port_busy "$ETCD_PEER_PORT" && die "port $ETCD_PEER_PORT is taken by another process (set LOCKSTEP_ETCD_PEER_PORT)"
   log "starting etcd on 127.0.0.1:$ETCD_CLIENT_PORT (data $ETCD_DATA)"
-  start etcd \
+  start etcd "$BIN/etcd" \
     --name lockstep-local \
     --data-dir "$ETCD_DATA" \
     --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
@@ -212,7 +189,7 @@ else
   [[ -n $DISABLE_ADMISSION ]] && extra+=(--disable-admission-plugins="$DISABLE_ADMISSION")
   extra+=("${APISERVER_EXTRA_ARGS[@]}")
   (( ${#APISERVER_EXTRA_ARGS[@]} )) && log "extra kube-apiserver flags: ${APISERVER_EXTRA_ARGS[*]}"
-  start kube-apiserver \
+  start kube-apiserver "$BIN/kube-apiserver" \
     --advertise-address=127.0.0.1 \
     --endpoint-reconciler-type=none \
     --bind-address=127.0.0.1 \
