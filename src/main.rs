@@ -434,10 +434,6 @@ async fn signalled() {
     }
 }
 
-/// Resolves on the first signal, which starts a graceful stop. A second
-/// signal, or a stop that takes longer than [`SHUTDOWN_GRACE`] (a hung
-/// disk, a lost data directory), ends the process at once: nothing is
-/// lost, the next start resumes from the last checkpoint and the log.
 /// Keeps the kernel from backing this process's memory with transparent
 /// huge pages (`[service] transparent_huge_pages`), before the runtime and
 /// the engine allocate: a huge page is resident as a whole.
@@ -448,6 +444,10 @@ fn opt_out_of_huge_pages() {
     }
 }
 
+/// Resolves on the first signal, which starts a graceful stop. A second
+/// signal, or a stop that takes longer than [`SHUTDOWN_GRACE`] (a hung
+/// disk, a lost data directory), ends the process at once: nothing is
+/// lost, the next start resumes from the last checkpoint and the log.
 async fn shutdown_signal() {
     signalled().await;
     tracing::info!("shutdown requested; finishing the batch (a second signal stops at once)");

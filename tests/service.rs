@@ -55,6 +55,21 @@ impl Service {
         }
     }
 
+    /// A service on the embedded log whose config names a policy file
+    /// (`policy.json`, the default policy), and that file's path.
+    fn with_policy_file() -> (Self, PathBuf) {
+        let service = Self::new(None);
+        let policy = service.dir.join("policy.json");
+        std::fs::write(&policy, serde_json::to_string(&Policy::default()).unwrap()).unwrap();
+        let cfg = std::fs::read_to_string(&service.config).unwrap();
+        std::fs::write(
+            &service.config,
+            format!("policy_file = \"policy.json\"\n{cfg}"),
+        )
+        .unwrap();
+        (service, policy)
+    }
+
     fn start(&self) -> Child {
         let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
             .args(["run", "--config"])
@@ -346,15 +361,7 @@ fn a_damaged_checkpoint_is_rebuilt_from_the_log() {
 
 #[test]
 fn the_embedded_log_needs_nothing_else_and_exports_to_a_replayable_file() {
-    let service = Service::new(None);
-    let policy = service.dir.join("policy.json");
-    std::fs::write(&policy, serde_json::to_string(&Policy::default()).unwrap()).unwrap();
-    let cfg = std::fs::read_to_string(&service.config).unwrap();
-    std::fs::write(
-        &service.config,
-        format!("policy_file = \"policy.json\"\n{cfg}"),
-    )
-    .unwrap();
+    let (service, policy) = Service::with_policy_file();
     let child = service.start();
     // The policy is appended by the service itself; with nothing waiting on
     // time, no ticks (every 300 ms they used to come while quiet).
@@ -421,15 +428,7 @@ fn thp_enabled(pid: u32) -> String {
 fn lockstep_run_opts_out_of_transparent_huge_pages_unless_told_otherwise() {
     // With a policy file the service appends `PolicyChanged` at start: once
     // applied, the service runs (and stops gracefully on SIGTERM).
-    let service = Service::new(None);
-    let policy = service.dir.join("policy.json");
-    std::fs::write(&policy, serde_json::to_string(&Policy::default()).unwrap()).unwrap();
-    let cfg = std::fs::read_to_string(&service.config).unwrap();
-    std::fs::write(
-        &service.config,
-        format!("policy_file = \"policy.json\"\n{cfg}"),
-    )
-    .unwrap();
+    let (service, policy) = Service::with_policy_file();
     let child = service.start();
     service.wait_applied(1);
     assert_eq!(thp_enabled(child.id()), "0", "{}", service.log());
