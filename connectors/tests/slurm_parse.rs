@@ -514,3 +514,23 @@ fn unknown_states_and_fields_are_kept_not_fatal() {
     assert_eq!(parts[0].nodes, ["g01", "g02"]);
     assert!(parts[1].nodes.is_empty());
 }
+
+#[test]
+fn the_node_lists_of_one_listing_share_one_bound() {
+    let listing = |n: usize, key: &str, item: &dyn Fn(usize) -> String| {
+        let items: Vec<String> = (0..n).map(item).collect();
+        format!(r#"{{"{key}": [{}]}}"#, items.join(","))
+    };
+    let partition = |i| format!(r#"{{"name": "p{i}", "nodes": {{"configured": "n[0-399999]"}}}}"#);
+    let job = |i| format!(r#"{{"job_id": {i}, "job_state": ["RUNNING"], "nodes": "n[0-399999]"}}"#);
+    let e = parse::partitions(listing(5, "partitions", &partition).as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("for one answer"), "{e}");
+    let e = parse::jobs(listing(5, "jobs", &job).as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("for one answer"), "{e}");
+    let two = parse::jobs(listing(2, "jobs", &job).as_bytes()).unwrap();
+    assert_eq!(two.items[1].nodes.len(), 400_000);
+}

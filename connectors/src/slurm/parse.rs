@@ -256,7 +256,9 @@ pub(crate) fn first_partition(s: &str) -> String {
 trait Item: for<'de> Deserialize<'de> {
     const KEY: &'static str;
     type Out;
-    fn into_out(self) -> Self::Out;
+    /// The object, its node lists expanded within what is left of the
+    /// listing's budget.
+    fn into_out(self, budget: &mut hostlist::Budget) -> Result<Self::Out, String>;
 }
 
 struct Response<T: Item> {
@@ -313,8 +315,9 @@ impl<'de, T: Item> DeserializeSeed<'de> for ListSeed<T> {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(100_000));
+                let mut budget = hostlist::Budget::default();
                 while let Some(item) = seq.next_element::<T>()? {
-                    v.push(item.into_out());
+                    v.push(item.into_out(&mut budget).map_err(de::Error::custom)?);
                 }
                 Ok(Some(v))
             }
@@ -669,8 +672,8 @@ struct NodeItem(SlurmNode);
 impl Item for NodeItem {
     const KEY: &'static str = "nodes";
     type Out = SlurmNode;
-    fn into_out(self) -> SlurmNode {
-        self.0
+    fn into_out(self, _: &mut hostlist::Budget) -> Result<SlurmNode, String> {
+        Ok(self.0)
     }
 }
 
@@ -744,13 +747,17 @@ impl<'de> Deserialize<'de> for NodeItem {
     }
 }
 
-struct JobItem(SlurmJob);
+/// A job, and its node list still compressed.
+struct JobItem(SlurmJob, Option<String>);
 
 impl Item for JobItem {
     const KEY: &'static str = "jobs";
     type Out = SlurmJob;
-    fn into_out(self) -> SlurmJob {
-        self.0
+    fn into_out(self, budget: &mut hostlist::Budget) -> Result<SlurmJob, String> {
+        let Self(mut job, nodes) = self;
+        job.nodes = hostlist::expand_set_within(nodes.as_deref().unwrap_or(""), budget)
+            .map_err(|e| format!("job {}: {e}", job.job_id))?;
+        Ok(job)
     }
 }
 
@@ -785,32 +792,35 @@ impl<'de> Deserialize<'de> for JobItem {
                 let job_id = job_id.ok_or_else(|| de::Error::custom("job without a job_id"))?;
                 let state = job_state(state.iter().map(String::as_str))
                     .ok_or_else(|| de::Error::custom(format_args!("job {job_id} has no state")))?;
-                let mut nodes = hostlist::expand(nodes.as_deref().unwrap_or(""))
-                    .map_err(|e| de::Error::custom(format_args!("job {job_id}: {e}")))?;
-                nodes.sort();
-                nodes.dedup();
-                Ok(JobItem(SlurmJob {
-                    job_id,
-                    partition: first_partition(partition.as_deref().unwrap_or("")),
+                Ok(JobItem(
+                    SlurmJob {
+                        job_id,
+                        partition: first_partition(partition.as_deref().unwrap_or("")),
+                        nodes: Vec::new(),
+                        node_count: node_count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+                        pending_reason: pending_reason(&state, reason),
+                        state,
+                        version: 0,
+                    },
                     nodes,
-                    node_count: node_count.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-                    pending_reason: pending_reason(&state, reason),
-                    state,
-                    version: 0,
-                }))
+                ))
             }
         }
         d.deserialize_map(V)
     }
 }
 
-struct PartitionItem(SlurmPartition);
+/// A partition, and its node list still compressed.
+struct PartitionItem(SlurmPartition, Option<String>);
 
 impl Item for PartitionItem {
     const KEY: &'static str = "partitions";
     type Out = SlurmPartition;
-    fn into_out(self) -> SlurmPartition {
-        self.0
+    fn into_out(self, budget: &mut hostlist::Budget) -> Result<SlurmPartition, String> {
+        let Self(mut partition, nodes) = self;
+        partition.nodes = hostlist::expand_set_within(nodes.as_deref().unwrap_or(""), budget)
+            .map_err(|e| format!("partition {}: {e}", partition.name))?;
+        Ok(partition)
     }
 }
 
@@ -836,15 +846,14 @@ impl<'de> Deserialize<'de> for PartitionItem {
                 }
                 let name =
                     non_empty(name).ok_or_else(|| de::Error::custom("partition without a name"))?;
-                let mut nodes = hostlist::expand(nodes.as_deref().unwrap_or(""))
-                    .map_err(|e| de::Error::custom(format_args!("partition {name}: {e}")))?;
-                nodes.sort();
-                nodes.dedup();
-                Ok(PartitionItem(SlurmPartition {
-                    name,
+                Ok(PartitionItem(
+                    SlurmPartition {
+                        name,
+                        nodes: Vec::new(),
+                        version: 0,
+                    },
                     nodes,
-                    version: 0,
-                }))
+                ))
             }
         }
         d.deserialize_map(V)

@@ -488,6 +488,7 @@ pub fn parse_nodes(out: &str) -> Result<Vec<SlurmNode>> {
 /// Parses `scontrol --oneliner show job`.
 pub fn parse_jobs(out: &str) -> Result<Vec<SlurmJob>> {
     let mut jobs = Vec::new();
+    let mut budget = hostlist::Budget::default();
     for line in lines(out) {
         let mut job_id = None;
         let mut state = None;
@@ -521,9 +522,7 @@ pub fn parse_jobs(out: &str) -> Result<Vec<SlurmJob>> {
         let state = state
             .and_then(|s| parse::job_state([s]))
             .ok_or_else(|| err(format!("job {job_id} without JobState")))?;
-        let mut nodes = hostlist::expand(nodes)?;
-        nodes.sort();
-        nodes.dedup();
+        let nodes = hostlist::expand_set_within(nodes, &mut budget)?;
         jobs.push(SlurmJob {
             job_id,
             partition: parse::first_partition(partition),
@@ -540,6 +539,7 @@ pub fn parse_jobs(out: &str) -> Result<Vec<SlurmJob>> {
 /// Parses `scontrol --oneliner show partition`.
 pub fn parse_partitions(out: &str) -> Result<Vec<SlurmPartition>> {
     let mut parts = Vec::new();
+    let mut budget = hostlist::Budget::default();
     for line in lines(out) {
         let mut name = None;
         let mut nodes = "";
@@ -556,9 +556,7 @@ pub fn parse_partitions(out: &str) -> Result<Vec<SlurmPartition>> {
                 what: "scontrol show partition".to_owned(),
                 detail: format!("line without PartitionName: {:.120}", line),
             })?;
-        let mut nodes = hostlist::expand(nodes)?;
-        nodes.sort();
-        nodes.dedup();
+        let nodes = hostlist::expand_set_within(nodes, &mut budget)?;
         parts.push(SlurmPartition {
             name: name.to_owned(),
             nodes,
@@ -649,5 +647,56 @@ mod tests {
         for bad in ["", "a b", "a=b", "n[1-2]", "a,b", "a\nb"] {
             assert!(check_node_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Inputs the `scontrol` fuzz target found taking over a second each:
+    /// a partition's `Nodes=` value with several bracket groups and a long
+    /// tail, which expanded to 800,000 names of several hundred bytes.
+    fn fuzz_regression(name: &str) -> String {
+        let path = format!(
+            "{}/../fuzz/regressions/scontrol/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned()
+    }
+
+    #[test]
+    fn whitespace_in_a_node_list_separates_names() {
+        let parts = parse_partitions(&fuzz_regression("hostlist-tail-after-tab")).unwrap();
+        assert_eq!(parts.len(), 1);
+        let nodes = &parts[0].nodes;
+        // `ls-n[1-44]`, a tab, `UlkhqLIMs-n[1-444444]`, and 13 single words.
+        assert_eq!(nodes.len(), 44 + 444_444 + 13);
+        for name in ["ls-n44", "UlkhqLIMs-n444444", "PrikzRmcEffquj?0"] {
+            assert!(
+                nodes.binary_search_by(|n| n.as_str().cmp(name)).is_ok(),
+                "{name}"
+            );
+        }
+        assert!(nodes.iter().all(|n| !n.contains(char::is_whitespace)));
+
+        let parts = parse_partitions(&fuzz_regression("hostlist-three-groups-long-tail")).unwrap();
+        let nodes = &parts[0].nodes;
+        assert_eq!(nodes.len(), 4 * 4444 + 45 + 13);
+        assert!(nodes.iter().any(|n| n == "ls-`4ln4444"));
+        assert!(nodes.iter().all(|n| n.len() < 64), "no name takes the tail");
+    }
+
+    #[test]
+    fn the_node_lists_of_one_answer_share_one_bound() {
+        let out: String = (0..5)
+            .map(|i| format!("PartitionName=p{i} Nodes=n[0-399999]\n"))
+            .collect();
+        let e = parse_partitions(&out).unwrap_err().to_string();
+        assert!(e.contains("for one answer"), "{e}");
+        let out: String = (0..5)
+            .map(|i| format!("JobId={i} JobState=RUNNING NodeList=n[0-399999]\n"))
+            .collect();
+        let e = parse_jobs(&out).unwrap_err().to_string();
+        assert!(e.contains("for one answer"), "{e}");
+        // Two such lines are within it.
+        let two = "PartitionName=a Nodes=n[0-399999]\nPartitionName=b Nodes=m[0-399999]\n";
+        let parts = parse_partitions(two).unwrap();
+        assert_eq!(parts[1].nodes.len(), 400_000);
     }
 }
