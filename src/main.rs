@@ -342,7 +342,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 opt_out_of_huge_pages();
             }
             let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
-            rt.block_on(lockstep::service::run(cfg, shutdown_signal()))?;
+            let shutdown = listen_for_shutdown(&rt)?;
+            rt.block_on(lockstep::service::run(cfg, shutdown))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Export {
@@ -423,17 +424,6 @@ fn load_config(path: Option<&Path>) -> Result<lockstep::config::Config> {
 /// How long a graceful stop may take before the process exits anyway.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// SIGTERM or Ctrl-C.
-async fn signalled() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term.recv() => {},
-    }
-}
-
 /// Keeps the kernel from backing this process's memory with transparent
 /// huge pages (`[service] transparent_huge_pages`), before the runtime and
 /// the engine allocate: a huge page is resident as a whole.
@@ -444,14 +434,36 @@ fn opt_out_of_huge_pages() {
     }
 }
 
-/// Resolves on the first signal, which starts a graceful stop. A second
-/// signal, or a stop that takes longer than [`SHUTDOWN_GRACE`] (a hung
-/// disk, a lost data directory), ends the process at once: nothing is
-/// lost, the next start resumes from the last checkpoint and the log.
-async fn shutdown_signal() {
-    signalled().await;
-    tracing::info!("shutdown requested; finishing the batch (a second signal stops at once)");
-    tokio::spawn(async {
+/// SIGTERM and SIGINT (Ctrl-C), listened for from before the service
+/// starts: one that arrives while it opens its store or restores its state
+/// asks for a graceful stop, where the default action would end the
+/// process by the signal.
+///
+/// The first signal resolves the returned future, which the service polls
+/// to start a graceful stop. A second signal, or a stop that takes longer
+/// than [`SHUTDOWN_GRACE`] (a hung disk, a lost data directory, a long
+/// rebuild that polls nothing), ends the process at once: nothing is lost,
+/// the next start resumes from the last checkpoint and the log. This runs
+/// on the runtime's workers, so it holds while the service blocks one.
+fn listen_for_shutdown(
+    rt: &tokio::runtime::Runtime,
+) -> Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Listening needs the runtime's signal driver.
+    let _entered = rt.enter();
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let (requested, shutdown) = tokio::sync::oneshot::channel::<()>();
+    rt.spawn(async move {
+        let mut signalled = async || {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = interrupt.recv() => {},
+            }
+        };
+        signalled().await;
+        tracing::info!("shutdown requested; finishing the batch (a second signal stops at once)");
+        let _ = requested.send(());
         tokio::select! {
             () = signalled() => tracing::error!("second shutdown signal; exiting now"),
             () = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::error!(
@@ -461,6 +473,10 @@ async fn shutdown_signal() {
         }
         std::process::exit(1);
     });
+    Ok(async {
+        // An error is the sender gone: the listener ended with the runtime.
+        let _ = shutdown.await;
+    })
 }
 
 async fn export(

@@ -118,12 +118,35 @@ impl Service {
         }
     }
 
-    fn stop(&self, mut child: Child) {
+    /// Waits until the telemetry endpoint accepts connections: `run` has
+    /// started, and listens for SIGTERM.
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "lockstep did not listen within 30 s; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn terminate(&self, child: &Child) {
         let status = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    fn stop(&self, child: Child) {
+        self.terminate(&child);
+        self.wait_stopped(child);
+    }
+
+    /// Waits for a stop asked for by SIGTERM, which must be graceful.
+    fn wait_stopped(&self, mut child: Child) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(s) = child.try_wait().unwrap() {
@@ -409,6 +432,25 @@ fn the_embedded_log_needs_nothing_else_and_exports_to_a_replayable_file() {
             .health
             .not_ready_grace_s
             == 5
+    );
+}
+
+#[test]
+fn sigterm_while_the_service_starts_stops_it_gracefully() {
+    // The store's lock, held here, keeps `lockstep run` opening its store
+    // (it waits for it up to 5 s), before its loop runs: the SIGTERM comes
+    // then, and used to end the process by the signal.
+    let service = Service::new(None);
+    let held = service.store();
+    let child = service.start();
+    service.wait_listening();
+    service.terminate(&child);
+    drop(held);
+    service.wait_stopped(child);
+    assert!(
+        service.log().contains("shutdown requested"),
+        "{}",
+        service.log()
     );
 }
 
