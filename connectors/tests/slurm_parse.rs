@@ -521,8 +521,8 @@ fn the_node_lists_of_one_listing_share_one_bound() {
         let items: Vec<String> = (0..n).map(item).collect();
         format!(r#"{{"{key}": [{}]}}"#, items.join(","))
     };
-    let partition = |i| format!(r#"{{"name": "p{i}", "nodes": {{"configured": "n[0-399999]"}}}}"#);
-    let job = |i| format!(r#"{{"job_id": {i}, "job_state": ["RUNNING"], "nodes": "n[0-399999]"}}"#);
+    let partition = |i| format!(r#"{{"name": "p{i}", "nodes": {{"configured": "n[0-199999]"}}}}"#);
+    let job = |i| format!(r#"{{"job_id": {i}, "job_state": ["RUNNING"], "nodes": "n[0-199999]"}}"#);
     let e = parse::partitions(listing(5, "partitions", &partition).as_bytes())
         .unwrap_err()
         .to_string();
@@ -532,5 +532,5 @@ fn the_node_lists_of_one_listing_share_one_bound() {
         .to_string();
     assert!(e.contains("for one answer"), "{e}");
     let two = parse::jobs(listing(2, "jobs", &job).as_bytes()).unwrap();
-    assert_eq!(two.items[1].nodes.len(), 400_000);
+    assert_eq!(two.items[1].nodes.len(), 200_000);
 }
