@@ -71,10 +71,12 @@ seed() { # target dir: fill the initial corpus
     scontrol)
       local i=0 f
       while IFS= read -r f; do cp "$f" "$d/$((i++))-$(basename "$f")"; done \
-        < <(find "$repo/connectors/slurm/fixtures" -name 'scontrol-show-*.txt') ;;
+        < <(find "$repo/connectors/slurm/fixtures" -name 'scontrol-show-*.txt')
+      cp "$here"/seeds/scontrol/* "$d/" ;;
     log_file)
-      cp "$repo"/replay-tests/incidents/*.jsonl "$d/" 2>/dev/null || true
-      find "$repo/replay-tests/compat" -type f -size -256k -exec cp -t "$d" {} + 2>/dev/null || true ;;
+      # Small logs cut from the shipped ones (seeds/log_file.py): whole logs
+      # make the campaign ten times slower.
+      cp "$here"/seeds/log_file/* "$d/" ;;
     policy)
       cp "$here"/seeds/policy/* "$d/" 2>/dev/null || true
       find "$repo/deploy/policies" -name '*.json' -exec cp -t "$d" {} + 2>/dev/null || true ;;
