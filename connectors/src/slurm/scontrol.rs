@@ -287,14 +287,9 @@ pub fn parse_reservation(line: &str) -> Result<Reservation> {
         what: "scontrol show reservation".to_owned(),
         detail: format!("no ReservationName in {line:?}"),
     })?;
-    let nodes = match get("Nodes") {
-        None | Some("" | "(null)") => Vec::new(),
-        Some(expr) => {
-            let mut v = hostlist::expand(expr)?;
-            v.sort();
-            v
-        }
-    };
+    // `expand` reads an empty list and Slurm's `(null)` as no nodes.
+    let mut nodes = hostlist::expand(get("Nodes").unwrap_or_default())?;
+    nodes.sort();
     Ok(Reservation {
         name: name.to_owned(),
         nodes,
