@@ -332,13 +332,20 @@ const fn every_kind_is_listed(k: ActionKind) -> usize {
 }
 
 /// Outcome results, as `lockstep_action_outcomes_total{result}` names them.
-pub const OUTCOME_RESULTS: [&str; 4] = ["succeeded", "already_done", "failed_retryable", "failed"];
+pub const OUTCOME_RESULTS: [&str; 5] = [
+    "succeeded",
+    "already_done",
+    "declined",
+    "failed_retryable",
+    "failed",
+];
 
 /// The label of an outcome's result.
 pub const fn outcome_result(r: &OutcomeResult) -> &'static str {
     match r {
         OutcomeResult::Succeeded => "succeeded",
         OutcomeResult::AlreadyDone => "already_done",
+        OutcomeResult::Declined { .. } => "declined",
         OutcomeResult::Failed {
             retryable: true, ..
         } => "failed_retryable",

@@ -277,51 +277,9 @@ pub(crate) fn state_want(
     }
 }
 
-/// How lockstep tells its own drains (module docs).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ownership<'a> {
-    /// The policy's reason prefix.
-    pub prefix: &'a str,
-    /// Prefixes lockstep used under earlier policies.
-    pub earlier_prefixes: &'a [String],
-    /// `drain.slurm_user`.
-    pub slurm_user: Option<&'a str>,
-}
-
-impl Ownership<'_> {
-    /// Whether lockstep set the node's reason (the node's drain or down is
-    /// its own if it has one).
-    pub fn owns(&self, node: &SlurmNode) -> bool {
-        if slurm_took_down(node) {
-            return false;
-        }
-        if let (Some(me), Some(by)) = (self.slurm_user, node.reason_user.as_deref()) {
-            return by == me;
-        }
-        node.reason.as_deref().is_some_and(|r| {
-            r.starts_with(self.prefix)
-                || self
-                    .earlier_prefixes
-                    .iter()
-                    .any(|p| r.starts_with(p.as_str()))
-        })
-    }
-}
-
-/// What slurmctld appends to a node's reason when it sets the node DOWN for
-/// not responding (Slurm 24.11 and later keep the reason there was before
-/// it: `<old reason> : Not responding`).
-pub(crate) const SLURM_NOT_RESPONDING_SUFFIX: &str = " : Not responding";
-
-/// DOWN by slurmctld's doing, whatever reason lockstep set before: the DOWN
-/// is Slurm's to lift (`ReturnToService`), never lockstep's.
-fn slurm_took_down(node: &SlurmNode) -> bool {
-    node.state == SlurmBaseState::Down
-        && node
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.ends_with(SLURM_NOT_RESPONDING_SUFFIX))
-}
+/// How lockstep tells its own drains (module docs): the rule the Slurm
+/// actuator follows too.
+pub(crate) use lockstep_schemas::Ownership;
 
 /// What Slurm shows, from lockstep's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

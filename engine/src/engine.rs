@@ -291,6 +291,13 @@ impl Engine {
         self.timers.next()
     }
 
+    /// How lockstep tells its own drains under the policy in force (and the
+    /// prefixes of earlier policies): what the Slurm actuator follows, so that
+    /// it never replaces or lifts a drain lockstep did not set.
+    pub fn reason_ownership(&self) -> lockstep_schemas::ReasonOwnership {
+        self.ownership().into()
+    }
+
     fn ownership(&self) -> Ownership<'_> {
         Ownership {
             prefix: &self.policy.drain.reason_prefix,

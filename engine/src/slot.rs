@@ -178,7 +178,11 @@ impl Slot {
             return false;
         }
         cur.flight = match result {
-            OutcomeResult::Succeeded | OutcomeResult::AlreadyDone => Flight::Done { at_ms: now_ms },
+            // Declined: somebody else holds the target. Nothing is retried
+            // before the timeout; by then the observation shows who.
+            OutcomeResult::Succeeded
+            | OutcomeResult::AlreadyDone
+            | OutcomeResult::Declined { .. } => Flight::Done { at_ms: now_ms },
             OutcomeResult::Failed {
                 retryable: true,
                 error,

@@ -259,6 +259,9 @@ impl Event {
                 let r = match &o.result {
                     OutcomeResult::Succeeded => "succeeded".to_owned(),
                     OutcomeResult::AlreadyDone => "already done".to_owned(),
+                    OutcomeResult::Declined { held_by } => {
+                        format!("declined: held by someone else: {held_by}")
+                    }
                     OutcomeResult::Failed { retryable, error } => format!(
                         "failed ({}): {error}",
                         if *retryable { "retryable" } else { "final" }
@@ -900,6 +903,15 @@ pub enum OutcomeResult {
     Succeeded,
     /// The target was already in the wanted state; nothing was changed.
     AlreadyDone,
+    /// The actuator left the target as it was: someone else holds it (a
+    /// drain or down of a Slurm node whose reason lockstep did not set), and
+    /// lockstep never replaces or lifts what it does not own. Not retried:
+    /// the reducer learns who holds the node from the next observation.
+    Declined {
+        /// Who holds the target and why, as the actuator read it, for the
+        /// audit trail.
+        held_by: String,
+    },
     /// The action failed.
     Failed {
         /// Whether trying again may help (timeouts, conflicts, connection errors).
