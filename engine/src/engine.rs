@@ -90,10 +90,10 @@ impl Default for Status {
 struct NodeCtl {
     status: Status,
     causes: Vec<(Cause, Origin)>,
-    /// Log times of recent health drains (flap damping), bounded.
-    health_drains: VecDeque<u64>,
-    /// Whether the last drain cause was a health cause (resume hysteresis).
-    last_cause_health: bool,
+    /// Kubernetes -> Slurm health damping: when the node's health spells
+    /// began and when the last one ended (`health::Damping`).
+    #[serde(flatten)]
+    health: health::Damping,
     /// Slurm -> Kubernetes health damping, boxed and only while not at its
     /// default (most nodes are healthy, and each saves 64 bytes); encoded
     /// as the damping itself was when it was kept inline.
@@ -410,6 +410,9 @@ impl Engine {
         let mut e: Self = rmp_serde::from_read(r).map_err(SnapshotError::Decode)?;
         if e.layout != LAYOUT {
             return Err(SnapshotError::Layout { found: e.layout });
+        }
+        for ctl in e.ctl.values_mut() {
+            ctl.health.upgrade(ctl.cleared.as_ref().map(|o| o.ms));
         }
         e.model.rebuild_indexes(&e.policy);
         e.tombstones.rebuild();

@@ -198,6 +198,65 @@ pub(crate) fn resume_hold(
     }
 }
 
+/// Kubernetes -> Slurm damping of one Slurm node: when its health spells
+/// began (flap damping) and when the last one ended (resume hysteresis).
+///
+/// A spell begins when a health cause turns on where none was (a new
+/// NotReady spell past its grace, a condition turning True, the node
+/// deleted) and ends when the last health cause clears. It counts the cause,
+/// never lockstep's writes: a drain re-applied after an admin resumed the
+/// node, a retry, a drain that Slurm already showed are all one spell. And
+/// the hold it decides belongs to the health cause: another cause coming and
+/// going meanwhile (a cordon cycle for a GPU reset) does not end it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Damping {
+    /// Log times health spells began, newest last, bounded by `flaps_max +
+    /// 1` within `flap_window_s`. (Named as it was when lockstep counted its
+    /// own health drains, so that snapshots of that time restore.)
+    #[serde(rename = "health_drains")]
+    pub onsets: VecDeque<u64>,
+    /// When the last health spell ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared_ms: Option<u64>,
+    /// Read from snapshots of the time before `cleared_ms`: whether the last
+    /// cause was a health cause ([`Damping::upgrade`]). Never written.
+    #[serde(default, rename = "last_cause_health", skip_serializing)]
+    legacy_last_cause_health: bool,
+}
+
+impl Damping {
+    /// One evaluation of the node's causes: a spell begins or ends.
+    pub fn follow(&mut self, had_health: bool, has_health: bool, now_ms: u64, policy: &HealthPolicy) {
+        if has_health && !had_health {
+            let bound = policy.flaps_max as usize + 1;
+            record(&mut self.onsets, now_ms, ms(policy.flap_window_s), bound);
+        } else if had_health && !has_health {
+            self.cleared_ms = Some(now_ms);
+        }
+    }
+
+    /// Whether the resume of lockstep's drain waits, and until when
+    /// ([`resume_hold`]), whatever cause was the last in force: `None` for a
+    /// node that never had a health spell.
+    pub fn resume_hold(&self, now_ms: u64, policy: &HealthPolicy) -> Option<(Rule, u64)> {
+        let cleared = self.cleared_ms?;
+        resume_hold(&self.onsets, cleared, now_ms, policy)
+    }
+
+    /// Health spells within the flap window, for the audit trail.
+    pub fn spells(&self) -> usize {
+        self.onsets.len()
+    }
+
+    /// A snapshot from before `cleared_ms` knew only when the last cause of
+    /// any kind cleared, and whether it was a health cause.
+    pub fn upgrade(&mut self, last_cleared_ms: Option<u64>) {
+        if std::mem::take(&mut self.legacy_last_cause_health) && self.cleared_ms.is_none() {
+            self.cleared_ms = last_cleared_ms;
+        }
+    }
+}
+
 /// Keeps the earliest of two wake-up times.
 pub(crate) fn min_wake(wake: &mut Option<u64>, at: u64) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));

@@ -52,6 +52,61 @@ pub(crate) struct KubeEntry {
     pub unseen_labels: Vec<String>,
 }
 
+/// What lockstep waits for after it sees Slurm again: a complete listing of
+/// its nodes and of its jobs, each started after sight came back. What it
+/// held from before the blackout may be wrong in every way (an admin drained,
+/// resumed or took over a drain meanwhile), and a diff is only as good as the
+/// snapshot it is taken against; so no rule acts on Slurm until both
+/// listings have been applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Regain {
+    pub nodes: Relist,
+    pub jobs: Relist,
+}
+
+/// One domain's listing after sight came back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Relist {
+    /// No listing has started since.
+    #[default]
+    Awaited,
+    /// A listing started since (its `SyncStarted` was applied).
+    Listing,
+    /// A listing that started since is complete.
+    Listed,
+}
+
+impl Regain {
+    /// The listing of `domain` started (`SyncStarted`).
+    pub fn started(&mut self, domain: Domain) {
+        if let Some(r) = self.of(domain) {
+            if *r == Relist::Awaited {
+                *r = Relist::Listing;
+            }
+        }
+    }
+
+    /// The listing of `domain` ended (`SyncDone`); whether every awaited
+    /// listing is now in.
+    pub fn done(&mut self, domain: Domain) -> bool {
+        if let Some(r) = self.of(domain) {
+            if *r == Relist::Listing {
+                *r = Relist::Listed;
+            }
+        }
+        self.nodes == Relist::Listed && self.jobs == Relist::Listed
+    }
+
+    fn of(&mut self, domain: Domain) -> Option<&mut Relist> {
+        match domain {
+            Domain::SlurmNodes => Some(&mut self.nodes),
+            Domain::SlurmJobs => Some(&mut self.jobs),
+            _ => None,
+        }
+    }
+}
+
 /// A full listing in progress.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SyncState {
@@ -81,6 +136,12 @@ pub(crate) struct Model {
     pub sync: [SyncState; 6],
     pub slurm_visible: bool,
     pub kube_visible: bool,
+    /// lockstep lost sight of Slurm and has seen it again, and the complete
+    /// listings that must be applied before it trusts what it holds are not
+    /// all in yet: Slurm stays invisible to the rules until they are
+    /// ([`Regain`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_regain: Option<Regain>,
     /// Kubernetes nodes deleted (or missing from a relist) and not Ready
     /// again since, with the event that showed them gone. Bounded: an entry
     /// goes when a node of that name is Ready, when no Slurm node is on it

@@ -59,6 +59,8 @@ pub(crate) struct Issue<'a> {
 pub(crate) enum Step {
     /// Nothing to report.
     Quiet,
+    /// The slot sent its action: the first attempt at it, or a retry.
+    Sent { attempt: u32 },
     /// The slot just gave up on its action.
     GaveUp { attempts: u32, error: String },
 }
@@ -91,7 +93,10 @@ impl Slot {
         };
         let Some(cur) = &mut self.current else {
             self.send(want, 1, issue, out);
-            return (Step::Quiet, Some(after_ms(issue.now_ms, timeout_ms)));
+            return (
+                Step::Sent { attempt: 1 },
+                Some(after_ms(issue.now_ms, timeout_ms)),
+            );
         };
         if cur.action != want {
             // What we want changed. Never two in flight: wait for the current
@@ -101,7 +106,10 @@ impl Slot {
                 return (Step::Quiet, Some(deadline));
             }
             self.send(want, 1, issue, out);
-            return (Step::Quiet, Some(after_ms(issue.now_ms, timeout_ms)));
+            return (
+                Step::Sent { attempt: 1 },
+                Some(after_ms(issue.now_ms, timeout_ms)),
+            );
         }
         let (retry_at, error) = match &cur.flight {
             Flight::Sent => (
@@ -128,7 +136,7 @@ impl Slot {
         }
         let attempt = cur.attempt + 1;
         self.send(want, attempt, issue, out);
-        (Step::Quiet, Some(after_ms(issue.now_ms, timeout_ms)))
+        (Step::Sent { attempt }, Some(after_ms(issue.now_ms, timeout_ms)))
     }
 
     fn send(
@@ -261,7 +269,7 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(
             slot.reconcile(Some(drain()), &issue(1, 0, &cause), &p, &mut out),
-            (Step::Quiet, Some(10_000))
+            (Step::Sent { attempt: 1 }, Some(10_000))
         );
         assert_eq!(out.len(), 1);
         // Wanted again before the timeout: nothing new.
@@ -271,7 +279,8 @@ mod tests {
         );
         assert_eq!(out.len(), 1);
         // Timeout: second attempt.
-        slot.reconcile(Some(drain()), &issue(3, 10_000, &cause), &p, &mut out);
+        let (step, _) = slot.reconcile(Some(drain()), &issue(3, 10_000, &cause), &p, &mut out);
+        assert_eq!(step, Step::Sent { attempt: 2 });
         assert_eq!(out.len(), 2);
         assert_eq!(out[1].attempt, 2);
         assert_eq!(out[1].id.0, "3.slurm_drain.slurm:n1/state");

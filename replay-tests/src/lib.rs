@@ -299,6 +299,25 @@ impl Sim {
         self.observe_slurm(name)
     }
 
+    /// Changes a Slurm node in slurmctld without publishing it: lockstep's
+    /// poller has not seen it yet ([`Sim::poll_slurm_node`] publishes it).
+    pub fn slurm_change_unseen(&mut self, name: &str, f: impl FnOnce(&mut SlurmNode)) -> &mut Self {
+        let node = self.slurm.get_mut(name).expect("known slurm node");
+        f(node);
+        node.flags.sort();
+        self
+    }
+
+    /// An admin drains a node, and lockstep's poller has not seen it yet.
+    pub fn admin_drain_unseen(&mut self, name: &str, reason: &str, user: &str) -> &mut Self {
+        self.slurm_change_unseen(name, |n| set_drain(n, reason, user))
+    }
+
+    /// The poller publishes what slurmctld has of one node now.
+    pub fn poll_slurm_node(&mut self, name: &str) -> &mut Self {
+        self.observe_slurm(name)
+    }
+
     fn observe_slurm(&mut self, name: &str) -> &mut Self {
         let node = self.slurm[name].clone();
         self.append(Source::Slurm, Event::SlurmNode(node));
@@ -587,7 +606,11 @@ impl Sim {
     /// and observers would.
     pub fn actuate(&mut self) -> &mut Self {
         while let Some(a) = self.take_pending() {
-            if self.target_exists(&a.action) {
+            if let Some(held_by) = self.held_by_other(&a.action) {
+                // The Slurm actuator reads first and leaves a drain or down
+                // that lockstep did not set as it is.
+                self.report(&a, OutcomeResult::Declined { held_by });
+            } else if self.target_exists(&a.action) {
                 self.report(&a, OutcomeResult::Succeeded);
                 self.carry_out(&a.action);
             } else {
@@ -621,6 +644,23 @@ impl Sim {
     pub fn lose_next(&mut self) -> &mut Self {
         self.take_pending().expect("an action is pending");
         self
+    }
+
+    /// Who holds the Slurm node a drain, down or resume is for, when it is
+    /// not lockstep: the actuator's rule (`Ownership::held_by_other`, under
+    /// the policy in force).
+    fn held_by_other(&self, action: &Action) -> Option<String> {
+        let (Action::SlurmDrain { node, .. }
+        | Action::SlurmDown { node, .. }
+        | Action::SlurmResume { node }) = action
+        else {
+            return None;
+        };
+        let n = self.slurm.get(node)?;
+        let own = self.engine.reason_ownership();
+        own.borrow()
+            .held_by_other(n)
+            .then(|| lockstep_schemas::Ownership::describe_holder(n))
     }
 
     fn target_exists(&self, action: &Action) -> bool {
@@ -1011,21 +1051,56 @@ impl Sim {
         self
     }
 
-    /// The Slurm connector loses or regains sight of slurmctld.
+    /// The Slurm connector loses or regains sight of slurmctld. Regained, it
+    /// lists every node and job in full, as the real observer does after a
+    /// loss ([`Sim::slurm_seen_again`] for the status alone).
     pub fn slurm_visible(&mut self, visible: bool) -> &mut Self {
-        let detail = if visible {
-            ""
-        } else {
-            "slurmrestd: connection refused"
-        };
+        if visible {
+            return self.slurm_seen_again().relist_slurm();
+        }
         self.append(
             Source::Slurm,
             Event::ConnectorStatus {
                 connector: lockstep_schemas::Connector::Slurm,
                 visible,
-                detail: detail.to_owned(),
+                detail: "slurmrestd: connection refused".to_owned(),
             },
         );
+        self
+    }
+
+    /// The Slurm connector reports that it sees slurmctld again, before it
+    /// has listed anything.
+    pub fn slurm_seen_again(&mut self) -> &mut Self {
+        self.append(
+            Source::Slurm,
+            Event::ConnectorStatus {
+                connector: lockstep_schemas::Connector::Slurm,
+                visible: true,
+                detail: String::new(),
+            },
+        );
+        self
+    }
+
+    /// The Slurm connector lists every node, then every job, each between
+    /// `SyncStarted` and `SyncDone` (its first poll, a resync, the poll after
+    /// it lost sight of Slurm).
+    pub fn relist_slurm(&mut self) -> &mut Self {
+        let domain = lockstep_schemas::Domain::SlurmNodes;
+        self.append(Source::Slurm, Event::SyncStarted { domain });
+        let nodes: Vec<SlurmNode> = self.slurm.values().cloned().collect();
+        for n in nodes {
+            self.append(Source::Slurm, Event::SlurmNode(n));
+        }
+        self.append(Source::Slurm, Event::SyncDone { domain });
+        let domain = lockstep_schemas::Domain::SlurmJobs;
+        self.append(Source::Slurm, Event::SyncStarted { domain });
+        let jobs: Vec<SlurmJob> = self.jobs.values().cloned().collect();
+        for j in jobs {
+            self.append(Source::Slurm, Event::SlurmJob(j));
+        }
+        self.append(Source::Slurm, Event::SyncDone { domain });
         self
     }
 

@@ -1,5 +1,6 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use crate::model::Regain;
 
 impl Engine {
     /// Marks a Slurm node and the Kubernetes node under it for evaluation.
@@ -219,24 +220,57 @@ impl Engine {
                 let s = &mut self.model.sync[domain_index(*domain)];
                 s.gen += 1;
                 s.listing = true;
+                if let Some(r) = &mut self.model.slurm_regain {
+                    r.started(*domain);
+                }
             }
-            Event::SyncDone { domain } => self.finish_sync(*domain, ctx),
+            Event::SyncDone { domain } => {
+                let listed = self.model.sync[domain_index(*domain)].listing;
+                self.finish_sync(*domain, ctx);
+                let regained = listed
+                    && self
+                        .model
+                        .slurm_regain
+                        .as_mut()
+                        .is_some_and(|r| r.done(*domain));
+                if regained {
+                    self.model.slurm_regain = None;
+                    self.set_visible(lockstep_schemas::Connector::Slurm, true, ctx);
+                }
+            }
+            Event::ConnectorStatus {
+                connector: lockstep_schemas::Connector::Slurm,
+                visible: true,
+                ..
+            } if !self.model.slurm_visible => {
+                // Seen again: trusted once complete listings are in.
+                self.model.slurm_regain.get_or_insert_with(Regain::default);
+            }
             Event::ConnectorStatus {
                 connector, visible, ..
             } => {
-                let flag = match connector {
-                    lockstep_schemas::Connector::Slurm => &mut self.model.slurm_visible,
-                    lockstep_schemas::Connector::Kubernetes => &mut self.model.kube_visible,
-                };
-                if *flag != *visible {
-                    *flag = *visible;
-                    self.touch_all();
-                    self.scaling_needs_scan(ctx);
+                if *connector == lockstep_schemas::Connector::Slurm && !*visible {
+                    self.model.slurm_regain = None;
                 }
+                self.set_visible(*connector, *visible, ctx);
             }
             Event::Tick => {}
             Event::ActionOutcome(o) => self.handle_outcome(o, ctx),
             Event::PolicyChanged(policy) => self.policy_changed(policy, ctx),
+        }
+    }
+
+    /// Whether lockstep sees a connector's side; every rule looks again
+    /// when that changes.
+    fn set_visible(&mut self, connector: lockstep_schemas::Connector, visible: bool, ctx: &Ctx<'_>) {
+        let flag = match connector {
+            lockstep_schemas::Connector::Slurm => &mut self.model.slurm_visible,
+            lockstep_schemas::Connector::Kubernetes => &mut self.model.kube_visible,
+        };
+        if *flag != visible {
+            *flag = visible;
+            self.touch_all();
+            self.scaling_needs_scan(ctx);
         }
     }
 

@@ -320,6 +320,9 @@ fn decide_state(
     } = *node;
     let key = Key::Slurm(name, AspectRef::State);
     let now = ctx.now_ms;
+    let had_health = ctl.causes.iter().any(|(c, _)| c.is_health());
+    let has_health = causes.iter().any(Cause::is_health);
+    ctl.health.follow(had_health, has_health, now, &policy.health);
     carry_origins(ctl, causes, view, ctx);
     let primary = causes.first();
     let before = Before {
@@ -327,21 +330,13 @@ fn decide_state(
         rule: ctl.status.rule,
         had_cause: ctl.status.cause.is_some(),
     };
-    let resume_hold = || {
-        let cleared = ctl.cleared.as_ref().map_or(0, |o| o.ms);
-        ctl.last_cause_health
-            .then(|| health::resume_hold(&ctl.health_drains, cleared, now, &policy.health))
-            .flatten()
-    };
+    let resume_hold = || ctl.health.resume_hold(now, &policy.health);
     let StateWant {
         phase,
         mut rule,
         action,
         held_until,
     } = drain::state_want(primary, view, slurm, side, before, resume_hold, policy);
-    if let Some(primary) = primary {
-        ctl.last_cause_health = primary.is_health();
-    }
     let mut act = held_until.is_none();
     if let Some(at) = held_until {
         min_wake(wake, at);
@@ -352,7 +347,10 @@ fn decide_state(
             .and_then(|s| s.current.as_ref())
             .is_some_and(|f| f.action == *a)
     };
-    if let (Some(a), true) = (&action, primary.is_some_and(Cause::is_health)) {
+    // The cluster-wide bound admits a node's health drain once: a drain put
+    // back while its cause holds (`drain.reapply`) was admitted already.
+    let bounded = primary.is_some_and(Cause::is_health) && rule != Rule::Reapplied;
+    if let (Some(a), true) = (&action, bounded) {
         if !already(a) {
             let max = policy.health.drains_per_minute_max;
             if let Some(at) = health::rate_limited(cluster_drains, now, max) {
@@ -371,7 +369,6 @@ fn decide_state(
     if !slurm_visible {
         rule = Rule::SlurmInvisible;
     } else if act && !(idle && action.is_none()) {
-        let before = out.actions.len();
         let issue = Issue {
             seq: ctx.seq,
             now_ms: now,
@@ -379,31 +376,16 @@ fn decide_state(
             rule: rule.name(),
         };
         let step = flights.bring(key, action, &issue, &policy.actions, &mut out.actions, wake);
-        if let Step::GaveUp { attempts, error } = step {
-            rule = Rule::GaveUp;
-            gave_up = Some(format!("gave up after {attempts} attempts: {error}"));
-        }
-        let new_health_out = out.actions[before..].iter().any(|a| {
-            a.attempt == 1
-                && matches!(
-                    a.action,
-                    Action::SlurmDrain { .. } | Action::SlurmDown { .. }
-                )
-        }) && primary.is_some_and(Cause::is_health);
-        if new_health_out {
-            let h = &policy.health;
-            health::record(
-                &mut ctl.health_drains,
-                now,
-                ms(h.flap_window_s),
-                h.flaps_max as usize + 1,
-            );
-            health::record(
-                cluster_drains,
-                now,
-                60_000,
-                h.drains_per_minute_max as usize,
-            );
+        match step {
+            Step::GaveUp { attempts, error } => {
+                rule = Rule::GaveUp;
+                gave_up = Some(format!("gave up after {attempts} attempts: {error}"));
+            }
+            Step::Sent { attempt: 1 } if bounded => {
+                let max = policy.health.drains_per_minute_max as usize;
+                health::record(cluster_drains, now, 60_000, max);
+            }
+            Step::Sent { .. } | Step::Quiet => {}
         }
     } else if flights
         .get(key)
@@ -422,7 +404,7 @@ fn decide_state(
     };
     if status != ctl.status {
         let detail = gave_up
-            .unwrap_or_else(|| detail(&status, view, slurm, policy, ctl.health_drains.len()));
+            .unwrap_or_else(|| detail(&status, view, slurm, policy, ctl.health.spells()));
         out.transitions.push(Transition {
             seq: ctx.seq,
             time_ms: now,
@@ -516,7 +498,7 @@ pub(super) fn detail(
             policy.health.resume_after_s
         ),
         Rule::FlapHold => format!(
-            "cause cleared, but {flaps} health drains within {}s; held for {}s",
+            "cause cleared, but {flaps} health spells within {}s; held for {}s",
             policy.health.flap_window_s, policy.health.flap_hold_s
         ),
         Rule::ForeignDrain => format!(
