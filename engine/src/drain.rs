@@ -245,7 +245,7 @@ pub(crate) fn state_want(
         && if down {
             side.down
         } else {
-            side.drained || (side.down && side.owned)
+            side.drained || (side.down && (side.owned || side.held))
         };
     // A cause that names itself rewrites only lockstep's own reason: a drain
     // somebody else set already keeps the node out, and its reason is
@@ -290,6 +290,10 @@ pub(crate) struct SlurmSide {
     pub down: bool,
     /// The drain or down is lockstep's ([`Ownership::owns`]).
     pub owned: bool,
+    /// Somebody else holds the node out: their drain, or a DOWN or FAIL a
+    /// user set ([`Ownership::held_by_other`]); the Slurm actuator leaves it
+    /// as it is, and it keeps the node out for any cause of lockstep's.
+    pub held: bool,
     /// Slurm reports NOT_RESPONDING or FAIL, or DOWN not by lockstep's own
     /// `state=DOWN` (a drain lockstep made that Slurm then took DOWN is
     /// unhealthy: slurmd stopped answering under it).
@@ -313,6 +317,7 @@ impl SlurmSide {
             drained,
             down,
             owned,
+            held: own.held_by_other(node),
             unhealthy,
             unseen: false,
         }
@@ -344,7 +349,9 @@ impl SlurmSide {
                     .is_some_and(|r| r.starts_with(reason))
         };
         self.unseen = match action {
-            Some(Action::SlurmDrain { reason, .. }) => !(self.drained && with_reason(reason)),
+            Some(Action::SlurmDrain { reason, .. }) => {
+                !((self.drained || self.held) && with_reason(reason))
+            }
             Some(Action::SlurmDown { reason, .. }) => !(self.down && with_reason(reason)),
             Some(Action::SlurmResume { .. }) => self.owned_out(),
             _ => false,
@@ -649,10 +656,11 @@ mod tests {
     fn state_rows_table() {
         use Phase::{Drained as Dd, Draining as Dg, ForeignDrain as Fd, InService as In};
         use Phase::{Resuming as Rs, SlurmUnhealthy as Su};
-        let side = |d, dn, o, u| SlurmSide {
+        let side = |d: bool, dn: bool, o: bool, u: bool| SlurmSide {
             drained: d,
             down: dn,
             owned: o,
+            held: (d || dn) && !o && !u,
             unhealthy: u,
             unseen: false,
         };

@@ -452,6 +452,7 @@ mod tests {
             drained: n.has(&Drain),
             down: n.state == Down,
             owned,
+            held: (n.has(&Drain) || n.state == Down) && !owned,
             unhealthy: n.state == Down && !owned,
             unseen: false,
         };

@@ -84,6 +84,9 @@ pub struct SimSet {
     /// (NOT_RESPONDING while the pod is gone, their state and drain kept)
     /// instead of leaving Slurm with them.
     pub static_nodes: bool,
+    /// New pods wait for their image (Pending, slurmd not started) until
+    /// [`Sim::images_pulled`]; the set's first pods are there already.
+    pub slow_pulls: bool,
 }
 
 /// The controller of a [`SimSet`].
@@ -844,10 +847,38 @@ impl Sim {
                 created: 0,
                 controller,
                 static_nodes,
+                slow_pulls: false,
             },
         );
         self.observe_set(name);
         self.sync_set(name)
+    }
+
+    /// From now on the set's new pods take long to pull their image: they
+    /// stay Pending, their slurmd not started, until [`Sim::images_pulled`].
+    pub fn slow_pulls(&mut self, name: &str) -> &mut Self {
+        self.sets.get_mut(name).expect("known set").slow_pulls = true;
+        self
+    }
+
+    /// The set's pending pods have their image: each starts (Running and
+    /// Ready) and its slurmd registers.
+    pub fn images_pulled(&mut self, name: &str) -> &mut Self {
+        let pending: Vec<String> = self
+            .pods
+            .values()
+            .filter(|p| p.owner.as_ref().is_some_and(|o| o.name == name))
+            .filter(|p| p.phase == PodPhase::Pending)
+            .map(|p| p.name.clone())
+            .collect();
+        for pod in pending {
+            self.slurmd_started(&pod);
+            self.pod_change(&pod, |p| {
+                p.phase = PodPhase::Running;
+                p.ready = true;
+            });
+        }
+        self.observe_set(name)
     }
 
     /// The pod's slurmd is gone: its Slurm node leaves Slurm, or with
@@ -947,8 +978,12 @@ impl Sim {
                 s.created += 1;
                 s.created
             };
-            self.slurmd_started(&pod);
-            self.add_pod(&pod, &node);
+            if set.slow_pulls {
+                self.add_pending_pod(&pod, &node);
+            } else {
+                self.slurmd_started(&pod);
+                self.add_pod(&pod, &node);
+            }
             let revision = set.revision.clone();
             self.pod_change(&pod, |p| {
                 p.uid = format!("uid-{pod_name}-{created}", pod_name = p.name);

@@ -50,13 +50,16 @@ impl Ownership<'_> {
         })
     }
 
-    /// Out of service (drained, down or failed) by somebody else's doing:
-    /// what lockstep must neither replace nor lift.
+    /// Held out of service by somebody else: drained, or set DOWN or FAIL by
+    /// a user (an administrator, another operator's preStop hook), with a
+    /// reason lockstep did not set. What lockstep must neither replace nor
+    /// lift. A DOWN that is slurmctld's own (the node not responding) holds
+    /// nothing: slurmctld lifts it when slurmd answers again, and a drain on
+    /// top of it is what keeps the node out then.
     pub fn held_by_other(&self, node: &SlurmNode) -> bool {
-        let out = node.has(&SlurmNodeFlag::Drain)
-            || node.has(&SlurmNodeFlag::Fail)
-            || node.state == SlurmBaseState::Down;
-        out && !self.owns(node)
+        let set_down = (node.state == SlurmBaseState::Down || node.has(&SlurmNodeFlag::Fail))
+            && !slurmctld_down(node);
+        (node.has(&SlurmNodeFlag::Drain) || set_down) && !self.owns(node)
     }
 
     /// Who holds the node and why, as an audit line: `root: NVSwitch RMA`.
@@ -106,6 +109,18 @@ impl From<Ownership<'_>> for ReasonOwnership {
         }
     }
 }
+
+/// DOWN because slurmd does not answer: slurmctld's own doing (the flag, its
+/// reason, or its suffix on the reason there was before).
+fn slurmctld_down(node: &SlurmNode) -> bool {
+    node.has(&SlurmNodeFlag::NotResponding)
+        || node.reason.as_deref().is_some_and(|r| {
+            r == SLURM_NOT_RESPONDING || r.ends_with(SLURM_NOT_RESPONDING_SUFFIX)
+        })
+}
+
+/// The reason slurmctld gives a node it sets DOWN for not responding.
+const SLURM_NOT_RESPONDING: &str = "Not responding";
 
 /// DOWN by slurmctld's doing, whatever reason lockstep set before: the DOWN
 /// is Slurm's to lift (`ReturnToService`), never lockstep's.

@@ -530,9 +530,12 @@ impl<'p> Victims<'_, 'p> {
         looked.touched.push(node.to_owned());
     }
 
-    /// Rolling replacement victims: settled once their pod is gone; their
-    /// pod deleted once DRAINED (fail closed: only what is surely drained
-    /// and idle).
+    /// Rolling replacement victims: their pod deleted once DRAINED (fail
+    /// closed: only what is surely drained and idle); settled once their pod
+    /// is gone and its successor serves: Running and Ready on a Ready node,
+    /// and its Slurm node in service. Until then the victim counts against
+    /// `max_unavailable`: a successor still pulling its image, or whose
+    /// slurmd has not registered, is not capacity back.
     fn settle_replacements(
         &mut self,
         visible: bool,
@@ -545,7 +548,13 @@ impl<'p> Victims<'_, 'p> {
         for node in self.of_kind(VictimKind::Replace) {
             let v = &self.victims[&node];
             let Some(pod) = self.pod_of(v) else {
-                self.settle(&node, looked);
+                let back = self
+                    .pods
+                    .iter()
+                    .any(|p| p.slurm == node && p.uid != v.uid && p.serving && p.slurm_serves);
+                if back {
+                    self.settle(&node, looked);
+                }
                 continue;
             };
             let safe = visible && pod.known && pod.drained && pod.jobs == 0 && !pod.busy;

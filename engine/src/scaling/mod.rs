@@ -171,6 +171,9 @@ pub(crate) struct PodFacts<'a> {
     /// node lifecycle controller marks every pod of a node that is not
     /// Ready not ready, and a controller removes not-ready pods first).
     pub serving: bool,
+    /// Its Slurm node serves: Slurm knows it, and shows it neither drained,
+    /// DOWN, FAILed nor NOT_RESPONDING.
+    pub slurm_serves: bool,
     /// Its Slurm node has been idle for `idle_before_scale_down_s`.
     pub idle_enough: bool,
     /// Its `controller.kubernetes.io/pod-deletion-cost` as observed (absent: 0;
@@ -285,6 +288,7 @@ pub(crate) fn pod_facts<'a>(
                         .get(n)
                         .is_none_or(|k| k.obs.ready == ConditionStatus::True)
                 }),
+            slurm_serves: node.is_some_and(slurm_serves),
             idle_enough,
             cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
             revision: p.revision.as_deref(),
@@ -330,6 +334,14 @@ pub(crate) fn slurm_busy(node: &SlurmNode) -> bool {
         node.state,
         SlurmBaseState::Allocated | SlurmBaseState::Mixed
     ) || node.has(&SlurmNodeFlag::Completing)
+}
+
+/// In service as Slurm shows it: not drained, DOWN, FAILed or NOT_RESPONDING.
+pub(crate) fn slurm_serves(node: &SlurmNode) -> bool {
+    node.state != SlurmBaseState::Down
+        && !node.has(&SlurmNodeFlag::Drain)
+        && !node.has(&SlurmNodeFlag::Fail)
+        && !node.has(&SlurmNodeFlag::NotResponding)
 }
 
 /// DRAINED in sinfo's sense: DRAIN and nothing running or finishing.

@@ -26,6 +26,7 @@ fn pod(name: &'static str, state: char) -> PodFacts<'static> {
         drained: matches!(state, 'd' | 'm' | 'x'),
         deleting: state == 'x',
         serving: !matches!(state, 'p' | 'x'),
+        slurm_serves: !matches!(state, 'd' | 'm' | 'x' | 'u'),
         idle_enough: matches!(state, 'i' | 'd' | 'm' | 'p'),
         cost: Some(if state == 'm' { -2_147_483_648 } else { 0 }),
         revision: None,
