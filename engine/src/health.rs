@@ -226,7 +226,13 @@ pub(crate) struct Damping {
 
 impl Damping {
     /// One evaluation of the node's causes: a spell begins or ends.
-    pub fn follow(&mut self, had_health: bool, has_health: bool, now_ms: u64, policy: &HealthPolicy) {
+    pub fn follow(
+        &mut self,
+        had_health: bool,
+        has_health: bool,
+        now_ms: u64,
+        policy: &HealthPolicy,
+    ) {
         if has_health && !had_health {
             let bound = policy.flaps_max as usize + 1;
             record(&mut self.onsets, now_ms, ms(policy.flap_window_s), bound);

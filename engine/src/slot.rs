@@ -136,7 +136,10 @@ impl Slot {
         }
         let attempt = cur.attempt + 1;
         self.send(want, attempt, issue, out);
-        (Step::Sent { attempt }, Some(after_ms(issue.now_ms, timeout_ms)))
+        (
+            Step::Sent { attempt },
+            Some(after_ms(issue.now_ms, timeout_ms)),
+        )
     }
 
     fn send(

@@ -4,7 +4,7 @@
 
 use lockstep_schemas::{
     ConditionStatus, Event, HealthAction, LabelFeature, Maintenance, MappingMode, PodPhase, Policy,
-    ScaleRule, ScaleTargetRef, SlurmJobState,
+    ScaleRule, ScaleTargetRef, SlurmBaseState, SlurmJobState,
 };
 
 use crate::Sim;
@@ -175,6 +175,36 @@ pub const ALL: &[Incident] = &[
         name: "maintenance-window",
         about: "maintenance announced for k1 03:10-03:40: a Slurm maintenance reservation at once, the drain at 03:10 with DrainInProgress then Drained on the node as its job ends, resume and release at 03:40; k2's maintenance is cancelled before it starts and its reservation released",
         build: maintenance_window,
+    },
+    Incident {
+        name: "admin-drain-lands-while-drain-in-flight",
+        about: "a cordon's drain is on its way when netops drains the node for an RMA: the actuator leaves netops' drain as it is, lockstep takes the node as drained by someone else, and the uncordon resumes nothing",
+        build: admin_drain_lands_while_drain_in_flight,
+    },
+    Incident {
+        name: "admins-act-while-slurm-unseen",
+        about: "slurmrestd is down for 5 minutes while root takes over one of lockstep's drains and netops drains the other node for an RMA, and both hosts are uncordoned: seen again, lockstep acts on nothing until Slurm is listed in full, then resumes neither",
+        build: admins_act_while_slurm_unseen,
+    },
+    Incident {
+        name: "admin-resumes-are-not-flaps",
+        about: "one NotReady spell; an admin resumes the node three times and lockstep drains it again each time; Ready again, it is resumed after resume_after_s, not held as a flapping node",
+        build: admin_resumes_are_not_flaps,
+    },
+    Incident {
+        name: "cordon-cycle-keeps-flap-hold",
+        about: "a node held after four GPU XID spells in an hour is cordoned and uncordoned for a GPU reset: the hold belongs to the health cause and lasts its time",
+        build: cordon_cycle_keeps_flap_hold,
+    },
+    Incident {
+        name: "rollout-waits-for-pulling-pods",
+        about: "a new revision over six idle pods with max_unavailable 2: a replaced pod counts as unavailable while its successor pulls its image, until it is Running and Ready and its Slurm node serves",
+        build: rollout_waits_for_pulling_pods,
+    },
+    Incident {
+        name: "slinky-beside-lockstep",
+        about: "Slinky's slurm-operator drains on cordon too: whichever drain lands first stands, neither resumes the other's, its preStop DOWN of a terminating pod is never lifted by lockstep, and nothing stays out once both causes end",
+        build: slinky_beside_lockstep,
     },
 ];
 
@@ -812,5 +842,137 @@ fn maintenance_window() -> Sim {
     sim.advance_s(60)
         .kube_change("k1", |k| k.maintenance = None)
         .actuate();
+    sim
+}
+
+fn admin_drain_lands_while_drain_in_flight() -> Sim {
+    let mut sim = cluster(Policy::default(), 1);
+    sim.advance_s(10).cordon("k1");
+    // Before the actuator's write: the node is drained for an RMA.
+    sim.advance_s(1)
+        .admin_drain_unseen("n1", "NVSwitch RMA", "netops");
+    sim.actuate();
+    sim.advance_s(2).poll_slurm_node("n1").actuate();
+    sim.advance_s(300).uncordon("k1").actuate();
+    sim.advance_s(3600).admin_resume("n1").actuate();
+    sim
+}
+
+fn admins_act_while_slurm_unseen() -> Sim {
+    let mut sim = cluster(Policy::default(), 2);
+    sim.advance_s(10).cordon("k1").cordon("k2").actuate();
+    sim.advance_s(60).slurm_visible(false);
+    sim.advance_s(30).slurm_change_unseen("n1", |n| {
+        n.reason = Some("disk replaced, keep out".to_owned());
+        n.reason_user = Some("root".to_owned());
+    });
+    sim.advance_s(30)
+        .admin_drain_unseen("n2", "NVSwitch RMA", "netops");
+    sim.advance_s(60).uncordon("k1").uncordon("k2").actuate();
+    sim.advance_s(180).slurm_seen_again().actuate();
+    sim.advance_s(1).relist_slurm().actuate();
+    sim.run_s(120, 30);
+    sim
+}
+
+fn admin_resumes_are_not_flaps() -> Sim {
+    let mut policy = Policy::default();
+    policy.health.not_ready_grace_s = 60;
+    policy.health.resume_after_s = 30;
+    policy.health.flaps_max = 3;
+    policy.health.flap_window_s = 3600;
+    policy.health.flap_hold_s = 1080;
+    let mut sim = cluster(policy, 1);
+    sim.advance_s(10).set_ready("k1", ConditionStatus::False);
+    sim.idle_s(70, 10).actuate();
+    for _ in 0..3 {
+        sim.advance_s(120).admin_resume("n1").actuate();
+    }
+    sim.advance_s(120).set_ready("k1", ConditionStatus::True);
+    sim.run_s(60, 10);
+    sim
+}
+
+fn cordon_cycle_keeps_flap_hold() -> Sim {
+    let mut policy = Policy::default();
+    policy.health.node_conditions = vec!["GpuXidError".to_owned()];
+    policy.health.resume_after_s = 60;
+    policy.health.flaps_max = 3;
+    policy.health.flap_window_s = 3600;
+    policy.health.flap_hold_s = 1800;
+    let mut sim = cluster(policy, 1);
+    for _ in 0..4 {
+        sim.advance_s(300)
+            .set_node_condition("k1", "GpuXidError", ConditionStatus::True)
+            .actuate();
+        sim.advance_s(120)
+            .set_node_condition("k1", "GpuXidError", ConditionStatus::False);
+        sim.run_s(70, 10);
+    }
+    // Held: four spells within the hour. A cordon cycle for a GPU reset.
+    sim.advance_s(60).cordon("k1").actuate();
+    sim.advance_s(300).uncordon("k1").actuate();
+    sim.run_s(1800, 60);
+    sim
+}
+
+fn rollout_waits_for_pulling_pods() -> Sim {
+    let mut policy = scaling_policy(6, 6);
+    policy.scaling.targets[0].max_unavailable = 2;
+    let mut sim = gpu_cluster(policy, 6);
+    sim.slow_pulls("gpu");
+    sim.advance_s(10).set_revision("gpu", "rev-2");
+    sim.run_s(60, 5);
+    // The first two successors pull their image for minutes.
+    sim.run_s(300, 30);
+    sim.advance_s(1).images_pulled("gpu");
+    sim.run_s(60, 5);
+    sim.run_s(300, 30);
+    sim.advance_s(1).images_pulled("gpu");
+    sim.run_s(60, 5);
+    sim.advance_s(1).images_pulled("gpu");
+    sim.run_s(60, 5);
+    sim
+}
+
+/// Slinky's slurm-operator drain reason for a cordoned node.
+fn slinky_cordon_reason(kube: &str, pod: &str) -> String {
+    format!("slurm-operator: Node ({kube}) was cordoned, Pod (slurm/{pod}) must be cordoned")
+}
+
+fn slinky_beside_lockstep() -> Sim {
+    let mut sim = cluster(Policy::default(), 2);
+    // k1: Slinky's drain lands before lockstep's actuator writes.
+    sim.advance_s(10).cordon("k1");
+    let reason = slinky_cordon_reason("k1", "n1");
+    sim.advance_s(1).admin_drain_unseen("n1", &reason, "slurm");
+    sim.actuate();
+    sim.advance_s(1).poll_slurm_node("n1").actuate();
+    // k2: lockstep's drain lands first; Slinky leaves a reason not its own.
+    sim.advance_s(10).cordon("k2").actuate();
+    // Both uncordoned: lockstep resumes its own drain, Slinky its own.
+    sim.advance_s(300).uncordon("k1").uncordon("k2").actuate();
+    sim.advance_s(2).admin_resume("n1");
+    sim.run_s(60, 30);
+    // n2's pod terminates: its preStop sets DOWN before lockstep's drain lands.
+    sim.advance_s(60).pod_change("n2", |p| p.deleting = true);
+    sim.advance_s(1).slurm_change_unseen("n2", |n| {
+        n.state = SlurmBaseState::Down;
+        n.reason = Some("slurm-operator: Pod is terminating".to_owned());
+        n.reason_user = Some("slurm".to_owned());
+    });
+    sim.actuate();
+    sim.advance_s(1).poll_slurm_node("n2").actuate();
+    sim.advance_s(30).remove_pod("n2").actuate();
+    // The replacement runs; its slurmd registers and slurmctld returns the
+    // node to service (ReturnToService=2).
+    sim.advance_s(20)
+        .add_pod("n2", "k2")
+        .slurm_change("n2", |n| {
+            n.state = SlurmBaseState::Idle;
+            n.reason = None;
+            n.reason_user = None;
+        });
+    sim.run_s(120, 30);
     sim
 }

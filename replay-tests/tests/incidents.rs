@@ -1077,3 +1077,202 @@ fn maintenance_reserves_ahead_drains_in_the_window_shows_progress_and_gives_back
     assert!(sim.reservations.is_empty(), "{:?}", sim.reservations);
     assert_eq!(sim.phase("n1"), Phase::InService);
 }
+
+/// The outcomes the actuators reported, with the id of their action.
+fn outcomes(sim: &Sim) -> Vec<(String, lockstep_schemas::OutcomeResult)> {
+    sim.records()
+        .iter()
+        .filter_map(|r| match r {
+            lockstep_schemas::Record::Event(e) => match &e.envelope.event {
+                lockstep_schemas::Event::ActionOutcome(o) => {
+                    Some((o.action_id.0.clone(), o.result.clone()))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn declined(sim: &Sim) -> Vec<String> {
+    outcomes(sim)
+        .into_iter()
+        .filter_map(|(id, r)| match r {
+            lockstep_schemas::OutcomeResult::Declined { held_by } => {
+                Some(format!("{id}: {held_by}"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_drain_that_finds_an_admins_drain_leaves_it_and_the_uncordon_resumes_nothing() {
+    let sim = build("admin-drain-lands-while-drain-in-flight");
+    assert_eq!(
+        declined(&sim),
+        ["5.slurm_drain.slurm:n1/state: IDLE+DRAIN by netops: NVSwitch RMA"]
+    );
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 0);
+    // Shown in Kubernetes as a drain by someone else, until netops resumes.
+    let shown = sim.actions.iter().any(|a| {
+        matches!(&a.action, Action::KubeSetPodCondition { condition, .. }
+            if condition.type_ == "SlurmNodeDrained" && condition.message.contains("NVSwitch RMA"))
+    });
+    assert!(shown);
+    assert_eq!(sim.phase("n1"), Phase::InService);
+}
+
+#[test]
+fn seen_again_lockstep_waits_for_a_full_listing_and_resumes_no_drain_taken_over() {
+    let sim = build("admins-act-while-slurm-unseen");
+    let back = event_seq(&sim, |e| {
+        matches!(
+            e,
+            lockstep_schemas::Event::ConnectorStatus { visible: true, .. }
+        )
+    });
+    let listed = event_seq(&sim, |e| {
+        matches!(
+            e,
+            lockstep_schemas::Event::SyncDone {
+                domain: lockstep_schemas::Domain::SlurmJobs
+            }
+        )
+    });
+    assert!(back < listed);
+    let slurm_actions: Vec<u64> = sim
+        .actions
+        .iter()
+        .filter(|a| a.action.kind().connector() == lockstep_schemas::Connector::Slurm)
+        .map(|a| a.seq)
+        .filter(|&s| s >= back)
+        .collect();
+    assert!(
+        slurm_actions.is_empty(),
+        "Slurm actions after sight came back: {slurm_actions:?}"
+    );
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 0);
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n2"), 0);
+    assert_eq!(sim.phase("n1"), Phase::ForeignDrain);
+    assert_eq!(sim.phase("n2"), Phase::ForeignDrain);
+    assert_eq!(
+        sim.slurm["n1"].reason.as_deref(),
+        Some("disk replaced, keep out")
+    );
+    assert_eq!(sim.slurm["n2"].reason.as_deref(), Some("NVSwitch RMA"));
+}
+
+#[test]
+fn admin_resumes_of_a_health_drain_are_not_counted_as_flaps() {
+    let sim = build("admin-resumes-are-not-flaps");
+    // One NotReady spell: one drain for it, three put back after an admin's resume.
+    assert_eq!(count(&sim, ActionKind::SlurmDrain, "n1"), 4);
+    let reapplied = sim
+        .transitions
+        .iter()
+        .filter(|t| t.rule == Rule::Reapplied)
+        .count();
+    assert_eq!(reapplied, 3);
+    assert!(!sim.transitions.iter().any(|t| t.rule == Rule::FlapHold));
+    // Resumed resume_after_s (30 s) after the node is Ready again.
+    let ready = sim
+        .last_seq_where(|e| {
+            matches!(e, lockstep_schemas::Event::KubeNode(n)
+                if n.ready == lockstep_schemas::ConditionStatus::True && n.name == "k1")
+        })
+        .unwrap();
+    let resume = sim
+        .actions
+        .iter()
+        .find(|a| a.action.kind() == ActionKind::SlurmResume)
+        .expect("resumed");
+    let time_of = |seq: u64| {
+        sim.records()
+            .iter()
+            .find_map(|r| match r {
+                lockstep_schemas::Record::Event(e) if e.seq == seq => Some(e.time_ms),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let waited_s = (resume.time_ms - time_of(ready)) / 1000;
+    assert!((30..=40).contains(&waited_s), "resumed after {waited_s} s");
+    assert_eq!(sim.phase("n1"), Phase::InService);
+}
+
+#[test]
+fn a_cordon_cycle_does_not_end_a_flap_hold() {
+    let sim = build("cordon-cycle-keeps-flap-hold");
+    let uncordon = sim
+        .transitions
+        .iter()
+        .rposition(|t| t.rule == Rule::Cordoned)
+        .expect("cordoned");
+    // After the uncordon the node is held, not resumed.
+    let next = &sim.transitions[uncordon + 1];
+    assert_eq!(next.rule, Rule::FlapHold, "{next:?}");
+    let resumes: Vec<u64> = sim
+        .actions
+        .iter()
+        .filter(|a| a.action.kind() == ActionKind::SlurmResume)
+        .map(|a| a.time_ms)
+        .collect();
+    let last_drain = sim
+        .actions
+        .iter()
+        .filter(|a| a.action.kind() == ActionKind::SlurmDrain)
+        .map(|a| a.time_ms)
+        .max()
+        .unwrap();
+    // Three resumes after the first three spells, the fourth at the hold's end.
+    assert_eq!(resumes.len(), 4);
+    assert!(resumes[3] >= last_drain + 1_800_000, "{resumes:?}");
+    assert_eq!(sim.phase("n1"), Phase::InService);
+}
+
+#[test]
+fn a_rollout_counts_a_pulling_successor_as_unavailable() {
+    let sim = build("rollout-waits-for-pulling-pods");
+    let replaced: Vec<u64> = sim
+        .actions
+        .iter()
+        .filter(|a| a.rule == Rule::Replace.name() && a.action.kind() == ActionKind::SlurmDrain)
+        .map(|a| a.seq)
+        .collect();
+    assert_eq!(replaced.len(), 6, "every pod replaced once");
+    // The first successors run only once their image is pulled; until then
+    // no third pod is taken out (max_unavailable 2).
+    let first_back = event_seq(&sim, |e| {
+        matches!(e, lockstep_schemas::Event::KubePod(p)
+            if p.revision.as_deref() == Some("rev-2") && p.running_and_ready())
+    });
+    let before = replaced.iter().filter(|&&s| s < first_back).count();
+    assert_eq!(
+        before, 2,
+        "replacements before a successor serves: {replaced:?}"
+    );
+    for n in ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5"] {
+        assert_eq!(sim.phase(n), Phase::InService, "{n}");
+    }
+}
+
+#[test]
+fn lockstep_and_slinky_never_fight_and_nothing_stays_out() {
+    let sim = build("slinky-beside-lockstep");
+    // Slinky's drain and its preStop DOWN each landed before lockstep's
+    // write: both left as they were.
+    assert_eq!(
+        declined(&sim),
+        [
+            "8.slurm_drain.slurm:n1/state: IDLE+DRAIN by slurm: slurm-operator: Node (k1) was cordoned, Pod (slurm/n1) must be cordoned",
+            "25.slurm_drain.slurm:n2/state: DOWN by slurm: slurm-operator: Pod is terminating",
+        ]
+    );
+    // lockstep resumed only its own drain (n2 after the cordon), never
+    // Slinky's drain or DOWN; its reasons never replaced Slinky's.
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n1"), 0);
+    assert_eq!(count(&sim, ActionKind::SlurmResume, "n2"), 1);
+    assert_eq!(sim.phase("n1"), Phase::InService);
+    assert_eq!(sim.phase("n2"), Phase::InService);
+}

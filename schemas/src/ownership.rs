@@ -114,9 +114,10 @@ impl From<Ownership<'_>> for ReasonOwnership {
 /// reason, or its suffix on the reason there was before).
 fn slurmctld_down(node: &SlurmNode) -> bool {
     node.has(&SlurmNodeFlag::NotResponding)
-        || node.reason.as_deref().is_some_and(|r| {
-            r == SLURM_NOT_RESPONDING || r.ends_with(SLURM_NOT_RESPONDING_SUFFIX)
-        })
+        || node
+            .reason
+            .as_deref()
+            .is_some_and(|r| r == SLURM_NOT_RESPONDING || r.ends_with(SLURM_NOT_RESPONDING_SUFFIX))
 }
 
 /// The reason slurmctld gives a node it sets DOWN for not responding.

@@ -262,7 +262,12 @@ impl Engine {
 
     /// Whether lockstep sees a connector's side; every rule looks again
     /// when that changes.
-    fn set_visible(&mut self, connector: lockstep_schemas::Connector, visible: bool, ctx: &Ctx<'_>) {
+    fn set_visible(
+        &mut self,
+        connector: lockstep_schemas::Connector,
+        visible: bool,
+        ctx: &Ctx<'_>,
+    ) {
         let flag = match connector {
             lockstep_schemas::Connector::Slurm => &mut self.model.slurm_visible,
             lockstep_schemas::Connector::Kubernetes => &mut self.model.kube_visible,

@@ -322,7 +322,8 @@ fn decide_state(
     let now = ctx.now_ms;
     let had_health = ctl.causes.iter().any(|(c, _)| c.is_health());
     let has_health = causes.iter().any(Cause::is_health);
-    ctl.health.follow(had_health, has_health, now, &policy.health);
+    ctl.health
+        .follow(had_health, has_health, now, &policy.health);
     carry_origins(ctl, causes, view, ctx);
     let primary = causes.first();
     let before = Before {
@@ -403,8 +404,8 @@ fn decide_state(
         cause: primary.cloned(),
     };
     if status != ctl.status {
-        let detail = gave_up
-            .unwrap_or_else(|| detail(&status, view, slurm, policy, ctl.health.spells()));
+        let detail =
+            gave_up.unwrap_or_else(|| detail(&status, view, slurm, policy, ctl.health.spells()));
         out.transitions.push(Transition {
             seq: ctx.seq,
             time_ms: now,
