@@ -14,12 +14,19 @@
 //!
 //! | holds when                                                    | wants                                  | rule                     |
 //! |---------------------------------------------------------------|----------------------------------------|--------------------------|
-//! | a cause, and Slurm does not show the node out                  | drain (DOWN for a health cause with `health.action: down`), reason `<prefix> <cause>` | the cause's row |
+//! | a cause, and Slurm does not show the node out (somebody else's drain, or a DOWN a user set, keeps it out) | drain (DOWN for a health cause with `health.action: down`), reason `<prefix> <cause>` | the cause's row |
 //! | a cause, lockstep's drain for it was there and is gone          | the drain again                         | `drain.reapply`          |
 //! | no cause, lockstep's drain or down is in Slurm                  | resume (unless health damping holds it) | `drain.cause_cleared`    |
 //! | no cause, somebody else's drain or down                         | nothing: shown, never undone            | `drain.foreign`          |
 //! | no cause, Slurm reports the node unhealthy                      | nothing                                 | `health.slurm_unhealthy` |
 //! | no cause, nothing out                                           | nothing                                 | `observe.slurm`          |
+//!
+//! Slurm is trusted only while lockstep sees it: after it sees Slurm again,
+//! no rule acts on Slurm until complete listings of nodes and jobs, started
+//! since, are applied (`model::Regain`). The Slurm actuator follows the same
+//! ownership: it reads the node first and leaves a drain or down it does
+//! not own as it is (outcome `declined`), so an admin's drain that lands
+//! while lockstep's is on its way is never replaced and so never resumed.
 //!
 //! Ownership ([`Ownership::owns`]): a drain or down is lockstep's own when
 //! Slurm says lockstep's Slurm user (`drain.slurm_user`) set its reason; when

@@ -18,7 +18,14 @@
 //! |---------------------------------------------------------------------|-------------------------------|-----------------------|
 //! | `drains_per_minute_max` new health drains in the last minute of log time, cluster-wide | a new one waits      | `health.rate_limited` |
 //! | a health cause cleared less than `resume_after_s` ago                | the resume waits              | `health.resume_delay` |
-//! | more than `flaps_max` health drains within `flap_window_s`           | held drained for `flap_hold_s` | `health.flap_hold`   |
+//! | more than `flaps_max` health spells within `flap_window_s`           | held drained for `flap_hold_s` | `health.flap_hold`   |
+//!
+//! A spell is a health cause turning on where none was ([`Damping`]):
+//! lockstep putting its drain back after an admin resumed the node, a retry,
+//! or a drain Slurm already showed is no new spell. The resume delay and the
+//! flap hold belong to the health cause: a cordon cycle meanwhile ends
+//! neither. The cluster-wide bound admits each node's health drain once: a
+//! drain put back while its cause holds is not a new one.
 //!
 //! Slurm -> Kubernetes: a Slurm node that is NOT_RESPONDING or FAIL, or DOWN
 //! not by lockstep's own `state=DOWN` (a node lockstep drained that then
