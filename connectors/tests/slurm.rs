@@ -30,7 +30,7 @@ use lockstep_connectors::slurm::{
 };
 use lockstep_engine::{Engine, Output, Phase};
 use lockstep_schemas::{
-    Action, ActionId, Envelope, Event, EventId, EventRecord, IssuedAction, OutcomeResult,
+    Action, ActionId, Domain, Envelope, Event, EventId, EventRecord, IssuedAction, OutcomeResult,
     Policy, ReasonOwnership, SlurmBaseState, SlurmJobState, SlurmNode, SlurmNodeFlag, Source,
 };
 use tokio::sync::{Mutex, MutexGuard, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -1278,10 +1278,8 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
         |_, o| o.visible(),
     )
     .await;
-    assert!(back.iter().any(|Observation { event: e, .. }| matches!(
-        e,
-        Event::ConnectorStatus { visible: true, .. }
-    )));
+    // The poll that sees Slurm again says so, then lists everything.
+    assert_regained_with_a_full_listing(&back, &obs);
 
     // The observer's view is scontrol's (nodes may still settle after the
     // restart: compare until they agree).
@@ -1314,14 +1312,18 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
                 .all(|(a, b)| a.same_but_version(b)),
         "no job lost: {jobs_before:?} -> {jobs_after:?}"
     );
-    // No event repeats what was already known: unchanged nodes are silent.
+    // Outside the full listing no event repeats what was already known:
+    // unchanged nodes are silent.
     let all: Vec<Observation> = down.into_iter().chain(after).collect();
+    let mut listing = false;
     for Observation { event: e, .. } in &all {
         match e {
+            Event::SyncStarted { .. } => listing = true,
+            Event::SyncDone { .. } => listing = false,
             Event::SlurmNode(n) => {
                 let prev = last.insert(n.name.clone(), n.clone());
                 assert!(
-                    !prev.as_ref().is_some_and(|p| p.same_but_version(n)),
+                    listing || !prev.as_ref().is_some_and(|p| p.same_but_version(n)),
                     "duplicate event for {}:\n{}",
                     n.name,
                     summaries(&all)
@@ -1437,6 +1439,68 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
         status < drained,
         "visible first, then what changed meanwhile"
     );
+    assert_regained_with_a_full_listing(&back, &rest);
+}
+
+/// After the first `ConnectorStatus { visible: true }` in `seen`: a full
+/// listing of every domain, nodes, jobs and partitions in turn, each
+/// `SyncStarted`, every object the observer now holds of it, `SyncDone`,
+/// and nothing else. Objects that left while Slurm was out of sight are
+/// gone by absence from it.
+fn assert_regained_with_a_full_listing(seen: &[Observation], obs: &Observer) {
+    let all = || summaries(seen);
+    let at = seen
+        .iter()
+        .position(|Observation { event: e, .. }| {
+            matches!(e, Event::ConnectorStatus { visible: true, .. })
+        })
+        .unwrap_or_else(|| panic!("no visible=true:\n{}", all()));
+    let mut rest = seen[at + 1..].iter().map(|o| &o.event);
+    let want = [
+        (
+            Domain::SlurmNodes,
+            obs.nodes().into_iter().map(|n| n.name).collect::<Vec<_>>(),
+        ),
+        (
+            Domain::SlurmJobs,
+            obs.jobs()
+                .into_iter()
+                .map(|j| j.job_id.to_string())
+                .collect(),
+        ),
+        (
+            Domain::SlurmPartitions,
+            obs.partitions().into_iter().map(|p| p.name).collect(),
+        ),
+    ];
+    for (domain, want) in want {
+        assert!(
+            matches!(rest.next(), Some(Event::SyncStarted { domain: d }) if *d == domain),
+            "{domain:?} listing not started:\n{}",
+            all()
+        );
+        let mut listed = Vec::new();
+        loop {
+            match rest.next() {
+                Some(Event::SyncDone { domain: d }) if *d == domain => break,
+                Some(Event::SlurmNode(n)) if domain == Domain::SlurmNodes => {
+                    listed.push(n.name.clone());
+                }
+                Some(Event::SlurmJob(j)) if domain == Domain::SlurmJobs => {
+                    listed.push(j.job_id.to_string());
+                }
+                Some(Event::SlurmPartition(p)) if domain == Domain::SlurmPartitions => {
+                    listed.push(p.name.clone());
+                }
+                e => panic!("{e:?} in the {domain:?} listing:\n{}", all()),
+            }
+        }
+        listed.sort();
+        let mut want = want;
+        want.sort();
+        assert_eq!(listed, want, "{domain:?}:\n{}", all());
+    }
+    assert!(rest.next().is_none(), "more than the listing:\n{}", all());
 }
 
 /// Waits for an `update_time` poll of the nodes that answers 304, and
