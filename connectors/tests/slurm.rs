@@ -21,19 +21,19 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use lockstep_connectors::slurm::{
-    Actuator, ActuatorConfig, Backend, Fetch, Observation, Observer, ObserverConfig, RestClient,
-    RestConfig, Scontrol, ScontrolConfig, TokenSource, RESUMED_REASON,
+    Actuator, ActuatorConfig, Backend, BeforeWrite, Fetch, Observation, Observer, ObserverConfig,
+    RestClient, RestConfig, Scontrol, ScontrolConfig, TokenSource, RESUMED_REASON,
 };
 use lockstep_engine::{Engine, Output, Phase};
 use lockstep_schemas::{
-    Action, ActionId, Envelope, Event, EventId, EventRecord, IssuedAction, OutcomeResult, Policy,
-    SlurmBaseState, SlurmJobState, SlurmNode, SlurmNodeFlag, Source,
+    Action, ActionId, Domain, Envelope, Event, EventId, EventRecord, IssuedAction, OutcomeResult,
+    Policy, ReasonOwnership, SlurmBaseState, SlurmJobState, SlurmNode, SlurmNodeFlag, Source,
 };
-use tokio::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio::sync::{Mutex, MutexGuard, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 // ------------------------------------------------------------------ cluster
 
@@ -389,6 +389,12 @@ fn node_events<'a>(obs: &'a [Observation], name: &'a str) -> impl Iterator<Item 
         })
 }
 
+/// Which drains are lockstep's: the default policy's, as the service hands
+/// them to the actuator.
+fn owned() -> tokio::sync::watch::Receiver<ReasonOwnership> {
+    tokio::sync::watch::channel(Engine::new(Policy::default()).reason_ownership()).1
+}
+
 fn issued(action: Action) -> IssuedAction {
     IssuedAction {
         id: ActionId::derive(1, action.kind(), &action.target()),
@@ -466,7 +472,13 @@ async fn actuator_drain_shows_in_slurm_is_idempotent_and_resumes(c: &'static Clu
     let rest = c.rest();
     assert_eq!(rest.version().await.unwrap().to_string(), c.v.api());
 
-    let act = Actuator::new(Some(rest), Some(c.scontrol()), ActuatorConfig::default()).unwrap();
+    let act = Actuator::new(
+        Some(rest),
+        Some(c.scontrol()),
+        owned(),
+        ActuatorConfig::default(),
+    )
+    .unwrap();
     let drain = issued(Action::SlurmDrain {
         node: N.to_owned(),
         reason: "lockstep: test drain".to_owned(),
@@ -525,7 +537,8 @@ async fn actuator_drain_shows_in_slurm_is_idempotent_and_resumes(c: &'static Clu
     );
 
     // scontrol alone (sites without slurmrestd) does the same.
-    let sc_only = Actuator::new(None, Some(c.scontrol()), ActuatorConfig::default()).unwrap();
+    let sc_only =
+        Actuator::new(None, Some(c.scontrol()), owned(), ActuatorConfig::default()).unwrap();
     assert_eq!(
         sc_only.execute(&drain).await.result,
         OutcomeResult::Succeeded
@@ -679,6 +692,231 @@ async fn actuator_drain_shows_in_slurm_is_idempotent_and_resumes(c: &'static Clu
 
 /// The block `node` is in, per `scontrol show topology` (26.05's block
 /// topology `default`).
+/// The actuators a site may run, each a name and its way to Slurm: the
+/// service's (slurmrestd reads; writes through slurmrestd on 24.11 and
+/// 26.05, through scontrol on 22.05) and scontrol alone.
+fn actuators(
+    c: &'static Cluster,
+    ownership: &tokio::sync::watch::Receiver<ReasonOwnership>,
+    config: &ActuatorConfig,
+) -> Vec<(&'static str, Actuator)> {
+    [
+        ("slurmrestd and scontrol", Some(c.rest())),
+        ("scontrol alone", None),
+    ]
+    .into_iter()
+    .map(|(name, rest)| {
+        let act = Actuator::new(rest, Some(c.scontrol()), ownership.clone(), config.clone());
+        (name, act.unwrap())
+    })
+    .collect()
+}
+
+/// `update nodename=NODE` with `settings`, as root at the command line.
+fn admin_update(c: &Cluster, node: &str, settings: &[&str]) {
+    let mut args = vec!["update".to_owned(), format!("nodename={node}")];
+    args.extend(settings.iter().map(|s| (*s).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    c.cli("scontrol", &args);
+}
+
+/// A `Declined` naming the holder's user and reason.
+fn assert_declined(result: &OutcomeResult, user: &str, reason: &str) {
+    match result {
+        OutcomeResult::Declined { held_by } => assert!(
+            held_by.contains(&format!("by {user}: {reason}")),
+            "{held_by:?}"
+        ),
+        r => panic!("want Declined by {user}: {reason}, got {r:?}"),
+    }
+}
+
+/// Drained with `reason`, set by `user`.
+fn assert_drained(c: &Cluster, node: &str, user: &str, reason: &str) {
+    let n = c.node(node);
+    assert!(n.has(&SlurmNodeFlag::Drain), "{n:?}");
+    assert_eq!(
+        (n.reason.as_deref(), n.reason_user.as_deref()),
+        (Some(reason), Some(user)),
+        "{n:?}"
+    );
+}
+
+/// Slurm has no conditional node update (a drain over another reason
+/// replaces it), so the actuator reads the node again right before it
+/// writes. Here lockstep's drain is held between its first read and its
+/// write while an admin drains the node for an RMA: the drain goes on,
+/// finds the admin's drain and declines, writing nothing; a down and a
+/// resume of the node then decline too.
+async fn an_admin_drain_between_the_actuators_read_and_write_is_left_alone(c: &'static Cluster) {
+    const N: &str = "ls-n1";
+    const RMA: &str = "NVSwitch RMA";
+    let _own = c.own(N).await;
+    let paused = Arc::new(Notify::new());
+    let go = Arc::new(Notify::new());
+    let hook = {
+        let (paused, go) = (paused.clone(), go.clone());
+        BeforeWrite::new(move |_| {
+            let (paused, go) = (paused.clone(), go.clone());
+            async move {
+                paused.notify_one();
+                go.notified().await;
+            }
+        })
+    };
+    let config = ActuatorConfig {
+        before_write: Some(hook),
+        ..ActuatorConfig::default()
+    };
+    for (path, act) in actuators(c, &owned(), &config) {
+        let drain = issued(Action::SlurmDrain {
+            node: N.to_owned(),
+            reason: "lockstep: kubernetes node ls-n1 cordoned".to_owned(),
+        });
+        let admin = async {
+            paused.notified().await;
+            // lockstep read the node in service and decided to drain it.
+            assert!(!c.node(N).has(&SlurmNodeFlag::Drain), "{path}");
+            admin_update(c, N, &["state=drain", &format!("reason={RMA}")]);
+            go.notify_one();
+        };
+        let (out, ()) = tokio::join!(act.execute(&drain), admin);
+        assert_declined(&out.result, "root", RMA);
+        assert_drained(c, N, "root", RMA);
+
+        // The node is the admin's: lockstep neither downs nor resumes it
+        // (the first read declines; the hook is never reached).
+        let down = issued(Action::SlurmDown {
+            node: N.to_owned(),
+            reason: "lockstep: kubernetes node ls-n1 not ready".to_owned(),
+        });
+        assert_declined(&act.execute(&down).await.result, "root", RMA);
+        let resume = issued(Action::SlurmResume { node: N.to_owned() });
+        assert_declined(&act.execute(&resume).await.result, "root", RMA);
+        assert_drained(c, N, "root", RMA);
+        eprintln!(
+            "Slurm {} ({path}): the admin's drain is left alone",
+            c.v.name()
+        );
+        c.restore(N);
+    }
+}
+
+/// lockstep drained the node; root then rewrote the reason (the node is
+/// root's now): lockstep's resume declines, and the node stays drained
+/// with root's reason.
+async fn a_resume_of_a_drain_whose_reason_root_rewrote_is_declined(c: &'static Cluster) {
+    const N: &str = "ls-n1";
+    const ROOTS: &str = "GPU 3 fell off the bus, keep out";
+    let _own = c.own(N).await;
+    for (path, act) in actuators(c, &owned(), &ActuatorConfig::default()) {
+        let drain = issued(Action::SlurmDrain {
+            node: N.to_owned(),
+            reason: "lockstep: kubernetes node ls-n1 cordoned".to_owned(),
+        });
+        assert_eq!(
+            act.execute(&drain).await.result,
+            OutcomeResult::Succeeded,
+            "{path}"
+        );
+        admin_update(c, N, &[&format!("reason={ROOTS}")]);
+        assert_drained(c, N, "root", ROOTS);
+        let resume = issued(Action::SlurmResume { node: N.to_owned() });
+        assert_declined(&act.execute(&resume).await.result, "root", ROOTS);
+        assert_drained(c, N, "root", ROOTS);
+        // Nor does lockstep's drain take it back.
+        assert_declined(&act.execute(&drain).await.result, "root", ROOTS);
+        assert_drained(c, N, "root", ROOTS);
+        c.restore(N);
+    }
+}
+
+/// What is lockstep's own it replaces and lifts: a drain over lockstep's
+/// earlier reason replaces it, a resume of its drain resumes. Which reasons
+/// are its own follows the ownership the service sends: a reason under a
+/// prefix lockstep does not use yet is declined, and is its own once a new
+/// policy takes that prefix (the old one then counts as an earlier prefix).
+async fn the_actuator_replaces_and_lifts_its_own_drains(c: &'static Cluster) {
+    const N: &str = "ls-n1";
+    let _own = c.own(N).await;
+    let drain = |reason: &str| {
+        issued(Action::SlurmDrain {
+            node: N.to_owned(),
+            reason: reason.to_owned(),
+        })
+    };
+    let resume = issued(Action::SlurmResume { node: N.to_owned() });
+    let start = Engine::new(Policy::default()).reason_ownership();
+    let (ownership_tx, ownership) = tokio::sync::watch::channel(start.clone());
+    for (path, act) in actuators(c, &ownership, &ActuatorConfig::default()) {
+        ownership_tx.send_replace(start.clone());
+        let first = drain("lockstep: kubernetes node ls-n1 cordoned");
+        assert_eq!(
+            act.execute(&first).await.result,
+            OutcomeResult::Succeeded,
+            "{path}"
+        );
+        let user = c.node(N).reason_user.unwrap();
+        let second = drain("lockstep: kubernetes node ls-n1 not ready");
+        assert_eq!(
+            act.execute(&second).await.result,
+            OutcomeResult::Succeeded,
+            "{path}"
+        );
+        assert_drained(c, N, &user, "lockstep: kubernetes node ls-n1 not ready");
+        assert_eq!(
+            act.execute(&second).await.result,
+            OutcomeResult::AlreadyDone,
+            "{path}"
+        );
+        assert_eq!(
+            act.execute(&resume).await.result,
+            OutcomeResult::Succeeded,
+            "{path}"
+        );
+        let n = c.node(N);
+        assert!(
+            !n.has(&SlurmNodeFlag::Drain) && n.state != SlurmBaseState::Down,
+            "{n:?}"
+        );
+        c.restore(N);
+
+        // A drain under a prefix lockstep does not use (yet) is not its own.
+        admin_update(c, N, &["state=drain", "reason=ls-next: cordoned"]);
+        assert_declined(
+            &act.execute(&first).await.result,
+            "root",
+            "ls-next: cordoned",
+        );
+        assert_drained(c, N, "root", "ls-next: cordoned");
+        // A new policy takes that prefix: the drain is lockstep's, replaced
+        // and lifted; the old prefix stays lockstep's as an earlier one.
+        ownership_tx.send_replace(ReasonOwnership {
+            prefix: "ls-next:".to_owned(),
+            earlier_prefixes: vec![start.prefix.clone()],
+            slurm_user: None,
+        });
+        let next = drain("ls-next: kubernetes node ls-n1 cordoned");
+        assert_eq!(
+            act.execute(&next).await.result,
+            OutcomeResult::Succeeded,
+            "{path}"
+        );
+        assert_drained(c, N, &user, "ls-next: kubernetes node ls-n1 cordoned");
+        assert_eq!(
+            act.execute(&first).await.result,
+            OutcomeResult::Succeeded,
+            "{path}"
+        );
+        assert_eq!(
+            act.execute(&resume).await.result,
+            OutcomeResult::Succeeded,
+            "{path}"
+        );
+        c.restore(N);
+    }
+}
+
 /// Maintenance reservations through scontrol, on every version: made,
 /// found made the second time (`AlreadyDone`), moved to other nodes and
 /// another end, opened, removed, found removed; a start in the past starts
@@ -698,6 +936,7 @@ async fn actuator_reserves_for_maintenance_idempotently_and_releases(c: &'static
     let act = Actuator::new(
         Some(c.rest()),
         Some(c.scontrol()),
+        owned(),
         ActuatorConfig::default(),
     )
     .unwrap();
@@ -775,7 +1014,8 @@ async fn actuator_reserves_for_maintenance_idempotently_and_releases(c: &'static
     }
 
     // slurmrestd alone: reservations need scontrol, and the error says so.
-    let rest_only = Actuator::new(Some(c.rest()), None, ActuatorConfig::default()).unwrap();
+    let rest_only =
+        Actuator::new(Some(c.rest()), None, owned(), ActuatorConfig::default()).unwrap();
     assert_final_failure(&rest_only.execute(&first).await.result, &["scontrol"]);
     assert!(show("lockstep_maint_t1").is_err());
 }
@@ -1038,10 +1278,8 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
         |_, o| o.visible(),
     )
     .await;
-    assert!(back.iter().any(|Observation { event: e, .. }| matches!(
-        e,
-        Event::ConnectorStatus { visible: true, .. }
-    )));
+    // The poll that sees Slurm again says so, then lists everything.
+    assert_regained_with_a_full_listing(&back, &obs);
 
     // The observer's view is scontrol's (nodes may still settle after the
     // restart: compare until they agree).
@@ -1074,14 +1312,18 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
                 .all(|(a, b)| a.same_but_version(b)),
         "no job lost: {jobs_before:?} -> {jobs_after:?}"
     );
-    // No event repeats what was already known: unchanged nodes are silent.
+    // Outside the full listing no event repeats what was already known:
+    // unchanged nodes are silent.
     let all: Vec<Observation> = down.into_iter().chain(after).collect();
+    let mut listing = false;
     for Observation { event: e, .. } in &all {
         match e {
+            Event::SyncStarted { .. } => listing = true,
+            Event::SyncDone { .. } => listing = false,
             Event::SlurmNode(n) => {
                 let prev = last.insert(n.name.clone(), n.clone());
                 assert!(
-                    !prev.as_ref().is_some_and(|p| p.same_but_version(n)),
+                    listing || !prev.as_ref().is_some_and(|p| p.same_but_version(n)),
                     "duplicate event for {}:\n{}",
                     n.name,
                     summaries(&all)
@@ -1197,6 +1439,68 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
         status < drained,
         "visible first, then what changed meanwhile"
     );
+    assert_regained_with_a_full_listing(&back, &rest);
+}
+
+/// After the first `ConnectorStatus { visible: true }` in `seen`: a full
+/// listing of every domain, nodes, jobs and partitions in turn, each
+/// `SyncStarted`, every object the observer now holds of it, `SyncDone`,
+/// and nothing else. Objects that left while Slurm was out of sight are
+/// gone by absence from it.
+fn assert_regained_with_a_full_listing(seen: &[Observation], obs: &Observer) {
+    let all = || summaries(seen);
+    let at = seen
+        .iter()
+        .position(|Observation { event: e, .. }| {
+            matches!(e, Event::ConnectorStatus { visible: true, .. })
+        })
+        .unwrap_or_else(|| panic!("no visible=true:\n{}", all()));
+    let mut rest = seen[at + 1..].iter().map(|o| &o.event);
+    let want = [
+        (
+            Domain::SlurmNodes,
+            obs.nodes().into_iter().map(|n| n.name).collect::<Vec<_>>(),
+        ),
+        (
+            Domain::SlurmJobs,
+            obs.jobs()
+                .into_iter()
+                .map(|j| j.job_id.to_string())
+                .collect(),
+        ),
+        (
+            Domain::SlurmPartitions,
+            obs.partitions().into_iter().map(|p| p.name).collect(),
+        ),
+    ];
+    for (domain, want) in want {
+        assert!(
+            matches!(rest.next(), Some(Event::SyncStarted { domain: d }) if *d == domain),
+            "{domain:?} listing not started:\n{}",
+            all()
+        );
+        let mut listed = Vec::new();
+        loop {
+            match rest.next() {
+                Some(Event::SyncDone { domain: d }) if *d == domain => break,
+                Some(Event::SlurmNode(n)) if domain == Domain::SlurmNodes => {
+                    listed.push(n.name.clone());
+                }
+                Some(Event::SlurmJob(j)) if domain == Domain::SlurmJobs => {
+                    listed.push(j.job_id.to_string());
+                }
+                Some(Event::SlurmPartition(p)) if domain == Domain::SlurmPartitions => {
+                    listed.push(p.name.clone());
+                }
+                e => panic!("{e:?} in the {domain:?} listing:\n{}", all()),
+            }
+        }
+        listed.sort();
+        let mut want = want;
+        want.sort();
+        assert_eq!(listed, want, "{domain:?}:\n{}", all());
+    }
+    assert!(rest.next().is_none(), "more than the listing:\n{}", all());
 }
 
 /// Waits for an `update_time` poll of the nodes that answers 304, and
@@ -1331,7 +1635,7 @@ async fn a_gpu_clique_label_moves_the_slurm_node_into_its_block(c: &'static Clus
 
     let pid = c.pid("slurmctld");
     let log_at = c.ctld_log_len();
-    let act = Actuator::new(Some(c.rest()), None, ActuatorConfig::default()).unwrap();
+    let act = Actuator::new(Some(c.rest()), None, owned(), ActuatorConfig::default()).unwrap();
     let mut obs = Observer::new(Backend::Rest(c.rest()), fast());
     let mut fold = Fold::new(policy);
     fold.apply(Source::Slurm, obs.poll().await);
@@ -1446,6 +1750,9 @@ macro_rules! on {
 }
 
 on!(actuator_drain_shows_in_slurm_is_idempotent_and_resumes: v22_05, v24_11, v26_05);
+on!(an_admin_drain_between_the_actuators_read_and_write_is_left_alone: v22_05, v24_11, v26_05);
+on!(a_resume_of_a_drain_whose_reason_root_rewrote_is_declined: v22_05, v24_11, v26_05);
+on!(the_actuator_replaces_and_lifts_its_own_drains: v22_05, v24_11, v26_05);
 on!(actuator_reserves_for_maintenance_idempotently_and_releases: v22_05, v24_11, v26_05);
 on!(a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed: v22_05, v24_11, v26_05);
 on!(a_stopped_slurmd_is_observed_not_responding_then_down: v22_05, v24_11, v26_05);

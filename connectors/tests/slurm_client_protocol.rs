@@ -14,7 +14,7 @@ use lockstep_connectors::slurm::{
     Actuator, ActuatorConfig, ApiVersion, Backend, Observation, Observer, ObserverConfig,
     RestClient, RestConfig, TokenSource,
 };
-use lockstep_schemas::{Action, Event, OutcomeResult};
+use lockstep_schemas::{Action, Event, OutcomeResult, ReasonOwnership};
 use lockstep_testkit::issued;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -188,6 +188,15 @@ async fn slurmrestd(version: &'static str, update: (u16, &'static str)) -> Fake 
     .await
 }
 
+/// lockstep's drains are those with the default reason prefix.
+fn owned() -> tokio::sync::watch::Receiver<ReasonOwnership> {
+    let ownership = ReasonOwnership {
+        prefix: "lockstep:".to_owned(),
+        ..ReasonOwnership::default()
+    };
+    tokio::sync::watch::channel(ownership).1
+}
+
 const OK: (u16, &str) = (200, "{\"errors\": [], \"warnings\": []}");
 
 #[tokio::test]
@@ -195,7 +204,7 @@ async fn newer_slurm_updates_nodes_through_rest_idempotently() {
     let fake = slurmrestd("v0.0.44", OK).await;
     let rest = client(&fake.url, 5_000);
     assert_eq!(rest.version().await.unwrap(), ApiVersion(44));
-    let act = Actuator::new(Some(rest), None, ActuatorConfig::default()).unwrap();
+    let act = Actuator::new(Some(rest), None, owned(), ActuatorConfig::default()).unwrap();
     let run = |a: Action| {
         let act = &act;
         async move { act.execute(&issued(7, a)).await.result }
@@ -207,13 +216,39 @@ async fn newer_slurm_updates_nodes_through_rest_idempotently() {
         reason: "lockstep: cordoned".to_owned(),
     };
     assert_eq!(run(drain).await, OutcomeResult::Succeeded);
-    // ls-n2 is already drained with this reason; ls-n3 has these features
-    // and this topology; ls-n1 is not drained, so there is nothing to resume.
+    // ls-n2 is drained by root with a reason not lockstep's, ls-n4 down
+    // by slurmctld: neither a drain nor a resume touches them.
+    let drained = "IDLE+DRAIN by root: lockstep fixture: disk check";
+    let down = "DOWN+NOT_RESPONDING by root: Not responding";
+    for (a, held_by) in [
+        (
+            Action::SlurmDrain {
+                node: "ls-n2".to_owned(),
+                reason: "lockstep fixture: disk check".to_owned(),
+            },
+            drained,
+        ),
+        (
+            Action::SlurmResume {
+                node: "ls-n2".to_owned(),
+            },
+            drained,
+        ),
+        (
+            Action::SlurmResume {
+                node: "ls-n4".to_owned(),
+            },
+            down,
+        ),
+    ] {
+        let want = OutcomeResult::Declined {
+            held_by: held_by.to_owned(),
+        };
+        assert_eq!(run(a.clone()).await, want, "{a:?}");
+    }
+    // ls-n3 has these features and this topology; ls-n1 is not drained, so
+    // there is nothing to resume.
     let already = [
-        Action::SlurmDrain {
-            node: "ls-n2".to_owned(),
-            reason: "lockstep fixture: disk check".to_owned(),
-        },
         Action::SlurmSetFeatures {
             node: "ls-n3".to_owned(),
             features: vec!["zone-a".to_owned(), "gpu".to_owned()],
@@ -237,9 +272,6 @@ async fn newer_slurm_updates_nodes_through_rest_idempotently() {
         Action::SlurmSetFeatures {
             node: "ls-n1".to_owned(),
             features: vec!["gpu".to_owned()],
-        },
-        Action::SlurmResume {
-            node: "ls-n4".to_owned(),
         },
         Action::SlurmDown {
             node: "ls-n3".to_owned(),
@@ -267,10 +299,6 @@ async fn newer_slurm_updates_nodes_through_rest_idempotently() {
         (
             "/slurm/v0.0.44/node/ls-n1",
             serde_json::json!({"features": ["gpu"], "features_act": ["gpu"]}),
-        ),
-        (
-            "/slurm/v0.0.44/node/ls-n4",
-            serde_json::json!({"state": ["RESUME"]}),
         ),
         (
             "/slurm/v0.0.44/node/ls-n3",
@@ -308,7 +336,7 @@ async fn the_highest_served_version_is_used_and_topology_needs_v0_0_43() {
             "/slurm/v0.0.41/ping"
         ]
     );
-    let act = Actuator::new(Some(rest), None, ActuatorConfig::default()).unwrap();
+    let act = Actuator::new(Some(rest), None, owned(), ActuatorConfig::default()).unwrap();
     let topo = issued(
         7,
         Action::SlurmSetTopology {
@@ -363,6 +391,7 @@ async fn slurm_errors_are_classified() {
         let act = Actuator::new(
             Some(client(&fake.url, 5_000)),
             None,
+            owned(),
             ActuatorConfig::default(),
         )
         .unwrap();
@@ -414,8 +443,10 @@ async fn a_hanging_slurmrestd_never_hangs_an_action_or_the_observer() {
     let act = Actuator::new(
         Some(client(&fake.url, 60_000)),
         None,
+        owned(),
         ActuatorConfig {
             action_timeout_ms: 300,
+            ..ActuatorConfig::default()
         },
     )
     .unwrap();
@@ -478,7 +509,13 @@ async fn a_refused_connection_is_reported_and_retried_with_backoff() {
     );
     assert_eq!(obs.next_delay(), Duration::from_millis(1_000));
     assert!(obs.poll().await.is_empty(), "the loss is reported once");
-    let act = Actuator::new(Some(client(&url, 1_000)), None, ActuatorConfig::default()).unwrap();
+    let act = Actuator::new(
+        Some(client(&url, 1_000)),
+        None,
+        owned(),
+        ActuatorConfig::default(),
+    )
+    .unwrap();
     let out = act
         .execute(&issued(
             7,
@@ -587,18 +624,15 @@ async fn the_observer_lists_then_polls_with_update_time_and_never_takes_errors_a
         "{down:?}"
     );
     assert_eq!(obs.nodes().len(), 4);
+    // Back: visible, then every domain listed in full (what left during
+    // the blackout is gone by absence), as on the first poll.
     *mode.lock().unwrap() = "list";
-    let back = obs.poll().await;
+    let back: Vec<Event> = obs.poll().await.into_iter().map(|o| o.event).collect();
     assert!(
-        matches!(
-            &back[..],
-            [Observation {
-                event: Event::ConnectorStatus { visible: true, .. },
-                ..
-            }]
-        ),
+        matches!(&back[0], Event::ConnectorStatus { visible: true, .. }),
         "{back:?}"
     );
+    assert_eq!(back.iter().map(Event::kind).collect::<Vec<_>>(), kinds);
 }
 
 #[tokio::test]

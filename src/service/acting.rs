@@ -16,7 +16,7 @@ use lockstep_store::{EventLog, Store};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use super::connectors::{self, Actuators, Watched};
+use super::connectors::{self, Actuators, SlurmOwnership, Watched};
 use super::dispatch::{dispatch, DISPATCH_PAGE};
 use crate::config::Config;
 
@@ -25,6 +25,8 @@ pub(super) struct Acting {
     actuators: Actuators,
     /// What the Kubernetes observer watches, if there is one.
     watched: Option<Watched>,
+    /// What the Slurm actuator takes for lockstep's own, if there is one.
+    slurm_ownership: Option<SlurmOwnership>,
     tasks: JoinSet<()>,
 }
 
@@ -53,7 +55,10 @@ impl Acting {
             None => engine.policy().clone(),
         };
         let mut tasks = JoinSet::new();
-        let started = connectors::start(cfg, &policy, log, &mut tasks).await?;
+        // Which drains are lockstep's own is the engine's (the log's
+        // policy, with the prefixes of earlier ones), never the file's.
+        let started =
+            connectors::start(cfg, &policy, engine.reason_ownership(), log, &mut tasks).await?;
         tasks.spawn(tick_when_quiet(
             log.clone(),
             cfg.service.tick_interval_ms,
@@ -65,6 +70,7 @@ impl Acting {
         let acting = Self {
             actuators: started.actuators,
             watched: started.watched,
+            slurm_ownership: started.slurm_ownership,
             tasks,
         };
         acting.take_over(cfg, engine, store, log).await?;
@@ -138,11 +144,15 @@ impl Acting {
         dispatch(store, log, &self.actuators, actions, |_| true).await
     }
 
-    /// A `PolicyChanged` put `policy` in force: the Kubernetes watches
-    /// follow what it needs watched.
-    pub(super) fn policy_changed(&self, policy: &Policy) {
+    /// A `PolicyChanged` put the engine's policy in force: the Kubernetes
+    /// watches follow what it needs watched, the Slurm actuator which drains
+    /// are lockstep's own.
+    pub(super) fn policy_changed(&self, engine: &Engine) {
         if let Some(w) = &self.watched {
-            w.follow(policy);
+            w.follow(engine.policy());
+        }
+        if let Some(o) = &self.slurm_ownership {
+            o.follow(engine.reason_ownership());
         }
     }
 

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use lockstep_connectors::backoff::{retry, Backoff};
 use lockstep_connectors::clock::now_ms;
 use lockstep_connectors::{kube, slurm, Observation};
-use lockstep_schemas::{Connector, Envelope, Event, IssuedAction, Policy, Source};
+use lockstep_schemas::{Connector, Envelope, Event, IssuedAction, Policy, ReasonOwnership, Source};
 use lockstep_store::EventLog;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -85,28 +85,52 @@ impl Watched {
     }
 }
 
+/// The Slurm actuator follows the policy in force: which drains and downs
+/// are lockstep's own (what it may replace or lift) is sent here when a
+/// `PolicyChanged` changes the reason prefix or `drain.slurm_user`.
+pub(super) struct SlurmOwnership(watch::Sender<ReasonOwnership>);
+
+impl SlurmOwnership {
+    /// `ownership` (the engine's `reason_ownership`) is now in force: the
+    /// actuator's next decision uses it.
+    pub(super) fn follow(&self, ownership: ReasonOwnership) {
+        self.0.send_if_modified(|o| {
+            let changed = *o != ownership;
+            if changed {
+                *o = ownership;
+            }
+            changed
+        });
+    }
+}
+
 /// The connectors of one leadership, as far as the service talks to them.
 pub(super) struct Started {
     pub(super) actuators: Actuators,
     /// `None` without a Kubernetes observer.
     pub(super) watched: Option<Watched>,
+    /// `None` without a Slurm actuator.
+    pub(super) slurm_ownership: Option<SlurmOwnership>,
 }
 
 /// Starts the configured connectors: observers append to the log,
 /// actuators take dispatched actions and append their outcomes. What the
-/// Kubernetes observer watches starts from `policy`.
+/// Kubernetes observer watches starts from `policy`; what the Slurm
+/// actuator takes for lockstep's own starts from `ownership`.
 pub(super) async fn start(
     cfg: &Config,
     policy: &Policy,
+    ownership: ReasonOwnership,
     log: &EventLog,
     tasks: &mut JoinSet<()>,
 ) -> Result<Started> {
     let mut started = Started {
         actuators: Actuators::default(),
         watched: None,
+        slurm_ownership: None,
     };
     if let Some(s) = &cfg.slurm {
-        start_slurm(s, log, &mut started.actuators, tasks)?;
+        started.slurm_ownership = start_slurm(s, ownership, log, &mut started.actuators, tasks)?;
     }
     if let Some(k) = &cfg.kubernetes {
         started.watched = start_kube(k, policy, log, &mut started.actuators, tasks).await?;
@@ -176,10 +200,11 @@ async fn start_kube(
 /// The Slurm observer and actuator.
 fn start_slurm(
     s: &SlurmConfig,
+    ownership: ReasonOwnership,
     log: &EventLog,
     actuators: &mut Actuators,
     tasks: &mut JoinSet<()>,
-) -> Result<()> {
+) -> Result<Option<SlurmOwnership>> {
     let rest = match &s.rest_url {
         Some(url) => {
             let token = match &s.jwt_file {
@@ -213,9 +238,17 @@ fn start_slurm(
         tasks.spawn(append_observations(log.clone(), rx));
         info!("watching Slurm");
     }
+    let mut followed = None;
     if s.actuate {
-        let actuator = slurm::Actuator::new(rest, Some(scontrol), slurm::ActuatorConfig::default())
-            .context("starting the Slurm actuator")?;
+        let (ownership_tx, ownership_rx) = watch::channel(ownership);
+        let actuator = slurm::Actuator::new(
+            rest,
+            Some(scontrol),
+            ownership_rx,
+            slurm::ActuatorConfig::default(),
+        )
+        .context("starting the Slurm actuator")?;
+        followed = Some(SlurmOwnership(ownership_tx));
         let (tx, mut rx) = mpsc::channel::<IssuedAction>(ACTIONS_WAITING_MAX);
         let log = log.clone();
         tasks.spawn(async move {
@@ -228,7 +261,7 @@ fn start_slurm(
         actuators.slurm = Some(tx);
         info!("carrying out Slurm actions");
     }
-    Ok(())
+    Ok(followed)
 }
 
 /// Appends what an observer sends, in order, until it stops.

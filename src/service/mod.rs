@@ -260,13 +260,14 @@ impl Service {
                 .dispatch(&self.store, &self.log, &self.out.actions)
                 .await?;
             self.sync.published(batch, &self.out.actions);
-            // What is watched follows the policy in force, as the engine
-            // does: from the log's `PolicyChanged` records.
+            // What is watched, and which drains are lockstep's own, follow
+            // the policy in force, as the engine does: from the log's
+            // `PolicyChanged` records.
             if batch
                 .iter()
                 .any(|r| matches!(r.envelope.event, lockstep_schemas::Event::PolicyChanged(_)))
             {
-                acting.policy_changed(self.engine.policy());
+                acting.policy_changed(&self.engine);
             }
         }
         Ok(())

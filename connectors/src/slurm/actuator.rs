@@ -11,35 +11,105 @@
 //! decides nothing: whether an action should happen is the reducer's
 //! business.
 //!
+//! # What it never replaces or lifts
+//!
+//! A drain, down or resume changes a node only if the node is in service or
+//! out (DRAIN, DOWN, FAIL) by lockstep's own doing, as
+//! [`Ownership::owns`] says with the [`ReasonOwnership`] in force: the
+//! actuator holds a [`watch::Receiver`] of it, which the service updates when
+//! a `PolicyChanged` changes the reason prefix or `drain.slurm_user` (from
+//! the engine's `reason_ownership`, earlier prefixes included). So:
+//!
+//! | action | node as read | outcome |
+//! |---|---|---|
+//! | SlurmDrain / SlurmDown | out, reason not lockstep's | `Declined { held_by }`, nothing written |
+//! | SlurmDrain / SlurmDown | already in that state with that reason | `AlreadyDone` |
+//! | SlurmDrain / SlurmDown | otherwise (in service, or out by lockstep) | written: only lockstep's own reason is ever replaced |
+//! | SlurmResume | not out | `AlreadyDone` |
+//! | SlurmResume | out, reason not lockstep's | `Declined { held_by }`, nothing written |
+//! | SlurmResume | out by lockstep | resumed |
+//!
+//! `held_by` is [`Ownership::describe_holder`]: `IDLE+DRAIN by root: NVSwitch
+//! RMA`.
+//!
+//! # The window between read and write
+//!
+//! Slurm has no conditional node update: a drain of a node drained with
+//! another reason replaces that reason and answers success (`scontrol update
+//! nodename=N state=drain reason=B` over reason A on 22.05, the REST update
+//! on 24.11 and 26.05: Slurm keeps B, says nothing of A). So the actuator
+//! reads the node and decides; then, only if it is about to write, it reads
+//! the node once more and decides again with the ownership in force, and
+//! writes right after that second read. What somebody else does while the
+//! action waits or decides is seen. What remains is the window from the
+//! second read to slurmctld applying the write: one request to slurmrestd
+//! (or one `scontrol update` run) and its answer. A drain or down an admin
+//! sets inside it is replaced by lockstep's and from then on reads as
+//! lockstep's own; nothing short of a conditional update in Slurm closes it.
+//! [`ActuatorConfig::before_write`] is a seam for tests that act inside the
+//! wider window the second read closes.
+//!
 //! What it writes is clean whatever it was given: a reason loses its control
 //! characters and is cut to [`REASON_CHARS_MAX`] characters (its start, and
 //! so lockstep's prefix, is kept); an empty or malformed feature or topology
 //! is refused, never sent (an empty topology would take the node out of
 //! every Slurm topology).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use lockstep_schemas::{
-    Action, ActionOutcome, IssuedAction, OutcomeResult, SlurmBaseState, SlurmNode, SlurmNodeFlag,
+    Action, ActionOutcome, IssuedAction, OutcomeResult, Ownership, ReasonOwnership, SlurmBaseState,
+    SlurmNode, SlurmNodeFlag,
 };
-use tokio::sync::OnceCell;
+use tokio::sync::{watch, OnceCell};
 
 use super::error::{Error, Result};
 use super::rest::RestClient;
 use super::scontrol::{ReservationVerb, Scontrol, SlurmVersion};
 
 /// Bounds of the actuator.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ActuatorConfig {
     /// Upper bound of one action, reads and writes included.
     pub action_timeout_ms: u64,
+    /// A test seam, `None` in production: awaited when a drain, down or
+    /// resume has read its node and decided to write, before the second
+    /// read that checks the node again right before the write (see the
+    /// module docs). Tests change the node there, as an admin would while
+    /// the action runs. It counts against `action_timeout_ms`.
+    pub before_write: Option<BeforeWrite>,
 }
 
 impl Default for ActuatorConfig {
     fn default() -> Self {
         Self {
             action_timeout_ms: 30_000,
+            before_write: None,
         }
+    }
+}
+
+/// What [`ActuatorConfig::before_write`] awaits: a function of the action
+/// about to be written.
+#[derive(Clone)]
+pub struct BeforeWrite(Arc<dyn Fn(&Action) -> BoxFuture<'static, ()> + Send + Sync>);
+
+impl BeforeWrite {
+    /// A hook that runs `f` for the action and awaits what it returns.
+    pub fn new<F, Fut>(f: F) -> Self
+    where
+        F: Fn(&Action) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        Self(Arc::new(move |a| Box::pin(f(a))))
+    }
+}
+
+impl std::fmt::Debug for BeforeWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeWrite(..)")
     }
 }
 
@@ -50,6 +120,7 @@ impl Default for ActuatorConfig {
 pub struct Actuator {
     rest: Option<RestClient>,
     scontrol: Option<Scontrol>,
+    ownership: watch::Receiver<ReasonOwnership>,
     config: ActuatorConfig,
     scontrol_version: OnceCell<Option<SlurmVersion>>,
 }
@@ -66,6 +137,71 @@ pub const REASON_CHARS_MAX: usize = 256;
 /// text carries no owned prefix.
 pub const RESUMED_REASON: &str = "resumed";
 
+/// How an action ended, short of a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Applied {
+    Changed,
+    AlreadyDone,
+    /// Somebody else holds the node, as described.
+    Declined(String),
+}
+
+/// A node-state action (drain, down, resume) as the actuator weighs it.
+#[derive(Debug, Clone, Copy)]
+enum StateChange<'a> {
+    Drain(&'a str),
+    Down(&'a str),
+    Resume,
+}
+
+impl<'a> StateChange<'a> {
+    /// What to do about `n` as Slurm shows it now: `None` to write.
+    fn decide(self, n: &SlurmNode, own: &Ownership<'_>) -> Option<Applied> {
+        let out = out_of_service(n);
+        if let Self::Resume = self {
+            if !out {
+                return Some(Applied::AlreadyDone);
+            }
+        }
+        if own.held_by_other(n) {
+            return Some(Applied::Declined(Ownership::describe_holder(n)));
+        }
+        let already = match self {
+            Self::Drain(reason) => {
+                n.has(&SlurmNodeFlag::Drain) && n.reason.as_deref() == Some(reason)
+            }
+            Self::Down(reason) => {
+                n.state == SlurmBaseState::Down && n.reason.as_deref() == Some(reason)
+            }
+            Self::Resume => false,
+        };
+        already.then_some(Applied::AlreadyDone)
+    }
+
+    /// The write that carries it out.
+    fn write(self) -> Write<'a> {
+        match self {
+            Self::Drain(reason) => Write::State {
+                state: "DRAIN",
+                reason: Some(reason),
+            },
+            Self::Down(reason) => Write::State {
+                state: "DOWN",
+                reason: Some(reason),
+            },
+            Self::Resume => Write::State {
+                state: "RESUME",
+                reason: None,
+            },
+        }
+    }
+}
+
+/// Drained, down or failed.
+fn out_of_service(n: &SlurmNode) -> bool {
+    n.has(&SlurmNodeFlag::Drain) || n.has(&SlurmNodeFlag::Fail) || n.state == SlurmBaseState::Down
+}
+
 /// What a write must achieve, in Slurm's terms.
 enum Write<'a> {
     State {
@@ -80,9 +216,14 @@ enum Write<'a> {
 
 impl Actuator {
     /// An actuator. At least one of `rest` and `scontrol` must be given.
+    /// `ownership` tells lockstep's drains and downs from everybody else's;
+    /// the actuator reads the value in force at every decision, so the
+    /// sender may change it at any time (a fixed one: keep
+    /// `watch::channel(ownership).1`).
     pub fn new(
         rest: Option<RestClient>,
         scontrol: Option<Scontrol>,
+        ownership: watch::Receiver<ReasonOwnership>,
         config: ActuatorConfig,
     ) -> Result<Self> {
         if rest.is_none() && scontrol.is_none() {
@@ -93,6 +234,7 @@ impl Actuator {
         Ok(Self {
             rest,
             scontrol,
+            ownership,
             config,
             scontrol_version: OnceCell::new(),
         })
@@ -106,8 +248,9 @@ impl Actuator {
         let result =
             match tokio::time::timeout(Duration::from_millis(timeout_ms), self.apply(action)).await
             {
-                Ok(Ok(true)) => OutcomeResult::Succeeded,
-                Ok(Ok(false)) => OutcomeResult::AlreadyDone,
+                Ok(Ok(Applied::Changed)) => OutcomeResult::Succeeded,
+                Ok(Ok(Applied::AlreadyDone)) => OutcomeResult::AlreadyDone,
+                Ok(Ok(Applied::Declined(held_by))) => OutcomeResult::Declined { held_by },
                 Ok(Err(e)) => OutcomeResult::Failed {
                     retryable: e.retryable(),
                     error: e.to_string(),
@@ -139,60 +282,31 @@ impl Actuator {
         }
     }
 
-    /// `Ok(true)`: changed; `Ok(false)`: already so.
-    async fn apply(&self, action: &Action) -> Result<bool> {
+    /// How the action ended, short of a failure.
+    async fn apply(&self, action: &Action) -> Result<Applied> {
         match action {
             Action::SlurmDrain { node, reason } => {
                 let reason = clean_reason(reason)?;
-                let n = self.read(node).await?;
-                if n.has(&SlurmNodeFlag::Drain) && n.reason.as_deref() == Some(reason.as_str()) {
-                    return Ok(false);
-                }
-                self.write(
-                    node,
-                    Write::State {
-                        state: "DRAIN",
-                        reason: Some(&reason),
-                    },
-                )
-                .await?;
-            }
-            Action::SlurmResume { node } => {
-                let n = self.read(node).await?;
-                let out = n.has(&SlurmNodeFlag::Drain)
-                    || n.has(&SlurmNodeFlag::Fail)
-                    || n.state == SlurmBaseState::Down;
-                if !out {
-                    return Ok(false);
-                }
-                self.write(
-                    node,
-                    Write::State {
-                        state: "RESUME",
-                        reason: None,
-                    },
-                )
-                .await?;
-                // The resume is done; replacing a reason Slurm kept is
-                // housekeeping, and its failure does not undo the resume.
-                if let Err(e) = self.replace_kept_reason(node).await {
-                    tracing::warn!(node, error = %e, "cannot replace the reason slurm kept after a resume");
-                }
+                return self
+                    .change_state(action, node, StateChange::Drain(&reason))
+                    .await;
             }
             Action::SlurmDown { node, reason } => {
                 let reason = clean_reason(reason)?;
-                let n = self.read(node).await?;
-                if n.state == SlurmBaseState::Down && n.reason.as_deref() == Some(reason.as_str()) {
-                    return Ok(false);
+                return self
+                    .change_state(action, node, StateChange::Down(&reason))
+                    .await;
+            }
+            Action::SlurmResume { node } => {
+                let applied = self.change_state(action, node, StateChange::Resume).await?;
+                if applied == Applied::Changed {
+                    // The resume is done; replacing a reason Slurm kept is
+                    // housekeeping, and its failure does not undo the resume.
+                    if let Err(e) = self.replace_kept_reason(node).await {
+                        tracing::warn!(node, error = %e, "cannot replace the reason slurm kept after a resume");
+                    }
                 }
-                self.write(
-                    node,
-                    Write::State {
-                        state: "DOWN",
-                        reason: Some(&reason),
-                    },
-                )
-                .await?;
+                return Ok(applied);
             }
             Action::SlurmSetFeatures { node, features } => {
                 for f in features {
@@ -214,7 +328,7 @@ impl Actuator {
                 want.dedup();
                 let n = self.read(node).await?;
                 if n.features == want {
-                    return Ok(false);
+                    return Ok(Applied::AlreadyDone);
                 }
                 self.write(node, Write::Features(&want)).await?;
             }
@@ -232,7 +346,7 @@ impl Actuator {
                 self.check_topology_supported().await?;
                 let n = self.read(node).await?;
                 if n.topology.as_deref() == Some(topology.as_str()) {
-                    return Ok(false);
+                    return Ok(Applied::AlreadyDone);
                 }
                 self.write(node, Write::Topology(topology)).await?;
             }
@@ -242,18 +356,49 @@ impl Actuator {
                 start_ms,
                 end_ms,
                 users,
-            } => return self.reserve(name, nodes, *start_ms, *end_ms, users).await,
+            } => {
+                let changed = self.reserve(name, nodes, *start_ms, *end_ms, users).await?;
+                return Ok(if changed {
+                    Applied::Changed
+                } else {
+                    Applied::AlreadyDone
+                });
+            }
             Action::SlurmUnreserve { name } => {
                 let sc = self.reservations_through()?;
                 if sc.reservation(name).await?.is_none() {
-                    return Ok(false);
+                    return Ok(Applied::AlreadyDone);
                 }
                 sc.write_reservation(ReservationVerb::Delete, name, &[])
                     .await?;
             }
             other => return Err(Error::NotSlurm(other.kind().name())),
         }
-        Ok(true)
+        Ok(Applied::Changed)
+    }
+
+    /// A drain, down or resume: read and decide; if there is something to
+    /// write, read again and decide again with the ownership then in force,
+    /// and write at once (see the module docs for the window that remains).
+    async fn change_state(
+        &self,
+        action: &Action,
+        node: &str,
+        change: StateChange<'_>,
+    ) -> Result<Applied> {
+        let n = self.read(node).await?;
+        if let Some(done) = change.decide(&n, &self.ownership().borrow()) {
+            return Ok(done);
+        }
+        if let Some(hook) = &self.config.before_write {
+            (hook.0)(action).await;
+        }
+        let n = self.read(node).await?;
+        if let Some(done) = change.decide(&n, &self.ownership().borrow()) {
+            return Ok(done);
+        }
+        self.write(node, change.write()).await?;
+        Ok(Applied::Changed)
     }
 
     /// Reservations are written with scontrol, on every Slurm version.
@@ -342,14 +487,19 @@ impl Actuator {
         })
     }
 
-    /// After a resume: if Slurm kept the node's reason (24.11), replace it
-    /// by [`RESUMED_REASON`].
+    /// The ownership in force (a copy: the receiver's lock is never held
+    /// across a request).
+    fn ownership(&self) -> ReasonOwnership {
+        self.ownership.borrow().clone()
+    }
+
+    /// After a resume: if Slurm kept the node's reason (24.11) and it is
+    /// lockstep's, replace it by [`RESUMED_REASON`].
     async fn replace_kept_reason(&self, node: &str) -> Result<()> {
         let after = self.read(node).await?;
-        let in_service = !after.has(&SlurmNodeFlag::Drain)
-            && !after.has(&SlurmNodeFlag::Fail)
-            && after.state != SlurmBaseState::Down;
-        if in_service && after.reason.as_deref().is_some_and(|r| r != RESUMED_REASON) {
+        let kept_own = after.reason.as_deref().is_some_and(|r| r != RESUMED_REASON)
+            && self.ownership().borrow().owns(&after);
+        if !out_of_service(&after) && kept_own {
             self.write(node, Write::Reason(RESUMED_REASON)).await?;
         }
         Ok(())
@@ -597,7 +747,141 @@ mod tests {
     }
 
     #[test]
+    fn it_never_replaces_or_lifts_what_lockstep_does_not_own() {
+        use lockstep_schemas::SlurmBaseState::{Down, Idle};
+        use lockstep_schemas::SlurmNodeFlag::{Drain, Fail};
+        let own = ReasonOwnership {
+            prefix: "lockstep:".to_owned(),
+            earlier_prefixes: vec!["ls:".to_owned()],
+            slurm_user: None,
+        };
+        let node =
+            |state: SlurmBaseState, flags: &[SlurmNodeFlag], reason: Option<&str>| SlurmNode {
+                name: "n1".to_owned(),
+                state,
+                flags: flags.to_vec(),
+                reason: reason.map(str::to_owned),
+                reason_user: reason.map(|_| "root".to_owned()),
+                features: vec![],
+                topology: None,
+                partitions: vec![],
+                version: 0,
+            };
+        const MINE: &str = "lockstep: cordoned";
+        let declined = |h: &str| Some(Applied::Declined(h.to_owned()));
+        let write = None;
+        let done = Some(Applied::AlreadyDone);
+        // (action, node as read, what the actuator does; None: writes)
+        let rows: Vec<(StateChange<'_>, SlurmNode, Option<Applied>)> = vec![
+            (
+                StateChange::Drain(MINE),
+                node(Idle, &[], None),
+                write.clone(),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Idle, &[Drain], Some(MINE)),
+                done.clone(),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Idle, &[Drain], Some("lockstep: old")),
+                write.clone(),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Idle, &[Drain], Some("ls: earlier")),
+                write.clone(),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Idle, &[Drain], Some("NVSwitch RMA")),
+                declined("IDLE+DRAIN by root: NVSwitch RMA"),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Down, &[], Some("Not responding")),
+                declined("DOWN by root: Not responding"),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Idle, &[Fail], Some("bad dimm")),
+                declined("IDLE+FAIL by root: bad dimm"),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Down, &[], Some("lockstep: x : Not responding")),
+                declined("DOWN by root: lockstep: x : Not responding"),
+            ),
+            (
+                StateChange::Down(MINE),
+                node(Idle, &[Drain], Some(MINE)),
+                write.clone(),
+            ),
+            (
+                StateChange::Down(MINE),
+                node(Down, &[], Some(MINE)),
+                done.clone(),
+            ),
+            (
+                StateChange::Down(MINE),
+                node(Idle, &[Drain], Some("NVSwitch RMA")),
+                declined("IDLE+DRAIN by root: NVSwitch RMA"),
+            ),
+            (StateChange::Resume, node(Idle, &[], None), done.clone()),
+            (
+                StateChange::Resume,
+                node(Idle, &[], Some("resumed")),
+                done.clone(),
+            ),
+            (
+                StateChange::Resume,
+                node(Idle, &[Drain], Some(MINE)),
+                write.clone(),
+            ),
+            (
+                StateChange::Resume,
+                node(Down, &[], Some(MINE)),
+                write.clone(),
+            ),
+            (
+                StateChange::Resume,
+                node(Idle, &[Drain], Some("ls: earlier")),
+                write.clone(),
+            ),
+            (
+                StateChange::Resume,
+                node(Idle, &[Drain], Some("NVSwitch RMA")),
+                declined("IDLE+DRAIN by root: NVSwitch RMA"),
+            ),
+            (
+                StateChange::Resume,
+                node(Down, &[], Some("lockstep: x : Not responding")),
+                declined("DOWN by root: lockstep: x : Not responding"),
+            ),
+        ];
+        for (change, n, want) in rows {
+            assert_eq!(
+                change.decide(&n, &own.borrow()),
+                want,
+                "{change:?} on {n:?}"
+            );
+        }
+        // With `drain.slurm_user`, who set the reason decides, not its text.
+        let by_user = ReasonOwnership {
+            slurm_user: Some("lockstep".to_owned()),
+            ..own.clone()
+        };
+        let mine_by_root = node(Idle, &[Drain], Some(MINE));
+        assert_eq!(
+            StateChange::Resume.decide(&mine_by_root, &by_user.borrow()),
+            declined("IDLE+DRAIN by root: lockstep: cordoned")
+        );
+    }
+
+    #[test]
     fn an_actuator_needs_a_way_to_slurm() {
-        assert!(Actuator::new(None, None, ActuatorConfig::default()).is_err());
+        let (_, ownership) = watch::channel(ReasonOwnership::default());
+        assert!(Actuator::new(None, None, ownership, ActuatorConfig::default()).is_err());
     }
 }

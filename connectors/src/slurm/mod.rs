@@ -35,7 +35,9 @@ pub mod scontrol;
 mod token;
 
 pub use crate::observation::Observation;
-pub use actuator::{clean_reason, Actuator, ActuatorConfig, REASON_CHARS_MAX, RESUMED_REASON};
+pub use actuator::{
+    clean_reason, Actuator, ActuatorConfig, BeforeWrite, REASON_CHARS_MAX, RESUMED_REASON,
+};
 pub use error::{classify_message, Error, Result};
 pub use observer::{Backend, Observer, ObserverConfig, PollStats};
 pub use rest::{ApiVersion, Fetch, RestClient, RestConfig, API_VERSIONS};

@@ -12,9 +12,13 @@
 //!
 //! Failures back off exponentially (bounded); after `lost_after_failures`
 //! consecutive failures the observer reports
-//! `ConnectorStatus { connector: Slurm, visible: false }`, and
-//! `visible: true` once it sees Slurm again, followed by what changed
-//! meanwhile. A failed listing is never taken as "everything is gone".
+//! `ConnectorStatus { connector: Slurm, visible: false }`. The first poll
+//! that sees Slurm again reports `visible: true` and then lists every
+//! domain in full, each bracketed by `SyncStarted` .. `SyncDone`: the
+//! reducer gets a complete fresh view, and objects that left during the
+//! blackout are gone by absence from it. A poll that fails part way while
+//! Slurm is lost reports nothing (the next one lists everything again). A
+//! failed listing is never taken as "everything is gone".
 
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -387,14 +391,16 @@ impl Observer {
             } => {
                 let resync = self.config.resync_every_polls > 0
                     && polls_since_resync.saturating_add(1) >= self.config.resync_every_polls;
-                self.modes(resync, false)
+                self.modes(resync)
             }
             State::Lost { .. } => {
                 // slurmrestd may have come back with other versions.
                 if let Backend::Rest(c) = &self.backend {
                     c.forget_version();
                 }
-                self.modes(false, true)
+                // What happened in the blackout is unknown (`update_time`
+                // may predate it, deletions left no trace): list it all.
+                [Mode::Sync; 3]
             }
         };
         let mut events = Vec::new();
@@ -434,8 +440,13 @@ impl Observer {
                 }
             }
             (state, Err(e)) => {
-                // Domains that were polled before the failure are valid.
-                out.append(&mut events);
+                // Domains that were polled before the failure are valid,
+                // except while Slurm is lost: the poll that regains it lists
+                // every domain after `visible: true`, and nothing comes
+                // before that.
+                if !matches!(state, State::Lost { .. }) {
+                    out.append(&mut events);
+                }
                 let (failures, polls, lost) = match state {
                     State::Starting { failures } => (failures.saturating_add(1), 0, false),
                     State::Seeing {
@@ -476,17 +487,14 @@ impl Observer {
         self.nodes.listed && self.jobs.listed && self.partitions.listed
     }
 
-    /// The mode of each domain (nodes, jobs, partitions): a full listing
-    /// when asked or never listed, else a diff; after a loss (`fresh`), a
-    /// diff against a full GET, since `update_time` may predate the gap.
-    fn modes(&self, resync: bool, fresh: bool) -> [Mode; 3] {
+    /// The mode of each domain (nodes, jobs, partitions) while Slurm is
+    /// seen: a full listing when asked or never listed, else a diff.
+    fn modes(&self, resync: bool) -> [Mode; 3] {
         let m = |listed: bool, since_s: Option<u64>| {
             if resync || !listed {
                 Mode::Sync
             } else {
-                Mode::Diff {
-                    since_s: if fresh { None } else { since_s },
-                }
+                Mode::Diff { since_s }
             }
         };
         [
