@@ -139,7 +139,8 @@ impl Acting {
     }
 
     /// A `PolicyChanged` put `policy` in force: the Kubernetes watches
-    /// follow what it needs watched.
+    /// follow what it needs watched, the Kubernetes actuator the kinds of
+    /// scale target it names.
     pub(super) fn policy_changed(&self, policy: &Policy) {
         if let Some(w) = &self.watched {
             w.follow(policy);
