@@ -6,12 +6,15 @@
 //! their status through the API, as a kubelet would.
 //!
 //! Here the observer; the actuator in `kube/actuator.rs`, leader election
-//! in `kube/lease.rs`, what they share in `kube/support.rs`.
+//! in `kube/lease.rs`, Slinky's NodeSet as a scale target in
+//! `kube/nodeset.rs`, what they share in `kube/support.rs`.
 
 #[path = "kube/actuator.rs"]
 mod actuator;
 #[path = "kube/lease.rs"]
 mod lease;
+#[path = "kube/nodeset.rs"]
+mod nodeset;
 #[path = "kube/support.rs"]
 mod support;
 

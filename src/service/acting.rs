@@ -145,8 +145,9 @@ impl Acting {
     }
 
     /// A `PolicyChanged` put the engine's policy in force: the Kubernetes
-    /// watches follow what it needs watched, the Slurm actuator which drains
-    /// are lockstep's own.
+    /// watches follow what it needs watched, the Kubernetes actuator the
+    /// kinds of scale target it names, the Slurm actuator which drains are
+    /// lockstep's own.
     pub(super) fn policy_changed(&self, engine: &Engine) {
         if let Some(w) = &self.watched {
             w.follow(engine.policy());

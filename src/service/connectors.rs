@@ -56,10 +56,14 @@ impl Actuators {
     }
 }
 
-/// The Kubernetes observer follows the policy in force: what it watches is
-/// sent here when a `PolicyChanged` changes it.
+/// The Kubernetes observer and actuator follow the policy in force: what
+/// the observer watches, and the kinds of scale target the actuator scales,
+/// are sent here when a `PolicyChanged` changes them.
 pub(super) struct Watched {
-    spec: watch::Sender<kube::ObserveSpec>,
+    /// `None` without an observer.
+    spec: Option<watch::Sender<kube::ObserveSpec>>,
+    /// `None` without an actuator.
+    scale_kinds: Option<watch::Sender<Vec<kube::ScaleKind>>>,
     /// Node labels observed whatever the policy says (`kubernetes.node_labels`).
     node_labels: Vec<String>,
 }
@@ -72,16 +76,15 @@ impl Watched {
     }
 
     /// `policy` is now in force: the observer watches what it needs (the
-    /// watches it changes restart, the others go on).
+    /// watches it changes restart, the others go on), and the actuator
+    /// scales the kinds it names.
     pub(super) fn follow(&self, policy: &Policy) {
-        let new = Self::spec(policy, &self.node_labels);
-        self.spec.send_if_modified(|spec| {
-            let changed = *spec != new;
-            if changed {
-                *spec = new;
-            }
-            changed
-        });
+        if let Some(tx) = &self.spec {
+            replace_if_changed(tx, Self::spec(policy, &self.node_labels));
+        }
+        if let Some(tx) = &self.scale_kinds {
+            replace_if_changed(tx, kube::scale_kinds(policy));
+        }
     }
 }
 
@@ -94,20 +97,25 @@ impl SlurmOwnership {
     /// `ownership` (the engine's `reason_ownership`) is now in force: the
     /// actuator's next decision uses it.
     pub(super) fn follow(&self, ownership: ReasonOwnership) {
-        self.0.send_if_modified(|o| {
-            let changed = *o != ownership;
-            if changed {
-                *o = ownership;
-            }
-            changed
-        });
+        replace_if_changed(&self.0, ownership);
     }
+}
+
+/// Sends `new` unless it is what `tx` already holds.
+fn replace_if_changed<T: PartialEq>(tx: &watch::Sender<T>, new: T) {
+    tx.send_if_modified(|held| {
+        let changed = *held != new;
+        if changed {
+            *held = new;
+        }
+        changed
+    });
 }
 
 /// The connectors of one leadership, as far as the service talks to them.
 pub(super) struct Started {
     pub(super) actuators: Actuators,
-    /// `None` without a Kubernetes observer.
+    /// `None` without a Kubernetes observer or actuator.
     pub(super) watched: Option<Watched>,
     /// `None` without a Slurm actuator.
     pub(super) slurm_ownership: Option<SlurmOwnership>,
@@ -149,7 +157,11 @@ async fn start_kube(
     let kube_config = kube::load_config(k.kubeconfig.as_deref())
         .await
         .context("loading the Kubernetes client configuration")?;
-    let mut watched = None;
+    let mut watched = Watched {
+        spec: None,
+        scale_kinds: None,
+        node_labels: k.node_labels.clone(),
+    };
     if k.observe {
         let spec = Watched::spec(policy, &k.node_labels);
         let (spec_tx, spec_rx) = watch::channel(spec.clone());
@@ -159,19 +171,15 @@ async fn start_kube(
         let (tx, rx) = mpsc::channel(OBSERVATIONS_WAITING_MAX);
         tasks.spawn(observer.run_following(spec_rx, tx));
         tasks.spawn(append_observations(log.clone(), rx));
-        watched = Some(Watched {
-            spec: spec_tx,
-            node_labels: k.node_labels.clone(),
-        });
+        watched.spec = Some(spec_tx);
         info!("watching Kubernetes");
     }
     if k.actuate {
-        let actuator = kube::Actuator::new(
-            kube_config,
-            vec![kube::ScaleKind::stateful_set()],
-            kube::ActuatorConfig::default(),
-        )
-        .context("starting the Kubernetes actuator")?;
+        let (kinds_tx, kinds_rx) = watch::channel(kube::scale_kinds(policy));
+        let actuator =
+            kube::Actuator::following(kube_config, kinds_rx, kube::ActuatorConfig::default())
+                .context("starting the Kubernetes actuator")?;
+        watched.scale_kinds = Some(kinds_tx);
         let (tx, mut rx) = mpsc::channel::<IssuedAction>(ACTIONS_WAITING_MAX);
         let limit = Arc::new(tokio::sync::Semaphore::new(k.actions_in_flight_max.max(1)));
         let log = log.clone();
@@ -194,7 +202,7 @@ async fn start_kube(
         actuators.kube = Some(tx);
         info!("carrying out Kubernetes actions");
     }
-    Ok(watched)
+    Ok((k.observe || k.actuate).then_some(watched))
 }
 
 /// The Slurm observer and actuator.

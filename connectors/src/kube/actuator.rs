@@ -18,7 +18,9 @@ use lockstep_schemas::{
     TaintEffect,
 };
 use serde_json::json;
+use tokio::sync::watch;
 
+use super::discover::discover;
 use super::error::{Error, Result};
 use super::reduce::{
     condition_status, condition_status_str, taint_effect_str, ScaleKind, ANNOTATION_PREFIX,
@@ -63,14 +65,16 @@ enum Done {
 #[derive(Clone)]
 pub struct Actuator {
     client: Client,
-    scale_kinds: Vec<ScaleKind>,
+    /// The kinds of scale target it scales besides the `apps/v1` ones: the
+    /// ones the policy in force names ([`scale_kinds`](super::scale_kinds)).
+    scale_kinds: watch::Receiver<Vec<ScaleKind>>,
     config: ActuatorConfig,
 }
 
 impl std::fmt::Debug for Actuator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Actuator")
-            .field("scale_kinds", &self.scale_kinds)
+            .field("scale_kinds", &*self.scale_kinds.borrow())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -79,10 +83,23 @@ impl std::fmt::Debug for Actuator {
 impl Actuator {
     /// An actuator for the cluster of `kube_config` (see
     /// [`load_config`](super::load_config)) that can scale targets of
-    /// `scale_kinds`.
+    /// `scale_kinds` (and of the `apps/v1` kinds, always).
     pub fn new(
-        mut kube_config: kube::Config,
+        kube_config: kube::Config,
         scale_kinds: Vec<ScaleKind>,
+        config: ActuatorConfig,
+    ) -> Result<Self> {
+        // A list nobody changes: the receiver keeps the last value.
+        let (_unchanged, scale_kinds) = watch::channel(scale_kinds);
+        Self::following(kube_config, scale_kinds, config)
+    }
+
+    /// [`Actuator::new`], scaling from each action on the kinds `scale_kinds`
+    /// holds at that moment (the service sends the ones of each policy put in
+    /// force).
+    pub fn following(
+        mut kube_config: kube::Config,
+        scale_kinds: watch::Receiver<Vec<ScaleKind>>,
         config: ActuatorConfig,
     ) -> Result<Self> {
         kube_config.connect_timeout = Some(Duration::from_millis(config.connect_timeout_ms));
@@ -90,26 +107,21 @@ impl Actuator {
         kube_config.write_timeout = Some(Duration::from_millis(config.request_timeout_ms));
         kube_config.reset_reader_on_write = true;
         let client = Client::try_from(kube_config).map_err(|e| Error::Client(Box::new(e)))?;
-        // The apps/v1 kinds lockstep knows how to scale in are always
-        // scalable, whatever the caller listed.
-        let mut scale_kinds = scale_kinds;
-        for k in [
-            ScaleKind::stateful_set(),
-            ScaleKind::replica_set(),
-            ScaleKind::deployment(),
-        ] {
-            if !scale_kinds
-                .iter()
-                .any(|have| have.group == k.group && have.kind == k.kind)
-            {
-                scale_kinds.push(k);
-            }
-        }
         Ok(Self {
             client,
             scale_kinds,
             config,
         })
+    }
+
+    /// The kind of `target` if this actuator scales it: one it was given,
+    /// else an `apps/v1` kind lockstep knows how to scale in, whatever the
+    /// policy lists.
+    fn scale_kind(&self, target: &ScaleTargetRef) -> Option<ScaleKind> {
+        if let Some(k) = self.scale_kinds.borrow().iter().find(|k| k.matches(target)) {
+            return Some(k.clone());
+        }
+        Some(ScaleKind::for_target(target)).filter(|k| !k.needs_discovery())
     }
 
     /// Executes one action and reports how it ended. Never fails, never
@@ -361,15 +373,20 @@ impl Actuator {
         }
     }
 
+    /// Sets `spec.replicas` through the target's scale subresource, which
+    /// every kind that can be scaled has, whatever its own fields: read,
+    /// compare, then a merge patch of the replicas alone.
     async fn scale(&self, target: &ScaleTargetRef, replicas: u32) -> Result<Done> {
         let kind = self
-            .scale_kinds
-            .iter()
-            .find(|k| k.matches(target))
+            .scale_kind(target)
             .ok_or_else(|| Error::UnknownScaleKind {
                 group: target.group.clone(),
                 kind: target.kind.clone(),
             })?;
+        // Asked at each action (scales are rare: cooldowns of tens of
+        // seconds), so a CRD installed or upgraded since is followed. Once
+        // the kind is known to be served, a 404 below is the object's.
+        let kind = discover(&self.client, &kind).await?;
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &target.namespace, &kind.api_resource());
         let scale = api

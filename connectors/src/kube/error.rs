@@ -83,14 +83,28 @@ pub enum Error {
         /// The bound that was hit.
         timeout_ms: u64,
     },
-    /// A scale target's kind is not one the connector knows how to reach
-    /// (see [`ScaleKind`](super::ScaleKind)). Not retryable.
+    /// A scale target's kind is not one the policy in force names (see
+    /// [`scale_kinds`](super::scale_kinds)), so the actuator does not scale
+    /// it. Not retryable.
     #[error("unknown scale target kind {kind} in api group {group:?}")]
     UnknownScaleKind {
         /// API group.
         group: String,
         /// Kind.
         kind: String,
+    },
+    /// A scale target's kind is not served by the API server (no such API
+    /// group or kind: its CRD is not installed), or is served without a
+    /// scale subresource. Not retryable: installing the CRD is not
+    /// something waiting does; the next action asks again.
+    #[error("scale target kind {kind} in api group {group:?} {why}")]
+    UnservedScaleKind {
+        /// API group.
+        group: String,
+        /// Kind.
+        kind: String,
+        /// What discovery said.
+        why: &'static str,
     },
     /// An object lacks a field lockstep needs (a node without a name). Not
     /// retryable.
@@ -123,6 +137,7 @@ impl Error {
             | Self::UidPrecondition { .. }
             | Self::Decode { .. }
             | Self::UnknownScaleKind { .. }
+            | Self::UnservedScaleKind { .. }
             | Self::Malformed { .. }
             | Self::NotKubernetes(_) => false,
         }

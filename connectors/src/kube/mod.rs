@@ -3,8 +3,9 @@
 //! Owns everything lockstep says to and hears from the Kubernetes API:
 //!
 //! - [`Observer`]: kube-runtime watchers on Nodes, the slurmd Pods (the
-//!   policy's `mapping.pod_selector`) and scale targets (StatefulSets, or
-//!   any [`ScaleKind`]), each object reduced to the observation the reducer
+//!   policy's `mapping.pod_selector`) and scale targets (StatefulSets, and
+//!   any [`ScaleKind`] the policy names, discovered: [`discover`]), each
+//!   object reduced to the observation the reducer
 //!   reads ([`reduce`]), deduplicated, with relists as
 //!   `SyncStarted` .. `SyncDone` and deletes as `*Gone` events. It sends
 //!   [`Observation`]s into a bounded channel; the caller turns them into
@@ -17,6 +18,7 @@
 //! leak into the events: only `lockstep_schemas` types leave this module.
 
 mod actuator;
+mod discover;
 mod error;
 mod lease;
 mod observer;
@@ -26,7 +28,8 @@ mod tracker;
 
 pub use crate::observation::Observation;
 pub use actuator::{Actuator, ActuatorConfig, FIELD_MANAGER};
+pub use discover::discover;
 pub use error::{Error, Result};
 pub use lease::{Leadership, LeaseConfig};
 pub use observer::{load_config, Observer, ObserverConfig};
-pub use spec::{ChangedWatches, ObserveSpec, ScaleKind};
+pub use spec::{scale_kinds, ChangedWatches, ObserveSpec, ScaleKind};

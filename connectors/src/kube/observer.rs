@@ -28,6 +28,7 @@ use lockstep_schemas::{
 };
 use tokio::sync::{mpsc, watch};
 
+use super::discover::discover;
 use super::error::{Error, Result};
 use super::reduce;
 use super::spec::{ChangedWatches, ObserveSpec, ScaleKind};
@@ -260,19 +261,6 @@ impl Observer {
         }
     }
 
-    fn watcher_config(&self, selector: Option<&str>) -> watcher::Config {
-        let mut c = watcher::Config::default()
-            .timeout(self.config.watch_timeout_s)
-            .page_size(self.config.page_size);
-        if let Some(s) = selector {
-            c = c.labels(s);
-        }
-        if self.config.streaming_lists {
-            c = c.streaming_lists();
-        }
-        c
-    }
-
     /// A watcher on `api`, restarted when stuck, with bounded backoff.
     fn watch<K>(
         &self,
@@ -282,12 +270,7 @@ impl Observer {
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        let config = self.watcher_config(selector);
-        restarting(
-            move || watcher(api.clone(), config.clone()).boxed(),
-            self.config.watch_server_errors_max,
-        )
-        .backoff(WatchBackoff::new(&self.config))
+        watch_with(&self.config, api, selector)
     }
 
     fn node_watch(&self) -> BoxStream<'static, Item> {
@@ -323,18 +306,23 @@ impl Observer {
         )
     }
 
-    /// One watch per kind of scale target, in the spec's order.
+    /// One watch per kind of scale target, in the spec's order. A kind to
+    /// discover is watched once discovery says which version and resource
+    /// serve it; until then (its CRD not installed) its watch waits and asks
+    /// again with bounded backoff, and the other watches go on.
     fn scale_target_watches(&self) -> Vec<BoxStream<'static, Item>> {
         let mut streams = Vec::new();
         for (i, kind) in self.spec.scale_kinds.iter().enumerate() {
-            let ar = kind.api_resource();
-            let api: Api<DynamicObject> = match &self.spec.namespace {
-                Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
-                None => Api::all_with(self.client.clone(), &ar),
-            };
-            let kind = kind.clone();
-            streams.push(
-                self.watch(api, self.spec.scale_selector.as_deref())
+            let (client, config) = (self.client.clone(), self.config.clone());
+            let namespace = self.spec.namespace.clone();
+            let selector = self.spec.scale_selector.clone();
+            let watch = move |kind: ScaleKind| {
+                let ar = kind.api_resource();
+                let api: Api<DynamicObject> = match &namespace {
+                    Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+                    None => Api::all_with(client.clone(), &ar),
+                };
+                watch_with(&config, api, selector.as_deref())
                     .map(move |r| match r {
                         Ok(e) => Item::Scale(
                             i,
@@ -344,8 +332,14 @@ impl Observer {
                         ),
                         Err(e) => Item::Failed(Domain::KubeScaleTargets, e),
                     })
-                    .boxed(),
-            );
+                    .boxed()
+            };
+            if kind.needs_discovery() {
+                let found = discovered(self.client.clone(), kind.clone(), self.config.clone());
+                streams.push(futures::stream::once(found).flat_map(watch).boxed());
+            } else {
+                streams.push(watch(kind.clone()));
+            }
         }
         streams
     }
@@ -368,6 +362,63 @@ impl Watches {
         let (watch, handle) = futures::stream::abortable(watch);
         self.merged.push(watch.boxed());
         handle
+    }
+}
+
+/// The watcher configuration of `config` for objects matching `selector`.
+fn watcher_config(config: &ObserverConfig, selector: Option<&str>) -> watcher::Config {
+    let mut c = watcher::Config::default()
+        .timeout(config.watch_timeout_s)
+        .page_size(config.page_size);
+    if let Some(s) = selector {
+        c = c.labels(s);
+    }
+    if config.streaming_lists {
+        c = c.streaming_lists();
+    }
+    c
+}
+
+/// A watcher on `api`, restarted when stuck, with bounded backoff.
+fn watch_with<K>(
+    config: &ObserverConfig,
+    api: Api<K>,
+    selector: Option<&str>,
+) -> impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let watcher_config = watcher_config(config, selector);
+    restarting(
+        move || watcher(api.clone(), watcher_config.clone()).boxed(),
+        config.watch_server_errors_max,
+    )
+    .backoff(WatchBackoff::new(config))
+}
+
+/// `kind` as discovery gives it, asked until it answers: each failure waits
+/// the observer's backoff (up to `backoff_max_ms`). The first failure is a
+/// warning, the ones after it debug lines.
+async fn discovered(client: Client, kind: ScaleKind, config: ObserverConfig) -> ScaleKind {
+    let mut backoff = Backoff::new(config.backoff_initial_ms, config.backoff_max_ms);
+    loop {
+        match discover(&client, &kind).await {
+            Ok(found) => {
+                tracing::info!(
+                    group = %found.group,
+                    kind = %found.kind,
+                    version = %found.version,
+                    resource = %found.plural,
+                    "scale target kind discovered; watching it"
+                );
+                return found;
+            }
+            Err(e) if backoff.failures() == 0 => {
+                tracing::warn!(error = %e, "scale target kind not watched yet; asking again");
+            }
+            Err(e) => tracing::debug!(error = %e, "scale target kind still not served"),
+        }
+        tokio::time::sleep(backoff.failed()).await;
     }
 }
 
@@ -649,7 +700,9 @@ async fn probe_api(client: Client, spec: Arc<ObserveSpec>, timeout_ms: u64) -> R
                 .await
                 .map_err(|e| Error::from_kube("probe: list pods", e))?;
         }
-        for kind in &spec.scale_kinds {
+        // A kind still to discover is not watched yet: nothing to read (its
+        // CRD may be missing, which is not blindness).
+        for kind in spec.scale_kinds.iter().filter(|k| !k.needs_discovery()) {
             let ar = kind.api_resource();
             let api: Api<DynamicObject> = match &spec.namespace {
                 Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),

@@ -17,15 +17,25 @@ use super::reduce::{DRAIN_CONDITIONS, LOCKSTEP_TAINT_PREFIX, POD_DELETION_COST};
 /// The field paths are dotted JSON paths into the object, as the kind's
 /// scale subresource maps them (a CRD's `scale.specReplicasPath` without the
 /// leading `.`).
+///
+/// A policy names a scale target by API group and kind only
+/// ([`ScaleTargetRef`]). The `apps/v1` kinds are always served as they are;
+/// any other kind ([`ScaleKind::for_target`], Slinky's NodeSet among them)
+/// starts with an empty `version` and `plural`, and the observer and the
+/// actuator ask the API server's discovery which version it serves, under
+/// which resource name, and whether that has a scale subresource
+/// ([`discover`](super::discover)). So a CRD that moves to a new version
+/// (NodeSet `v1beta1` today) is followed without a lockstep release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScaleKind {
     /// API group, empty for the core group.
     pub group: String,
-    /// API version, e.g. `v1`.
+    /// API version, e.g. `v1`; empty until discovered.
     pub version: String,
     /// Kind, e.g. `StatefulSet`.
     pub kind: String,
-    /// Resource name (lowercase plural), e.g. `statefulsets`.
+    /// Resource name (lowercase plural), e.g. `statefulsets`; empty until
+    /// discovered.
     pub plural: String,
     /// Path of the desired replica count.
     pub replicas_path: String,
@@ -69,7 +79,44 @@ impl ScaleKind {
         }
     }
 
-    /// The dynamic API resource of this kind.
+    /// The kind of `target`: one of the `apps/v1` kinds above, else a kind
+    /// to discover ([`ScaleKind::discovered`]).
+    pub fn for_target(target: &ScaleTargetRef) -> Self {
+        [
+            Self::stateful_set(),
+            Self::replica_set(),
+            Self::deployment(),
+        ]
+        .into_iter()
+        .find(|k| k.matches(target))
+        .unwrap_or_else(|| Self::discovered(&target.group, &target.kind))
+    }
+
+    /// A kind whose version and resource name the API server's discovery
+    /// gives ([`discover`](super::discover)). It is read the way every
+    /// scale subresource of Kubernetes' own kinds, and Slinky's NodeSet, maps
+    /// it: desired replicas at `spec.replicas`, ready ones at
+    /// `status.readyReplicas`. It has no update revision: lockstep replaces
+    /// no pod of a kind whose controller rolls out its own updates (a
+    /// NodeSet's `status.nodeSetHash` is left to Slinky).
+    pub fn discovered(group: &str, kind: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            version: String::new(),
+            kind: kind.to_owned(),
+            plural: String::new(),
+            update_revision_path: None,
+            ..Self::stateful_set()
+        }
+    }
+
+    /// Whether the version and resource name are still to be discovered.
+    pub fn needs_discovery(&self) -> bool {
+        self.version.is_empty() || self.plural.is_empty()
+    }
+
+    /// The dynamic API resource of this kind. Only meaningful once
+    /// discovered (see [`ScaleKind::needs_discovery`]).
     pub fn api_resource(&self) -> ApiResource {
         let api_version = if self.group.is_empty() {
             self.version.clone()
@@ -132,8 +179,8 @@ impl ObserveSpec {
     /// What `policy` needs observed: the node labels its topology policy
     /// reads plus `node_labels` (label or `annotation:` keys), its pod
     /// selector, node-name and busy labels, the conditions and taints it
-    /// reads and sets, and StatefulSets as scale targets (other kinds: add a
-    /// [`ScaleKind`] to `scale_kinds`).
+    /// reads and sets, and as scale targets StatefulSets and every kind its
+    /// scaling rules name ([`scale_kinds`]).
     pub fn from_policy(policy: &Policy, node_labels: &[&str]) -> Self {
         let non_empty = |s: &str| (!s.trim().is_empty()).then(|| s.to_owned());
         let mut taint_keys: Vec<String> = [
@@ -199,20 +246,7 @@ impl ObserveSpec {
                 )
                 .collect(),
             pod_conditions,
-            scale_kinds: {
-                let mut kinds = vec![ScaleKind::stateful_set()];
-                for t in &policy.scaling.targets {
-                    let kind = match (t.target.group.as_str(), t.target.kind.as_str()) {
-                        ("apps", "ReplicaSet") => ScaleKind::replica_set(),
-                        ("apps", "Deployment") => ScaleKind::deployment(),
-                        _ => continue,
-                    };
-                    if !kinds.contains(&kind) {
-                        kinds.push(kind);
-                    }
-                }
-                kinds
-            },
+            scale_kinds: scale_kinds(policy),
             scale_selector: None,
             maintenance: policy.maintenance.enabled,
         };
@@ -281,6 +315,21 @@ impl ObserveSpec {
     }
 }
 
+/// The kinds of scale target `policy` needs watched and scaled: StatefulSets
+/// (always), then each kind its scaling rules name, in the order they first
+/// appear ([`ScaleKind::for_target`]: kinds outside `apps` are discovered).
+/// The actuator scales exactly these kinds.
+pub fn scale_kinds(policy: &Policy) -> Vec<ScaleKind> {
+    let mut kinds = vec![ScaleKind::stateful_set()];
+    for t in &policy.scaling.targets {
+        let kind = ScaleKind::for_target(&t.target);
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    kinds
+}
+
 /// Which watches a change of [`ObserveSpec`] restarts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChangedWatches {
@@ -313,6 +362,25 @@ mod tests {
     use super::super::reduce::DEFAULT_NODE_LABELS;
     use super::*;
 
+    /// A scaling rule for the target of `kind` in `group` named `name`.
+    fn rule(group: &str, kind: &str, name: &str) -> lockstep_schemas::ScaleRule {
+        lockstep_schemas::ScaleRule {
+            target: ScaleTargetRef {
+                group: group.to_owned(),
+                kind: kind.to_owned(),
+                namespace: "slurm".to_owned(),
+                name: name.to_owned(),
+            },
+            partition: "batch".to_owned(),
+            min_replicas: 0,
+            max_replicas: 4,
+            scale_up_cooldown_s: 30,
+            scale_down_cooldown_s: 120,
+            idle_before_scale_down_s: 300,
+            max_unavailable: 1,
+        }
+    }
+
     #[test]
     fn spec_names_what_the_policy_reads() {
         let mut policy = Policy::default();
@@ -343,6 +411,41 @@ mod tests {
             Some("app.kubernetes.io/component=slurmd")
         );
         assert_eq!(spec.scale_kinds, [ScaleKind::stateful_set()]);
+    }
+
+    #[test]
+    fn scale_kinds_are_statefulsets_and_every_kind_the_policy_names() {
+        let mut policy = Policy::default();
+        policy.scaling.targets = vec![
+            rule("slinky.slurm.net", "NodeSet", "cpu"),
+            rule("apps", "Deployment", "web"),
+            rule("slinky.slurm.net", "NodeSet", "gpu"),
+            rule("apps", "StatefulSet", "compute"),
+        ];
+        let node_set = ScaleKind::discovered("slinky.slurm.net", "NodeSet");
+        assert_eq!(
+            scale_kinds(&policy),
+            [
+                ScaleKind::stateful_set(),
+                node_set.clone(),
+                ScaleKind::deployment()
+            ]
+        );
+        // A NodeSet's version and resource name come from discovery; it is
+        // read at the fields its scale subresource maps, and lockstep rolls
+        // out none of its updates.
+        assert!(node_set.needs_discovery());
+        assert_eq!(
+            (
+                node_set.replicas_path.as_str(),
+                node_set.ready_replicas_path.as_str(),
+                node_set.update_revision_path.as_deref()
+            ),
+            ("spec.replicas", "status.readyReplicas", None)
+        );
+        assert!(!ScaleKind::stateful_set().needs_discovery());
+        let spec = ObserveSpec::from_policy(&policy, DEFAULT_NODE_LABELS);
+        assert_eq!(spec.scale_kinds, scale_kinds(&policy));
     }
 
     #[test]
@@ -387,6 +490,11 @@ mod tests {
                 "the node name label",
                 &|p| p.mapping.node_name_label = Some("slurm.node".to_owned()),
                 watches(false, true, false),
+            ),
+            (
+                "a NodeSet as scale target",
+                &|p| p.scaling.targets = vec![rule("slinky.slurm.net", "NodeSet", "cpu")],
+                watches(false, false, true),
             ),
             (
                 "a drain grace period",

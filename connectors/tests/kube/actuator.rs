@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockstep_connectors::kube::{Actuator, ActuatorConfig, ObserveSpec};
+use lockstep_connectors::kube::{Actuator, ActuatorConfig, ObserveSpec, ScaleKind};
 use lockstep_schemas::{
     Action, ConditionStatus, OutcomeResult, PodCondition, Policy, ScaleTargetRef, Taint,
     TaintEffect,
@@ -410,22 +410,60 @@ async fn scale_patches_the_scale_subresource() {
         json!(0)
     );
 
-    let nodeset = issued(
-        1,
-        Action::KubeScale {
-            target: ScaleTargetRef {
-                group: "slinky.slurm.net".to_owned(),
-                kind: "NodeSet".to_owned(),
-                ..target.clone()
+    // Kinds it cannot scale, each a clear failure that waiting does not fix
+    // (a served NodeSet is scaled in `nodeset.rs`).
+    let scale_kind = |group: &str, kind: &str| {
+        issued(
+            1,
+            Action::KubeScale {
+                target: ScaleTargetRef {
+                    group: group.to_owned(),
+                    kind: kind.to_owned(),
+                    ..target.clone()
+                },
+                replicas: 1,
             },
-            replicas: 1,
-        },
-    );
-    assert_failed(
-        &act.execute(&nodeset).await,
-        false,
-        "unknown scale target kind",
-    );
+        )
+    };
+    let widget = ("lockstep-test.invalid", "Widget");
+    let act_for_policy = Actuator::new(
+        cp.kube_config().await,
+        vec![
+            ScaleKind::discovered(widget.0, widget.1),
+            ScaleKind::discovered("", "ConfigMap"),
+        ],
+        ActuatorConfig::default(),
+    )
+    .expect("actuator");
+    // (what, the actuator, the kind, the error), one a line.
+    let cases = [
+        (
+            "not named by the policy",
+            &act,
+            widget,
+            "unknown scale target kind",
+        ),
+        (
+            "named, but its api group not served",
+            &act_for_policy,
+            widget,
+            "is not served by the kubernetes api",
+        ),
+        (
+            "named, served without a scale subresource",
+            &act_for_policy,
+            ("", "ConfigMap"),
+            "has no scale subresource",
+        ),
+    ];
+    for (what, actuator, (group, kind), error) in cases {
+        let outcome = actuator.execute(&scale_kind(group, kind)).await;
+        assert_failed(&outcome, false, error);
+        assert!(
+            matches!(&outcome.result, OutcomeResult::Failed { error, .. } if error.contains(kind)),
+            "{what}: {outcome:?}"
+        );
+    }
     cp.kubectl(&["delete", "statefulset", &name, "-n", NS]);
     assert_failed(&act.execute(&scale(1)).await, false, "not found");
 }
