@@ -377,6 +377,121 @@ fn pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down(slurm
     s.stop_and_verify(&mut l);
 }
 
+/// Slinky's NodeSet CRD, read from `../shared/slinky` (server-side apply:
+/// installed already is fine), served before this returns.
+fn install_node_set_crd(s: &Scenario) {
+    let crd = common::repo().join("../shared/slinky/slinky.slurm.net_nodesets.yaml");
+    let crd = crd.to_str().unwrap();
+    s.stack.kubectl(
+        &["apply", "--server-side", "--force-conflicts", "-f", crd],
+        None,
+    );
+    s.stack.kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/nodesets.slinky.slurm.net",
+            "--timeout=60s",
+        ],
+        None,
+    );
+}
+
+/// A Slinky NodeSet `slurm` with `replicas`, made anew; no Slinky controller
+/// runs, the test makes its pods. Returns its uid.
+fn node_set(s: &Scenario, replicas: u32) -> String {
+    install_node_set_crd(s);
+    s.stack.kubectl(
+        &["delete", "nodeset", "slurm", "-n", NS, "--ignore-not-found"],
+        None,
+    );
+    s.stack.apply(&json!({
+        "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+        "metadata": {"name": "slurm", "namespace": NS, "labels": {MARK: "true"}},
+        "spec": {
+            "controllerRef": {"name": "slurm"},
+            "replicas": replicas,
+            "template": {"spec": {"containers": [{"name": "slurmd", "image": "slurmd:e2e"}]}},
+        },
+    }));
+    s.stack.get(&["nodeset", "slurm", "-n", NS]).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn node_set_replicas(s: &Scenario) -> u64 {
+    s.stack.get(&["nodeset", "slurm", "-n", NS]).unwrap()["spec"]["replicas"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Scale up of a Slinky NodeSet: ls-n1 (pod slurm-0, the NodeSet's one pod,
+/// owned by it as Slinky makes it) is busy and a job waits for resources, so
+/// lockstep raises the NodeSet's replicas through its scale subresource.
+fn pending_jobs_scale_a_slinky_node_set_up(slurm_version: &str) {
+    let s = Scenario::new("nodeset", slurm_version);
+    let mut policy = scaling_policy();
+    policy["scaling"]["targets"][0]["target"] =
+        json!({"group": "slinky.slurm.net", "kind": "NodeSet", "namespace": NS, "name": "slurm"});
+    let mut l = s.start_leader("a", &policy);
+    let uid = node_set(&s, 1);
+    s.node("e2e-k5", json!({}));
+    s.slurmd_pod_named("slurm-0", "ls-n1", "e2e-k5", None);
+    let owner = json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet", "name": "slurm",
+        "uid": uid, "controller": true,
+    }]}});
+    s.stack.kubectl(
+        &[
+            "patch",
+            "pod",
+            "slurm-0",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            &owner.to_string(),
+        ],
+        None,
+    );
+    for n in ["ls-n2", "ls-n3", "ls-n4"] {
+        s.stack.slurm(
+            "scontrol",
+            &[
+                "update",
+                &format!("nodename={n}"),
+                "state=drain",
+                "reason=e2e: not provisioned",
+            ],
+        );
+    }
+    let busy = s.stack.sbatch(&["-w", "ls-n1", "--exclusive"], "sleep 300");
+    let waiting = s.stack.sbatch(&["-N", "1"], "sleep 300");
+    wait_for("a job pending for resources", MINUTE, || {
+        (s.stack.job_state(&waiting).as_deref() == Some("PENDING")).then_some(())
+    });
+    wait_for("the NodeSet scaled up to 2", MINUTE, || {
+        (node_set_replicas(&s) == 2).then_some(())
+    });
+    s.stack.slurm("scancel", &[&busy, &waiting]);
+    let scaled = s
+        .records()
+        .into_iter()
+        .filter(|r| {
+            matches!(&r.envelope.event, Event::ActionOutcome(o)
+                if o.result == OutcomeResult::Succeeded && o.kind.name() == "kube_scale")
+        })
+        .count();
+    assert_eq!(scaled, 1, "{}", l.log());
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+    s.stack.kubectl(
+        &["delete", "nodeset", "slurm", "-n", NS, "--ignore-not-found"],
+        None,
+    );
+}
+
 fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once(
     slurm_version: &str,
 ) {
@@ -645,6 +760,8 @@ fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deploym
         ("patch", "pods/status", Some(NS)),
         ("patch", "nodes/status", None),
         ("patch", "statefulsets/scale", Some(NS)),
+        ("watch", "nodesets.slinky.slurm.net", Some(NS)),
+        ("patch", "nodesets.slinky.slurm.net/scale", Some(NS)),
         ("update", "leases", Some("lockstep-system")),
     ] {
         assert!(can(verb, what, ns), "lockstep needs to {verb} {what}");
@@ -654,6 +771,7 @@ fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deploym
         ("create", "pods", Some(NS)),
         ("get", "secrets", Some(NS)),
         ("patch", "statefulsets", Some(NS)),
+        ("patch", "nodesets.slinky.slurm.net", Some(NS)),
         ("update", "leases", Some("kube-system")),
         ("create", "pods/eviction", Some(NS)),
     ] {
@@ -696,6 +814,8 @@ on!(a_node_not_ready_past_the_grace_period_drains_its_slurm_nodes:
 on!(kubectl_drain_waits_for_the_running_job_through_the_pod_disruption_budget:
     v26_05 = "26.05");
 on!(pending_jobs_scale_the_stateful_set_up_and_an_idle_queue_scales_it_down:
+    v26_05 = "26.05");
+on!(pending_jobs_scale_a_slinky_node_set_up:
     v26_05 = "26.05");
 on!(the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once:
     v26_05 = "26.05");
