@@ -94,7 +94,9 @@ impl Default for ActuatorConfig {
 /// What [`ActuatorConfig::before_write`] awaits: a function of the action
 /// about to be written.
 #[derive(Clone)]
-pub struct BeforeWrite(Arc<dyn Fn(&Action) -> BoxFuture<'static, ()> + Send + Sync>);
+pub struct BeforeWrite(Arc<HookFn>);
+
+type HookFn = dyn Fn(&Action) -> BoxFuture<'static, ()> + Send + Sync;
 
 impl BeforeWrite {
     /// A hook that runs `f` for the action and awaits what it returns.
