@@ -13,8 +13,8 @@
 //!
 //! # What it never replaces or lifts
 //!
-//! A drain, down or resume changes a node only if the node is in service or
-//! out (DRAIN, DOWN, FAIL) by lockstep's own doing, as
+//! A drain, down or resume changes a node only if nobody else holds it out
+//! (a resume: only if it is out by lockstep's own doing), as
 //! [`Ownership::owns`] says with the [`ReasonOwnership`] in force: the
 //! actuator holds a [`watch::Receiver`] of it, which the service updates when
 //! a `PolicyChanged` changes the reason prefix or `drain.slurm_user` (from
@@ -22,11 +22,11 @@
 //!
 //! | action | node as read | outcome |
 //! |---|---|---|
-//! | SlurmDrain / SlurmDown | out, reason not lockstep's | `Declined { held_by }`, nothing written |
+//! | SlurmDrain / SlurmDown | held by somebody else: drained, or set DOWN or FAIL by a user, with a reason not lockstep's ([`Ownership::held_by_other`]; slurmctld's own not-responding DOWN holds nothing) | `Declined { held_by }`, nothing written |
 //! | SlurmDrain / SlurmDown | already in that state with that reason | `AlreadyDone` |
 //! | SlurmDrain / SlurmDown | otherwise (in service, or out by lockstep) | written: only lockstep's own reason is ever replaced |
 //! | SlurmResume | not out | `AlreadyDone` |
-//! | SlurmResume | out, reason not lockstep's | `Declined { held_by }`, nothing written |
+//! | SlurmResume | out, reason not lockstep's (slurmctld's DOWN included) | `Declined { held_by }`, nothing written |
 //! | SlurmResume | out by lockstep | resumed |
 //!
 //! `held_by` is [`Ownership::describe_holder`]: `IDLE+DRAIN by root: NVSwitch
@@ -165,7 +165,14 @@ impl<'a> StateChange<'a> {
                 return Some(Applied::AlreadyDone);
             }
         }
-        if own.held_by_other(n) {
+        // A drain or down never replaces what somebody else holds; a
+        // resume lifts only what lockstep set (slurmctld's own DOWN of a
+        // node not responding included: that is Slurm's to lift).
+        let declines = match self {
+            Self::Resume => !own.owns(n),
+            Self::Drain(_) | Self::Down(_) => own.held_by_other(n),
+        };
+        if declines {
             return Some(Applied::Declined(Ownership::describe_holder(n)));
         }
         let already = match self {
@@ -800,10 +807,12 @@ mod tests {
                 node(Idle, &[Drain], Some("NVSwitch RMA")),
                 declined("IDLE+DRAIN by root: NVSwitch RMA"),
             ),
+            // slurmctld's own DOWN holds nothing: the drain keeps the
+            // node out once slurmd answers again.
             (
                 StateChange::Drain(MINE),
-                node(Down, &[], Some("Not responding")),
-                declined("DOWN by root: Not responding"),
+                node(Down, &[SlurmNodeFlag::NotResponding], Some("Not responding")),
+                write.clone(),
             ),
             (
                 StateChange::Drain(MINE),
@@ -813,7 +822,12 @@ mod tests {
             (
                 StateChange::Drain(MINE),
                 node(Down, &[], Some("lockstep: x : Not responding")),
-                declined("DOWN by root: lockstep: x : Not responding"),
+                write.clone(),
+            ),
+            (
+                StateChange::Drain(MINE),
+                node(Down, &[], Some("slurm-operator: Pod is terminating")),
+                declined("DOWN by root: slurm-operator: Pod is terminating"),
             ),
             (
                 StateChange::Down(MINE),
@@ -860,6 +874,11 @@ mod tests {
                 StateChange::Resume,
                 node(Down, &[], Some("lockstep: x : Not responding")),
                 declined("DOWN by root: lockstep: x : Not responding"),
+            ),
+            (
+                StateChange::Resume,
+                node(Down, &[SlurmNodeFlag::NotResponding], Some("Not responding")),
+                declined("DOWN+NOT_RESPONDING by root: Not responding"),
             ),
         ];
         for (change, n, want) in rows {
