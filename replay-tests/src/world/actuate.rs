@@ -7,8 +7,12 @@
 //! Flaky actuators fail now and then with a retryable error and change
 //! nothing.
 //!
-//! The Slurm actuator reads a node before it drains, resumes or downs it,
-//! and writes a moment later (`actuator_write_ms`: a GET, then an update;
+//! The Slurm actuator reads a node before it drains, resumes or downs it
+//! and leaves alone a node that is out (DRAIN, DOWN, FAIL) with a reason
+//! that is not lockstep's (`lockstep_schemas::Ownership`, following the
+//! policy in force and the prefixes of earlier ones), reporting
+//! `Declined { held_by }`; drained with the same reason is `AlreadyDone`,
+//! a resume of a node not out too. Otherwise it writes a moment later (`actuator_write_ms`: a GET, then an update;
 //! slurmrestd has no conditional write). While slurmrestd does not answer,
 //! every Slurm action fails, retryably, and changes nothing.
 //!
@@ -27,7 +31,7 @@
 //! business; here it only happens, as it would.
 
 use lockstep_schemas::{
-    Action, ActionOutcome, ConditionStatus, Event, OutcomeResult, Source, Taint,
+    Action, ActionOutcome, ConditionStatus, Event, OutcomeResult, Ownership, Source, Taint,
 };
 
 use super::check::{Property, Violation};
@@ -126,6 +130,19 @@ impl World {
             return Some(failed(false, "invalid node name specified"));
         };
         let reason = n.reason.as_ref().map(|r| r.0.as_str());
+        let seen = super::observe::slurm_node(n, 0);
+        let ownership = Ownership {
+            prefix: &self.policy.drain.reason_prefix,
+            earlier_prefixes: &self.earlier_prefixes,
+            slurm_user: self.policy.drain.slurm_user.as_deref(),
+        };
+        // Out (DRAIN, DOWN, FAIL) with a reason lockstep did not set: left
+        // alone, whatever the action.
+        if ownership.held_by_other(&seen) {
+            return Some(OutcomeResult::Declined {
+                held_by: Ownership::describe_holder(&seen),
+            });
+        }
         match action {
             Action::SlurmDrain { reason: want, .. }
                 if n.drain.is_some() && reason == Some(want.as_str()) =>
@@ -140,7 +157,8 @@ impl World {
             Action::SlurmResume { .. } if n.drain.is_none() && n.down.is_none() => {
                 Some(OutcomeResult::AlreadyDone)
             }
-            // Whatever else holds the node, the write replaces it.
+            // Out with lockstep's own reason, or not out: the write
+            // replaces only lockstep's reason.
             _ => None,
         }
     }

@@ -506,35 +506,7 @@ impl World {
             .slurm
             .nodes
             .values()
-            .map(|n| {
-                let mut flags = Vec::new();
-                if n.drain.is_some() {
-                    flags.push(SlurmNodeFlag::Drain);
-                }
-                if n.completing > 0 {
-                    flags.push(SlurmNodeFlag::Completing);
-                }
-                if n.not_responding {
-                    flags.push(SlurmNodeFlag::NotResponding);
-                }
-                flags.sort();
-                let mut features = n.features.clone();
-                features.sort();
-                (
-                    n.name.clone(),
-                    Event::SlurmNode(SlurmNode {
-                        name: n.name.clone(),
-                        state: n.base.clone(),
-                        flags,
-                        reason: n.reason.as_ref().map(|r| r.0.clone()),
-                        reason_user: n.reason.as_ref().map(|r| r.1.clone()),
-                        features,
-                        topology: n.topology.clone(),
-                        partitions: vec![n.partition.clone()],
-                        version,
-                    }),
-                )
-            })
+            .map(|n| (n.name.clone(), Event::SlurmNode(slurm_node(n, version))))
             .collect();
         let jobs = self
             .slurm
@@ -717,6 +689,34 @@ impl World {
             self.append(Source::Slurm, ev);
         }
         self.append(Source::Slurm, Event::SyncDone { domain });
+    }
+}
+
+/// A Slurm node as slurmrestd reports it.
+pub(crate) fn slurm_node(n: &super::slurm::SNode, version: u64) -> SlurmNode {
+    let mut flags = Vec::new();
+    if n.drain.is_some() {
+        flags.push(SlurmNodeFlag::Drain);
+    }
+    if n.completing > 0 {
+        flags.push(SlurmNodeFlag::Completing);
+    }
+    if n.not_responding {
+        flags.push(SlurmNodeFlag::NotResponding);
+    }
+    flags.sort();
+    let mut features = n.features.clone();
+    features.sort();
+    SlurmNode {
+        name: n.name.clone(),
+        state: n.base.clone(),
+        flags,
+        reason: n.reason.as_ref().map(|r| r.0.clone()),
+        reason_user: n.reason.as_ref().map(|r| r.1.clone()),
+        features,
+        topology: n.topology.clone(),
+        partitions: vec![n.partition.clone()],
+        version,
     }
 }
 
