@@ -5,14 +5,21 @@
 //!
 //! A failing schedule is shrunk to a minimal story and saved under
 //! `incidents/world/` (schedule and log); `saved_world_schedules_hold`
-//! runs every saved schedule again. `PROPTEST_CASES` sets the number of
+//! runs every saved schedule again. Stories under `incidents/world-pending/`
+//! fail until their fix lands: the random test takes a schedule that breaks
+//! a property the way one of them does (same property, same shape of
+//! message) as that known story, and `pending_world_schedules_still_fail`
+//! says when one holds and should move to `incidents/world/`.
+//! `PROPTEST_CASES` sets the number of
 //! schedules (default below: a few thousand in well under a minute in a
 //! debug build); `cargo run --release -p lockstep-replay-tests --bin soak`
 //! runs many more.
 
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
-use lockstep_replay_tests::world::check::{check, check_with, Determinism, Property};
+use std::collections::BTreeSet;
+
+use lockstep_replay_tests::world::check::{check, check_with, shape, Determinism, Property};
 use lockstep_replay_tests::world::{incident, schedule, search, Bounds, WorldConfig};
 
 /// Steps per schedule: with the quiet time that follows every schedule,
@@ -39,12 +46,22 @@ fn world_properties_hold_over_random_schedules() {
     let strategy = schedule::schedules(Bounds {
         steps_max: STEPS_MAX,
     });
+    let pending: BTreeSet<(Property, String)> = incident::load_all(&incident::pending_dir())
+        .expect("pending schedules read")
+        .iter()
+        .flat_map(|s| s.violations.iter())
+        .map(|v| (v.property, shape(&v.message)))
+        .collect();
     let result = runner.run(&strategy, |s| {
         let report = check(&s);
-        if let Some(v) = report.violations.first() {
-            return Err(TestCaseError::fail(v.to_string()));
+        let known = report
+            .violations
+            .iter()
+            .any(|v| pending.contains(&(v.property, shape(&v.message))));
+        match report.violations.first() {
+            Some(v) if !known => Err(TestCaseError::fail(v.to_string())),
+            _ => Ok(()),
         }
-        Ok(())
     });
     match result {
         Ok(()) => {}
@@ -90,6 +107,20 @@ fn saved_world_schedules_hold() {
         failures.len(),
         saved.len(),
         failures.join("\n")
+    );
+}
+
+#[test]
+fn pending_world_schedules_still_fail() {
+    let saved = incident::load_all(&incident::pending_dir()).expect("pending schedules read");
+    let holding: Vec<&str> = saved
+        .iter()
+        .filter(|s| check(&s.schedule).violations.is_empty())
+        .map(|s| s.name.as_str())
+        .collect();
+    assert!(
+        holding.is_empty(),
+        "these pending world schedules hold now: move them from incidents/world-pending/ to incidents/world/: {holding:?}"
     );
 }
 

@@ -36,6 +36,11 @@ struct Args {
     /// Do not save a failing schedule under incidents/world/.
     #[arg(long)]
     no_save: bool,
+    /// Save a failing schedule under this directory instead of
+    /// incidents/world/ (e.g. replay-tests/incidents/world-pending for a
+    /// story that fails until its fix lands).
+    #[arg(long)]
+    save_dir: Option<std::path::PathBuf>,
     /// Instead of random schedules, run every saved schedule under this
     /// directory (e.g. replay-tests/incidents/world) and say which still fail.
     #[arg(long)]
@@ -175,7 +180,7 @@ fn main() {
         }
         if !args.no_save {
             match incident::save(
-                &incident::dir(),
+                &args.save_dir.clone().unwrap_or_else(incident::dir),
                 &small,
                 &small_report.violations,
                 &small_report.world,

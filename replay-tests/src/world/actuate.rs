@@ -7,26 +7,64 @@
 //! Flaky actuators fail now and then with a retryable error and change
 //! nothing.
 //!
+//! The Slurm actuator reads a node before it drains, resumes or downs it
+//! and leaves alone a node that is out (DRAIN, DOWN, FAIL) with a reason
+//! that is not lockstep's (`lockstep_schemas::Ownership`, following the
+//! policy in force and the prefixes of earlier ones), reporting
+//! `Declined { held_by }`; drained with the same reason is `AlreadyDone`,
+//! a resume of a node not out too. Otherwise it writes a moment later (`actuator_write_ms`: a GET, then an update;
+//! slurmrestd has no conditional write). While slurmrestd does not answer,
+//! every Slurm action fails, retryably, and changes nothing.
+//!
 //! A change lockstep makes is recorded as made by it ([`Actor::Lockstep`]),
 //! and the drain rules an administrator relies on are checked at the moment
 //! a drain or resume takes effect: lockstep never replaces or lifts a drain
 //! someone else set, and never lifts its own drain while the cause it
-//! drained for still holds. A change someone made too recently for lockstep
-//! to have seen it (within `observation_lag_ms` of the decision) is a race,
-//! not a mistake.
+//! drained for still holds. The actuator reads the node before it writes,
+//! so what it replaces or lifts is judged by what held the node at its
+//! read, however old the reducer's decision: only a change that lands
+//! between the read and the write is a race it could not see. (Whether a
+//! cause still held is judged against the decision, within
+//! `observation_lag_ms`.)
 //!
 //! It decides nothing: whether an action should happen is the reducer's
 //! business; here it only happens, as it would.
 
 use lockstep_schemas::{
-    Action, ActionOutcome, ConditionStatus, Event, OutcomeResult, Source, Taint,
+    Action, ActionOutcome, ConditionStatus, Event, OutcomeResult, Ownership, Source, Taint,
 };
 
 use super::check::{Property, Violation};
 use super::kube::DELETION_COST;
 use super::observe::ANNOTATION_PREFIX;
 use super::schedule::{LOCKSTEP_USER, NAMESPACE};
-use super::{Actor, Ms, World, EPOCH_MS};
+use super::{Actor, Ev, Ms, World, EPOCH_MS};
+
+/// What the Slurm actuator reports while slurmrestd does not answer.
+const SLURMRESTD_DOWN: &str = "slurmrestd: connection refused";
+
+/// An action the Slurm actuator carries out (through slurmrestd).
+fn is_slurm(a: &Action) -> bool {
+    matches!(
+        a,
+        Action::SlurmDrain { .. }
+            | Action::SlurmResume { .. }
+            | Action::SlurmDown { .. }
+            | Action::SlurmSetFeatures { .. }
+            | Action::SlurmSetTopology { .. }
+            | Action::SlurmReserve { .. }
+            | Action::SlurmUnreserve { .. }
+    )
+}
+
+/// A change of a Slurm node's state, which the actuator reads before it
+/// writes.
+fn is_node_state(a: &Action) -> bool {
+    matches!(
+        a,
+        Action::SlurmDrain { .. } | Action::SlurmResume { .. } | Action::SlurmDown { .. }
+    )
+}
 
 fn failed(retryable: bool, error: &str) -> OutcomeResult {
     OutcomeResult::Failed {
@@ -36,7 +74,9 @@ fn failed(retryable: bool, error: &str) -> OutcomeResult {
 }
 
 impl World {
-    /// An actuator carries out the issued action at `index`.
+    /// An actuator takes up the issued action at `index`. The Slurm
+    /// actuator reads the node first and writes after its read
+    /// (`Ev::Write`); everything else is read and written at once.
     pub(crate) fn execute(&mut self, index: usize) {
         let issued = self.ls.issued[index].clone();
         if !self.executed.insert(issued.id.0.clone()) {
@@ -48,9 +88,26 @@ impl World {
         };
         let result = if self.setup.flaky_actuators && self.rng.chance(5) {
             failed(true, "timeout")
+        } else if is_slurm(&issued.action) && self.slurm.restd_down {
+            failed(true, SLURMRESTD_DOWN)
+        } else if is_node_state(&issued.action) {
+            match self.read_node(&issued.action) {
+                Some(result) => result,
+                None => {
+                    let lat = self.rng.between(self.cfg.actuator_write_ms);
+                    let read_ms = self.now;
+                    self.at(lat, Ev::Write { index, read_ms });
+                    return;
+                }
+            }
         } else {
             self.carry_out(&issued.action, &by)
         };
+        self.outcome(index, result);
+    }
+
+    fn outcome(&mut self, index: usize, result: OutcomeResult) {
+        let issued = &self.ls.issued[index];
         let outcome = ActionOutcome {
             action_id: issued.id.clone(),
             kind: issued.action.kind(),
@@ -58,6 +115,146 @@ impl World {
             result,
         };
         self.append(Source::Actuator, Event::ActionOutcome(outcome));
+    }
+
+    /// The Slurm actuator's read of a node before a drain, resume or down:
+    /// an outcome if it need not write, `None` if it writes.
+    fn read_node(&self, action: &Action) -> Option<OutcomeResult> {
+        let (Action::SlurmDrain { node, .. }
+        | Action::SlurmResume { node }
+        | Action::SlurmDown { node, .. }) = action
+        else {
+            unreachable!("only node state is read first")
+        };
+        let Some(n) = self.slurm.nodes.get(node) else {
+            return Some(failed(false, "invalid node name specified"));
+        };
+        let reason = n.reason.as_ref().map(|r| r.0.as_str());
+        let seen = super::observe::slurm_node(n, 0);
+        let ownership = Ownership {
+            prefix: &self.policy.drain.reason_prefix,
+            earlier_prefixes: &self.earlier_prefixes,
+            slurm_user: self.policy.drain.slurm_user.as_deref(),
+        };
+        // Out (DRAIN, DOWN, FAIL) with a reason lockstep did not set: left
+        // alone, whatever the action.
+        if ownership.held_by_other(&seen) {
+            return Some(OutcomeResult::Declined {
+                held_by: Ownership::describe_holder(&seen),
+            });
+        }
+        match action {
+            Action::SlurmDrain { reason: want, .. }
+                if n.drain.is_some() && reason == Some(want.as_str()) =>
+            {
+                Some(OutcomeResult::AlreadyDone)
+            }
+            Action::SlurmDown { reason: want, .. }
+                if n.down.is_some() && reason == Some(want.as_str()) =>
+            {
+                Some(OutcomeResult::AlreadyDone)
+            }
+            Action::SlurmResume { .. } if n.drain.is_none() && n.down.is_none() => {
+                Some(OutcomeResult::AlreadyDone)
+            }
+            // Out with lockstep's own reason, or not out: the write
+            // replaces only lockstep's reason.
+            _ => None,
+        }
+    }
+
+    /// The Slurm actuator writes what it read the node for at `read_ms`.
+    pub(crate) fn write(&mut self, index: usize, read_ms: Ms) {
+        let issued = self.ls.issued[index].clone();
+        let issued_ms = issued.time_ms.saturating_sub(EPOCH_MS);
+        let by = Actor::Lockstep {
+            action: issued.id.0.clone(),
+            issued_ms,
+        };
+        let result = if self.slurm.restd_down {
+            failed(true, SLURMRESTD_DOWN)
+        } else {
+            self.write_node(&issued.action, &by, read_ms, issued_ms)
+        };
+        self.outcome(index, result);
+    }
+
+    fn write_node(
+        &mut self,
+        action: &Action,
+        by: &Actor,
+        read_ms: Ms,
+        issued_ms: Ms,
+    ) -> OutcomeResult {
+        match action {
+            Action::SlurmDrain { node, reason } => {
+                if !self.slurm.nodes.contains_key(node) {
+                    return failed(false, "invalid node name specified");
+                }
+                self.check_replace(node, reason, read_ms);
+                let n = &self.slurm.nodes[node];
+                let covered = match &n.drain {
+                    Some((who, at)) if !who.is_lockstep() => {
+                        Some((who.clone(), *at, *at <= read_ms))
+                    }
+                    _ => n.covers_foreign.clone(),
+                };
+                self.drain_node(node, reason, LOCKSTEP_USER, by);
+                self.slurm
+                    .nodes
+                    .get_mut(node)
+                    .expect("drained")
+                    .covers_foreign = covered;
+                OutcomeResult::Succeeded
+            }
+            Action::SlurmResume { node } => {
+                let Some(n) = self.slurm.nodes.get(node) else {
+                    return failed(false, "invalid node name specified");
+                };
+                if n.drain.is_none() && n.down.is_none() {
+                    return OutcomeResult::AlreadyDone;
+                }
+                self.check_resume(node, read_ms, issued_ms);
+                self.resume_node(node);
+                OutcomeResult::Succeeded
+            }
+            Action::SlurmDown { node, reason } => {
+                if !self.slurm.nodes.contains_key(node) {
+                    return failed(false, "invalid node name specified");
+                }
+                self.check_replace(node, reason, read_ms);
+                self.down_node(node, reason, LOCKSTEP_USER, by, None);
+                OutcomeResult::Succeeded
+            }
+            _ => unreachable!("only node state is written after a read"),
+        }
+    }
+
+    /// lockstep replaces a node's reason: someone else's drain or DOWN
+    /// that was there when the actuator read the node is theirs to keep.
+    fn check_replace(&mut self, node: &str, reason: &str, read_ms: Ms) {
+        let n = &self.slurm.nodes[node];
+        let old = n
+            .reason
+            .as_ref()
+            .map(|r| format!("{:?} by {}", r.0, r.1))
+            .unwrap_or_default();
+        let mut held = Vec::new();
+        if let Some((who, at)) = &n.drain {
+            if !who.is_lockstep() && *at <= read_ms {
+                held.push(format!("the drain {who} set"));
+            }
+        }
+        if let Some((who, why, at)) = &n.down {
+            if *why == super::slurm::DownWhy::Explicit && !who.is_lockstep() && *at <= read_ms {
+                held.push(format!("the DOWN {who} set"));
+            }
+        }
+        for what in held {
+            let msg =
+                format!("lockstep replaced {what} on {node} ({old}) with its own ({reason:?})");
+            self.violation(Property::ForeignDrainsUntouched, msg);
+        }
     }
 
     fn violation(&mut self, property: Property, message: String) {
@@ -86,46 +283,8 @@ impl World {
                 self.violation(Property::NothingUnwantedSet, msg);
                 failed(false, "no such object in this world")
             }
-            Action::SlurmDrain { node, reason } => {
-                let Some(n) = self.slurm.nodes.get(node) else {
-                    return failed(false, "invalid node name specified");
-                };
-                if n.drain.is_some() && n.reason.as_ref().map(|r| r.0.as_str()) == Some(reason) {
-                    return OutcomeResult::AlreadyDone;
-                }
-                if let Some((who, at)) = &n.drain {
-                    if !who.is_lockstep() && !self.raced(*at, issued_ms) {
-                        let msg = format!(
-                            "lockstep replaced the drain {} set on {node} ({:?}) with its own ({reason:?})",
-                            who,
-                            n.reason.as_ref().map(|r| r.0.as_str()).unwrap_or_default()
-                        );
-                        self.violation(Property::ForeignDrainsUntouched, msg);
-                    }
-                }
-                self.drain_node(node, reason, LOCKSTEP_USER, by);
-                OutcomeResult::Succeeded
-            }
-            Action::SlurmResume { node } => {
-                let Some(n) = self.slurm.nodes.get(node) else {
-                    return failed(false, "invalid node name specified");
-                };
-                if n.drain.is_none() && n.down.is_none() {
-                    return OutcomeResult::AlreadyDone;
-                }
-                self.check_resume(node, issued_ms);
-                self.resume_node(node);
-                OutcomeResult::Succeeded
-            }
-            Action::SlurmDown { node, reason } => {
-                let Some(n) = self.slurm.nodes.get(node) else {
-                    return failed(false, "invalid node name specified");
-                };
-                if n.down.is_some() && n.reason.as_ref().map(|r| r.0.as_str()) == Some(reason) {
-                    return OutcomeResult::AlreadyDone;
-                }
-                self.down_node(node, reason, LOCKSTEP_USER, by);
-                OutcomeResult::Succeeded
+            Action::SlurmDrain { .. } | Action::SlurmResume { .. } | Action::SlurmDown { .. } => {
+                unreachable!("node state is read, then written (`write`)")
             }
             Action::SlurmSetFeatures { node, features } => {
                 let Some(n) = self.slurm.nodes.get_mut(node) else {
@@ -342,18 +501,13 @@ impl World {
             .flatten()
     }
 
-    /// A change made at `at` could not have been seen by a decision made at
-    /// `issued_ms`.
-    fn raced(&self, at: Ms, issued_ms: Ms) -> bool {
-        at + self.cfg.observation_lag_ms > issued_ms
-    }
-
-    /// The drain rules a resume must keep (see the module doc).
-    fn check_resume(&mut self, node: &str, issued_ms: Ms) {
+    /// The drain rules a resume must keep (see the module doc): what held
+    /// the node when the actuator read it at `read_ms` is what it lifts.
+    fn check_resume(&mut self, node: &str, read_ms: Ms, issued_ms: Ms) {
         let n = &self.slurm.nodes[node];
         let mut foreign = Vec::new();
         if let Some((who, at)) = &n.drain {
-            if !who.is_lockstep() && !self.raced(*at, issued_ms) {
+            if !who.is_lockstep() && *at <= read_ms {
                 foreign.push(format!("the drain {who} set"));
             }
         }
@@ -361,15 +515,12 @@ impl World {
             // A DOWN slurmctld set for not responding is lifted by Slurm
             // itself when slurmd registers again (ReturnToService 1 or 2);
             // a DOWN anyone else set is theirs.
-            if *why == super::slurm::DownWhy::Explicit
-                && !who.is_lockstep()
-                && !self.raced(*at, issued_ms)
-            {
+            if *why == super::slurm::DownWhy::Explicit && !who.is_lockstep() && *at <= read_ms {
                 foreign.push(format!("the DOWN {who} set"));
             }
         }
-        if let Some((who, at, overwritten_issued)) = &n.covers_foreign {
-            if !self.raced(*at, *overwritten_issued) {
+        if let Some((who, _, seen)) = &n.covers_foreign {
+            if *seen {
                 foreign.push(format!(
                     "the drain {who} had set before lockstep drained over it"
                 ));

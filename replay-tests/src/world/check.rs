@@ -13,8 +13,11 @@
 //! through a controller; once the world has been quiet for
 //! `WorldConfig::quiet_ms`, no drain lockstep set outlives its cause, every
 //! slot of every set is usable unless the world holds it out, the scaled
-//! set has the replicas its demand asks for, and nothing lockstep set is
-//! left that the policy in force does not want; a stale or duplicate
+//! set has the replicas its demand asks for, nothing lockstep set is
+//! left that the policy in force does not want, and nothing is out of
+//! service whose causes all ended ([`Property::NothingOutOnceCausesEnd`]);
+//! lockstep does not flip-flop a node's reason with another actor
+//! ([`Property::NoReasonFlipFlop`], online); a stale or duplicate
 //! observation appended to the log changes no decision; the same schedule
 //! gives the same log and state hash.
 //!
@@ -59,11 +62,21 @@ pub enum Property {
     StaleObservationChangesNothing,
     /// The same schedule gives the same log and state hash.
     Deterministic,
+    /// lockstep and another actor (an administrator, Slinky) do not take a
+    /// node's reason from each other back and forth: in one spell out of
+    /// service lockstep takes over somebody else's reason at most once (even
+    /// in a race) and changes the reason a bounded number of times.
+    NoReasonFlipFlop,
+    /// Once the world is quiet, a Slurm node whose every cause ended and
+    /// that nobody else holds is in service: beside lockstep's drains
+    /// ([`Property::NoDrainOutlivesCause`]), no DOWN lockstep set outlives
+    /// its cause.
+    NothingOutOnceCausesEnd,
 }
 
 impl Property {
     /// Every property.
-    pub const ALL: [Property; 9] = [
+    pub const ALL: [Property; 11] = [
         Self::NoJobKilledByLockstep,
         Self::ForeignDrainsUntouched,
         Self::DrainHeldWhileCauseHolds,
@@ -73,6 +86,8 @@ impl Property {
         Self::NothingUnwantedSet,
         Self::StaleObservationChangesNothing,
         Self::Deterministic,
+        Self::NoReasonFlipFlop,
+        Self::NothingOutOnceCausesEnd,
     ];
 
     /// The wire name.
@@ -87,6 +102,8 @@ impl Property {
             Self::NothingUnwantedSet => "nothing_unwanted_set",
             Self::StaleObservationChangesNothing => "stale_observation_changes_nothing",
             Self::Deterministic => "deterministic",
+            Self::NoReasonFlipFlop => "no_reason_flip_flop",
+            Self::NothingOutOnceCausesEnd => "nothing_out_once_causes_end",
         }
     }
 }
@@ -400,9 +417,16 @@ fn end_state(w: &World) -> Vec<Violation> {
     let victims = waiting_victims(w);
     // No drain lockstep set outlives its cause.
     for n in w.slurm.nodes.values() {
+        // A DOWN someone else set holds the node anyway, and lockstep's
+        // resume would lift it too.
+        let foreign_down = n
+            .down
+            .as_ref()
+            .is_some_and(|(who, why, _)| *why == DownWhy::Explicit && !who.is_lockstep());
         if n.drain.as_ref().is_some_and(|(who, _)| who.is_lockstep())
             && drain_causes(w, &n.name).is_empty()
             && !victims.contains_key(&n.name)
+            && !foreign_down
         {
             say(
                 Property::NoDrainOutlivesCause,
@@ -410,6 +434,29 @@ fn end_state(w: &World) -> Vec<Violation> {
                     "{} still carries lockstep's drain ({:?}) with no cause left{edited}",
                     n.name,
                     n.reason.as_ref().map(|r| r.0.as_str()).unwrap_or_default()
+                ),
+            );
+        }
+    }
+
+    // Nothing lockstep holds is left out of service once every cause
+    // ended: its drains (above) and its DOWNs. What Slinky leaves is not
+    // lockstep's to lift: its README names no undrain but on uncordon, and
+    // its preStop DOWN is lifted by ReturnToService or by no one.
+    for n in w.slurm.nodes.values() {
+        let Some(holder) = super::slurm::holder(n) else {
+            continue;
+        };
+        let reason = n.reason.as_ref().map(|r| r.0.as_str()).unwrap_or_default();
+        let left = holder.is_lockstep() && n.drain.is_none() && drain_causes(w, &n.name).is_empty();
+        if left {
+            say(
+                Property::NothingOutOnceCausesEnd,
+                format!(
+                    "{} is still out of service ({}{}, reason {reason:?} by {holder}) with every cause ended{edited}",
+                    n.name,
+                    n.base,
+                    if n.drain.is_some() { "+DRAIN" } else { "" }
                 ),
             );
         }

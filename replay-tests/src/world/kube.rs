@@ -36,6 +36,9 @@
 //! - The eviction API respects a PodDisruptionBudget: a pod that carries
 //!   the busy label (selected by a PDB with maxUnavailable 0) is not evicted.
 //! - PodGC deletes pods bound to a node that no longer exists.
+//! - A pod created during the run pulls its image (`Setup::image_pull_s`)
+//!   before its containers start: Pending, ContainerCreating, then
+//!   Running, and Ready after its readiness probe.
 //! - The scheduler binds a pending pod to a Ready, schedulable node whose
 //!   taints it tolerates (slurmd pods tolerate none of lockstep's), spreading
 //!   pods over nodes.
@@ -593,7 +596,9 @@ impl World {
             let Some(node) = self.pick_node() else {
                 return;
             };
-            let lat = self.rng.between(self.cfg.pod_start_ms);
+            // A new pod pulls its image first (ContainerCreating).
+            let pull = u64::from(self.setup.image_pull_s) * 1000;
+            let lat = self.rng.between(self.cfg.pod_start_ms) + pull;
             let p = self.kube.pods.get_mut(&name).expect("listed");
             p.node = Some(node);
             p.bound_ms = self.now;
@@ -653,6 +658,9 @@ impl World {
             return;
         }
         let name = p.name.clone();
+        if self.setup.image_pull_s > 0 {
+            self.facts.last_pulled_start_ms = self.now;
+        }
         let p = self.kube.pods.get_mut(&name).expect("found");
         p.containers = Containers::Running;
         p.phase = PodPhase::Running;
@@ -724,6 +732,7 @@ impl World {
             return;
         }
         if matches!(host, Some(Host::Up | Host::NotReady)) {
+            self.slinky_pod_terminating(&uid);
             self.at(1_000, Ev::ContainersStopped { uid });
         }
     }
@@ -802,6 +811,7 @@ impl World {
         n.unschedulable = on;
         n.cordoned_since = now;
         self.node_written(&name);
+        self.slinky_node_changed(&name);
     }
 
     fn set_ready(&mut self, name: &str, ready: ConditionStatus) {

@@ -22,6 +22,7 @@
 //! - `slurm`: slurmctld's nodes, jobs and scheduler.
 //! - `observe`: lockstep's Kubernetes watchers and Slurm poller.
 //! - `actuate`: lockstep's actuators.
+//! - `slinky`: Slinky's slurm-operator, when the setup runs it.
 //! - [`check`]: the properties an administrator expects.
 //! - [`search`]: seeded schedules and shrinking, for the soak program.
 //! - [`incident`]: failing schedules saved under `incidents/world/`.
@@ -37,6 +38,7 @@ mod kube;
 #[cfg(test)]
 mod model_tests;
 mod observe;
+mod slinky;
 mod slurm;
 
 use std::collections::BTreeMap;
@@ -75,6 +77,8 @@ pub enum Actor {
     },
     /// slurmctld on its own (a node not responding).
     Slurmctld,
+    /// Slinky's slurm-operator, or the preStop hook of one of its worker pods.
+    Slinky,
 }
 
 impl Actor {
@@ -91,6 +95,7 @@ impl std::fmt::Display for Actor {
             Self::Step(i) => write!(f, "step {}", i + 1),
             Self::Lockstep { action, .. } => write!(f, "lockstep action {action}"),
             Self::Slurmctld => f.write_str("slurmctld"),
+            Self::Slinky => f.write_str("Slinky's slurm-operator"),
         }
     }
 }
@@ -129,8 +134,10 @@ pub struct WorldConfig {
     pub slurmd_register_ms: u64,
     /// A watch event reaches lockstep's watcher within this latency.
     pub kube_watch_latency_ms: (u64, u64),
-    /// lockstep's actuators carry out an action within this latency.
+    /// lockstep's actuators take up an action within this latency.
     pub actuator_latency_ms: (u64, u64),
+    /// The Slurm actuator writes a node's state this long after it read it.
+    pub actuator_write_ms: (u64, u64),
     /// How far behind the world lockstep's observations may be: a change
     /// made this long before a decision was visible to it. Used to tell a
     /// race lockstep could not see from a decision it should not have made.
@@ -165,6 +172,7 @@ impl Default for WorldConfig {
             slurmd_register_ms: 1_000,
             kube_watch_latency_ms: (20, 300),
             actuator_latency_ms: (50, 800),
+            actuator_write_ms: (20, 300),
             observation_lag_ms: 1_500,
             lockstep_acts: true,
             quiet_ms: 900_000,
@@ -239,8 +247,18 @@ pub(crate) enum Ev {
     JobPurged { job: u64 },
     /// lockstep polls Slurm.
     SlurmPoll,
-    /// An actuator carries out an action.
+    /// An actuator takes up an action: it reads the target (and, for
+    /// anything but Slurm's node state, writes it at once).
     Execute { index: usize },
+    /// The Slurm actuator writes what it decided on after its read at
+    /// `read_ms` (slurmrestd has no conditional write: whatever landed
+    /// between the read and now is overwritten).
+    Write { index: usize, read_ms: Ms },
+    /// Slinky's slurm-operator syncs the worker pods on a Kubernetes node
+    /// (its Node watch enqueued them; its slurm-client cache refreshed).
+    SlinkySync { node: String },
+    /// A terminating worker pod's preStop hook runs.
+    PreStop { uid: String },
 }
 
 /// lockstep itself: the log, and the reducer folding it.
@@ -326,6 +344,13 @@ pub struct Facts {
     pub world_events: u64,
     /// When a job last started, ended or was killed.
     pub last_job_change_ms: Ms,
+    /// When a pod that had to pull its image last started its containers
+    /// (0 when images are on every node).
+    pub last_pulled_start_ms: Ms,
+    /// lockstep's writes of a Slurm node's reason, per node, in its
+    /// current spell out of service: (the reason it replaced was someone
+    /// else's, when).
+    pub reason_writes: BTreeMap<String, Vec<(bool, Ms)>>,
 }
 
 /// A job that was killed.
@@ -370,6 +395,10 @@ pub struct World {
     /// The pod a timed step acts on, resolved when it starts (pods come and
     /// go; its end must find the same one).
     step_pods: BTreeMap<usize, String>,
+    /// Reason prefixes of the policies in force before the current one:
+    /// lockstep's Slurm actuator follows the policy (the service hands it
+    /// the reason ownership of every `PolicyChanged`).
+    pub(crate) earlier_prefixes: Vec<String>,
 }
 
 impl World {
@@ -390,6 +419,7 @@ impl World {
             facts: Facts::default(),
             executed: Default::default(),
             step_pods: BTreeMap::new(),
+            earlier_prefixes: Vec::new(),
             steps: schedule.steps.clone(),
             now: 0,
             queue: BTreeMap::new(),
@@ -450,10 +480,14 @@ impl World {
     }
 
     /// Since when the world has been quiet: the last step, or the last job
-    /// start or end after it (virtual ms).
+    /// start or end after it, or the last start of a pod that pulled its
+    /// image (a rolling replacement of slow pods outlasts any step)
+    /// (virtual ms).
     pub fn quiet_since_ms(&self) -> Ms {
         let last_step = self.facts.step_ms.last().copied().unwrap_or(0);
-        last_step.max(self.facts.last_job_change_ms)
+        last_step
+            .max(self.facts.last_job_change_ms)
+            .max(self.facts.last_pulled_start_ms)
     }
 
     /// The end of the run (virtual ms).
@@ -627,6 +661,9 @@ impl World {
             Ev::JobPurged { job } => self.job_purged(job),
             Ev::SlurmPoll => self.slurm_poll(),
             Ev::Execute { index } => self.execute(index),
+            Ev::Write { index, read_ms } => self.write(index, read_ms),
+            Ev::SlinkySync { node } => self.slinky_sync(&node),
+            Ev::PreStop { uid } => self.pre_stop(&uid),
         }
     }
 
@@ -654,6 +691,11 @@ impl World {
             Op::Relabel { node, rack, value } => self.relabel(node, rack, value),
             Op::NewRevision { fixed } => self.new_revision(usize::from(fixed), &by),
             Op::Redeliver { back } => self.redeliver(back),
+            // A listing of Slurm fails while slurmrestd does not answer.
+            Op::Relist {
+                kind: schedule::RelistKind::SlurmNodes | schedule::RelistKind::SlurmJobs,
+                ..
+            } if self.slurm.restd_down => {}
             Op::Relist { kind, forget } => match kind {
                 schedule::RelistKind::KubeNodes => self.kube_relist(observe::Kind::Nodes, forget),
                 schedule::RelistKind::KubePods => self.kube_relist(observe::Kind::Pods, forget),
@@ -678,7 +720,17 @@ impl World {
                     }
                 }
             }
+            Op::AdminRewriteReason { pod, reason } => self.admin_rewrite_reason(pod, reason, &by),
+            Op::SlurmrestdDown { for_s } => {
+                if self.slurmrestd_down(true) {
+                    self.at(u64::from(for_s) * 1000, Ev::StepEnds(i));
+                }
+            }
             Op::Policy { edit } => {
+                let prefix = self.policy.drain.reason_prefix.clone();
+                if !self.earlier_prefixes.contains(&prefix) {
+                    self.earlier_prefixes.push(prefix);
+                }
                 self.edits.apply(edit);
                 self.policy = schedule::policy_for(&self.setup, self.edits);
                 self.facts.policy_edits_ms.push(self.now);
@@ -703,6 +755,9 @@ impl World {
                 if let Some(name) = self.step_pods.remove(&i) {
                     self.slurmd_blip(&name, None);
                 }
+            }
+            Op::SlurmrestdDown { .. } => {
+                self.slurmrestd_down(false);
             }
             _ => {}
         }

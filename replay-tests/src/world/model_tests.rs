@@ -21,6 +21,8 @@ fn setup(kind: ScaledKind) -> Setup {
         zone_feature: false,
         flaky_actuators: false,
         jitter_seed: 7,
+        slinky: false,
+        image_pull_s: 0,
     }
 }
 
@@ -266,7 +268,7 @@ fn return_to_service_decides_whether_a_registering_down_node_comes_back() {
             w.host_dies(host, &Actor::Step(0));
             w.run_until(120_000);
         } else {
-            w.down_node("cpu-0", "bad gpu", "root", &Actor::Step(0));
+            w.down_node("cpu-0", "bad gpu", "root", &Actor::Step(0), None);
             w.host_dies(host, &Actor::Step(0));
             w.run_until(120_000);
         }

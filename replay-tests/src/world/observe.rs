@@ -19,6 +19,13 @@
 //! - Slurm is polled every `slurm_poll_interval_ms`: what lockstep sees lags
 //!   slurmctld by up to one interval. Only changed objects are appended,
 //!   `*Gone` for those that left.
+//! - While slurmrestd does not answer, polls fail and back off (500 ms,
+//!   doubling, at most 30 s); after two failures in a row the poller
+//!   appends `ConnectorStatus { Slurm, visible: false }`. The first poll
+//!   that succeeds appends `visible: true`, then lists every domain again,
+//!   each framed by `SyncStarted` .. `SyncDone` (with `*Gone` for objects
+//!   known before and not listed), so that what changed unseen is all in
+//!   one fresh listing.
 //! - Every observation carries its object's version (resourceVersion; the
 //!   poll generation in ms for Slurm) once the schema has the field.
 //!
@@ -28,8 +35,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use lockstep_schemas::{
-    Domain, Event, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, Policy, Removal,
-    ScaleTargetRef, SlurmJob, SlurmNode, SlurmNodeFlag, SlurmPartition, Source, Taint,
+    Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, Policy,
+    Removal, ScaleTargetRef, SlurmJob, SlurmNode, SlurmNodeFlag, SlurmPartition, Source, Taint,
 };
 
 use super::kube::{Node, Pod, Workload, WorkloadKind};
@@ -304,7 +311,17 @@ pub(crate) struct Observers {
     slurm_nodes: BTreeMap<String, Event>,
     slurm_jobs: BTreeMap<u64, Event>,
     slurm_parts: BTreeMap<String, Event>,
+    /// Failed Slurm polls in a row.
+    slurm_failures: u32,
+    /// `ConnectorStatus { visible: false }` appended, not yet taken back.
+    slurm_lost: bool,
 }
+
+/// Failed polls in a row after which the poller says it lost Slurm
+/// (`ObserverConfig::lost_after_failures`' default).
+const LOST_AFTER_FAILURES: u32 = 2;
+/// The poller's backoff after failures: first pause, upper bound.
+const POLL_BACKOFF_MS: (u64, u64) = (500, 30_000);
 
 impl Observers {
     pub fn new(policy: &Policy) -> Self {
@@ -316,6 +333,8 @@ impl Observers {
             slurm_nodes: BTreeMap::new(),
             slurm_jobs: BTreeMap::new(),
             slurm_parts: BTreeMap::new(),
+            slurm_failures: 0,
+            slurm_lost: false,
         }
     }
 
@@ -487,35 +506,7 @@ impl World {
             .slurm
             .nodes
             .values()
-            .map(|n| {
-                let mut flags = Vec::new();
-                if n.drain.is_some() {
-                    flags.push(SlurmNodeFlag::Drain);
-                }
-                if n.completing > 0 {
-                    flags.push(SlurmNodeFlag::Completing);
-                }
-                if n.not_responding {
-                    flags.push(SlurmNodeFlag::NotResponding);
-                }
-                flags.sort();
-                let mut features = n.features.clone();
-                features.sort();
-                (
-                    n.name.clone(),
-                    Event::SlurmNode(SlurmNode {
-                        name: n.name.clone(),
-                        state: n.base.clone(),
-                        flags,
-                        reason: n.reason.as_ref().map(|r| r.0.clone()),
-                        reason_user: n.reason.as_ref().map(|r| r.1.clone()),
-                        features,
-                        topology: n.topology.clone(),
-                        partitions: vec![n.partition.clone()],
-                        version,
-                    }),
-                )
-            })
+            .map(|n| (n.name.clone(), Event::SlurmNode(slurm_node(n, version))))
             .collect();
         let jobs = self
             .slurm
@@ -568,8 +559,57 @@ impl World {
         (nodes, jobs, parts)
     }
 
+    /// slurmrestd stops (or starts again) answering; returns whether
+    /// anything changed. The poller polls on while it fails.
+    pub(crate) fn slurmrestd_down(&mut self, down: bool) -> bool {
+        if self.slurm.restd_down == down {
+            return false;
+        }
+        self.slurm.restd_down = down;
+        if down && !self.slurm.poll_due {
+            self.slurm.poll_due = true;
+            let p = self.cfg.slurm_poll_interval_ms;
+            let next = (self.now / p + 1) * p;
+            self.at(next - self.now + 20, Ev::SlurmPoll);
+        }
+        true
+    }
+
     /// One poll of slurmctld: the changes since the last one.
     pub(crate) fn slurm_poll(&mut self) {
+        if self.slurm.restd_down {
+            self.obs.slurm_failures += 1;
+            let failures = self.obs.slurm_failures;
+            if failures >= LOST_AFTER_FAILURES && !self.obs.slurm_lost {
+                self.obs.slurm_lost = true;
+                self.append(
+                    Source::Slurm,
+                    Event::ConnectorStatus {
+                        connector: Connector::Slurm,
+                        visible: false,
+                        detail: "slurmrestd: connection refused".to_owned(),
+                    },
+                );
+            }
+            let (first, max) = POLL_BACKOFF_MS;
+            let delay = first.saturating_mul(1 << (failures - 1).min(16)).min(max);
+            self.at(delay, Ev::SlurmPoll);
+            return;
+        }
+        self.obs.slurm_failures = 0;
+        if std::mem::take(&mut self.obs.slurm_lost) {
+            self.poll_done();
+            self.append(
+                Source::Slurm,
+                Event::ConnectorStatus {
+                    connector: Connector::Slurm,
+                    visible: true,
+                    detail: String::new(),
+                },
+            );
+            self.slurm_relist(false, true);
+            return;
+        }
         let dirty = self.slurm.dirty;
         self.poll_done();
         if !dirty {
@@ -649,6 +689,34 @@ impl World {
             self.append(Source::Slurm, ev);
         }
         self.append(Source::Slurm, Event::SyncDone { domain });
+    }
+}
+
+/// A Slurm node as slurmrestd reports it.
+pub(crate) fn slurm_node(n: &super::slurm::SNode, version: u64) -> SlurmNode {
+    let mut flags = Vec::new();
+    if n.drain.is_some() {
+        flags.push(SlurmNodeFlag::Drain);
+    }
+    if n.completing > 0 {
+        flags.push(SlurmNodeFlag::Completing);
+    }
+    if n.not_responding {
+        flags.push(SlurmNodeFlag::NotResponding);
+    }
+    flags.sort();
+    let mut features = n.features.clone();
+    features.sort();
+    SlurmNode {
+        name: n.name.clone(),
+        state: n.base.clone(),
+        flags,
+        reason: n.reason.as_ref().map(|r| r.0.clone()),
+        reason_user: n.reason.as_ref().map(|r| r.1.clone()),
+        features,
+        topology: n.topology.clone(),
+        partitions: vec![n.partition.clone()],
+        version,
     }
 }
 

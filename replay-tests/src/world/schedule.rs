@@ -70,6 +70,16 @@ pub struct Setup {
     pub flaky_actuators: bool,
     /// Seed of the latencies (the world is deterministic given it).
     pub jitter_seed: u64,
+    /// Slinky's slurm-operator runs beside lockstep: it drains on cordon,
+    /// undrains its own drains on uncordon, and its worker pods set their
+    /// Slurm node DOWN in their preStop hook.
+    #[serde(default)]
+    pub slinky: bool,
+    /// A pod created during the run pulls its image this long before its
+    /// containers start (Pending, ContainerCreating); 0: the image is on
+    /// every node already.
+    #[serde(default)]
+    pub image_pull_s: u16,
 }
 
 /// One thing that happens, `after_ms` after the previous step.
@@ -238,6 +248,22 @@ pub enum Op {
         /// The edit.
         edit: PolicyEdit,
     },
+    /// `scontrol update nodename=N reason=R` by an administrator on a node
+    /// that is drained or DOWN: the reason is theirs from then on (Slurm
+    /// reports them as the reason's user), whoever set the drain.
+    AdminRewriteReason {
+        /// Which Slurm node (through its pod).
+        pod: PodRef,
+        /// Which reason text.
+        reason: u8,
+    },
+    /// slurmrestd does not answer for a while (restarted, overloaded, its
+    /// host rebooting): lockstep neither sees Slurm nor reaches it.
+    /// slurmctld, scontrol and Slinky's hooks go on.
+    SlurmrestdDown {
+        /// For how long.
+        for_s: u16,
+    },
 }
 
 /// A whole schedule.
@@ -251,14 +277,22 @@ pub struct Schedule {
 
 /// Reasons administrators give. The last looks like lockstep's own on
 /// purpose: ownership must not be decided by the reason text alone.
-pub const ADMIN_REASONS: &[&str] = &["bad dimm", "maintenance", "lockstep: manual hold"];
+pub const ADMIN_REASONS: &[&str] = &[
+    "bad dimm",
+    "maintenance",
+    "lockstep: manual hold",
+    "netops: link flap",
+];
 
 /// The administrator's user name in Slurm.
 pub const ADMIN_USER: &str = "root";
 /// lockstep's user name in Slurm.
 pub const LOCKSTEP_USER: &str = "lockstep";
-/// slurmctld's own user (SlurmUser) for the reasons it sets.
+/// slurmctld's own user (SlurmUser) for the reasons it sets; also the user
+/// Slinky's slurm-operator talks to slurmrestd as.
 pub const SLURM_USER: &str = "slurm";
+/// The prefix of every reason Slinky's slurm-operator sets.
+pub const SLINKY_PREFIX: &str = "slurm-operator: ";
 
 /// The policy edits applied so far, as a state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -409,11 +443,22 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
         1u8..=4,
         0u8..=3,
         1u8..=2,
-        any::<[bool; 4]>(),
+        any::<[bool; 5]>(),
         any::<u64>(),
+        prop_oneof![3 => Just(0u16), 1 => 30u16..=240],
     )
         .prop_map(
-            |(kube_nodes, scaled_kind, min, extra, fixed, rts, flags, jitter_seed)| Setup {
+            |(
+                kube_nodes,
+                scaled_kind,
+                min,
+                extra,
+                fixed,
+                rts,
+                flags,
+                jitter_seed,
+                image_pull_s,
+            )| Setup {
                 kube_nodes,
                 scaled_kind,
                 scaled_min: min,
@@ -425,6 +470,8 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
                 zone_feature: flags[2],
                 flaky_actuators: flags[3],
                 jitter_seed,
+                slinky: flags[4],
+                image_pull_s,
             },
         )
 }
@@ -474,10 +521,12 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (relist_kind(), any::<bool>()).prop_map(|(kind, forget)| Op::Relist { kind, forget }),
         8 => (prop_oneof![4 => Just(false), 1 => Just(true)], 1u8..=5, 10u16..=300)
             .prop_map(|(fixed, nodes, run_s)| Op::SubmitJob { fixed, nodes, run_s }),
-        2 => (pod_ref(), 0u8..3).prop_map(|(pod, reason)| Op::AdminDrain { pod, reason }),
+        2 => (pod_ref(), 0u8..4).prop_map(|(pod, reason)| Op::AdminDrain { pod, reason }),
         2 => pod_ref().prop_map(|pod| Op::AdminResume { pod }),
         2 => (pod_ref(), 5u16..=45).prop_map(|(pod, for_s)| Op::SlurmdBlip { pod, for_s }),
         2 => policy_edit().prop_map(|edit| Op::Policy { edit }),
+        2 => (pod_ref(), 0u8..4).prop_map(|(pod, reason)| Op::AdminRewriteReason { pod, reason }),
+        1 => (5u16..=120).prop_map(|for_s| Op::SlurmrestdDown { for_s }),
     ]
 }
 
@@ -563,6 +612,12 @@ impl Op {
                 format!("slurmd of {} does not answer for {for_s} s", pod(p))
             }
             Self::Policy { edit } => format!("policy edit {edit:?}"),
+            Self::AdminRewriteReason { pod: p, reason } => format!(
+                "admin rewrites the reason of the Slurm node of {} ({:?})",
+                pod(p),
+                ADMIN_REASONS[usize::from(*reason) % ADMIN_REASONS.len()]
+            ),
+            Self::SlurmrestdDown { for_s } => format!("slurmrestd does not answer for {for_s} s"),
         }
     }
 }
@@ -572,7 +627,7 @@ impl Schedule {
     pub fn story(&self) -> String {
         let s = &self.setup;
         let mut out = format!(
-            "{} hosts; {} {:?} min {} max {}; {} fixed; RTS={}; busy label {}; unhealthy taint {}; zone feature {}; flaky actuators {}\n",
+            "{} hosts; {} {:?} min {} max {}; {} fixed; RTS={}; busy label {}; unhealthy taint {}; zone feature {}; flaky actuators {}; Slinky {}; image pull {} s\n",
             s.kube_nodes,
             SCALED_SET,
             s.scaled_kind,
@@ -583,7 +638,9 @@ impl Schedule {
             s.busy_label,
             s.unhealthy_taint,
             s.zone_feature,
-            s.flaky_actuators
+            s.flaky_actuators,
+            s.slinky,
+            s.image_pull_s
         );
         let mut t = 0;
         for st in &self.steps {

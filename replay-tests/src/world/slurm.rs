@@ -68,8 +68,9 @@ pub(crate) struct SNode {
     /// DRAIN: who set it, when.
     pub drain: Option<(Actor, Ms)>,
     /// lockstep drained over someone else's drain: whose, set when, and
-    /// when lockstep decided to.
-    pub covers_foreign: Option<(Actor, Ms, Ms)>,
+    /// whether lockstep's actuator could have seen it (it was there when
+    /// the actuator read the node).
+    pub covers_foreign: Option<(Actor, Ms, bool)>,
     /// DOWN: who, why, when.
     pub down: Option<(Actor, DownWhy, Ms)>,
     /// Reason and the user who set it.
@@ -135,10 +136,12 @@ pub(crate) struct Slurm {
     next_job: u64,
     /// Something changed since the last poll.
     pub dirty: bool,
-    poll_due: bool,
+    pub poll_due: bool,
     sched_due: bool,
     /// Administrator resumes, per node: when.
     pub admin_resumes: Vec<(String, Ms)>,
+    /// slurmrestd does not answer (lockstep's poller and actuator fail).
+    pub restd_down: bool,
 }
 
 /// Node names in the order slurmctld's node table has them: `cpu-2` before `cpu-10`.
@@ -156,6 +159,10 @@ impl World {
         for n in self.slurm.nodes.values_mut() {
             if n.unhealthy() || n.unhealthy_until_ms.is_some_and(|t| t == Ms::MAX) {
                 n.unhealthy_until_ms = Some(if n.unhealthy() { Ms::MAX } else { self.now });
+            }
+            // A spell out of service ends when the node is back in it.
+            if n.drain.is_none() && n.down.is_none() {
+                self.facts.reason_writes.remove(&n.name);
             }
         }
         self.slurm.dirty = true;
@@ -513,20 +520,100 @@ impl World {
         let Some(n) = self.slurm.nodes.get_mut(name) else {
             return;
         };
-        if by.is_lockstep() {
-            if let Some((prev, at)) = &n.drain {
-                if !prev.is_lockstep() {
-                    let Actor::Lockstep { issued_ms, .. } = by else {
-                        unreachable!()
-                    };
-                    n.covers_foreign = Some((prev.clone(), *at, *issued_ms));
-                }
-            }
-        } else {
+        // lockstep's actuator records what it drained over itself.
+        if !by.is_lockstep() {
             n.covers_foreign = None;
         }
+        let new = Some((reason.to_owned(), user.to_owned()));
+        let written = (by.is_lockstep() && n.reason != new)
+            .then(|| n.reason.is_some() && !holder(n).is_some_and(Actor::is_lockstep));
         n.drain = Some((by.clone(), now));
+        n.reason = new;
+        if let Some(foreign) = written {
+            self.reason_written(name, foreign);
+        }
+        self.slurm_changed();
+    }
+
+    /// lockstep wrote a node's reason (replacing someone else's if
+    /// `foreign`): two takeovers of somebody else's reason in one spell out
+    /// of service is a fight, and a reason rewritten more often than
+    /// [`REASON_CHANGES_PER_SPELL_MAX`] a flip-flop, however each came about.
+    fn reason_written(&mut self, name: &str, foreign: bool) {
+        let now = self.now;
+        let writes = self.facts.reason_writes.entry(name.to_owned()).or_default();
+        writes.push((foreign, now));
+        let takeovers = writes.iter().filter(|w| w.0).count();
+        let n = writes.len();
+        let times: Vec<String> = writes
+            .iter()
+            .map(|(f, t)| {
+                format!(
+                    "{:.1} s{}",
+                    *t as f64 / 1000.0,
+                    if *f { " over another's" } else { "" }
+                )
+            })
+            .collect();
+        let message = if foreign && takeovers == 2 {
+            Some(format!(
+                "lockstep took {name}'s reason over from someone else twice in one spell out of service (writes at {})",
+                times.join(", ")
+            ))
+        } else if n == REASON_CHANGES_PER_SPELL_MAX + 1 {
+            Some(format!(
+                "lockstep changed {name}'s reason {n} times in one spell out of service (writes at {})",
+                times.join(", ")
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = message {
+            self.facts.violations.push(super::check::Violation {
+                property: super::check::Property::NoReasonFlipFlop,
+                at_ms: now,
+                message,
+            });
+        }
+    }
+
+    /// `scontrol update nodename=N reason=R` (no state): on a node that is
+    /// drained or DOWN the reason, and so the drain or DOWN, is the
+    /// writer's from then on.
+    pub(crate) fn rewrite_reason(&mut self, name: &str, reason: &str, user: &str, by: &Actor) {
+        let now = self.now;
+        let Some(n) = self.slurm.nodes.get_mut(name) else {
+            return;
+        };
+        if n.drain.is_none() && n.down.is_none() {
+            return;
+        }
+        if let Some(d) = &mut n.drain {
+            *d = (by.clone(), now);
+        }
+        if let Some(d) = &mut n.down {
+            d.0 = by.clone();
+            d.2 = now;
+        }
+        n.covers_foreign = None;
         n.reason = Some((reason.to_owned(), user.to_owned()));
+        self.slurm_changed();
+    }
+
+    /// `scontrol update nodename=N state=undrain` (what Slinky's
+    /// slurm-operator sends): clears DRAIN, and the reason unless the node
+    /// is DOWN.
+    pub(crate) fn undrain_node(&mut self, name: &str) {
+        let Some(n) = self.slurm.nodes.get_mut(name) else {
+            return;
+        };
+        if n.drain.take().is_none() {
+            return;
+        }
+        n.covers_foreign = None;
+        if n.down.is_none() {
+            n.reason = None;
+        }
         self.slurm_changed();
     }
 
@@ -548,18 +635,35 @@ impl World {
         self.slurm_changed();
     }
 
-    /// `scontrol update nodename=N state=down reason=R`: kills its jobs.
-    pub(crate) fn down_node(&mut self, name: &str, reason: &str, user: &str, by: &Actor) {
+    /// `scontrol update nodename=N state=down reason=R`: kills its jobs,
+    /// which are laid at `kills_by`'s door (with how) when the DOWN only
+    /// carries out what someone else started (a pod's preStop hook).
+    pub(crate) fn down_node(
+        &mut self,
+        name: &str,
+        reason: &str,
+        user: &str,
+        by: &Actor,
+        kills_by: Option<(&Actor, &str, Ms)>,
+    ) {
         let now = self.now;
         let Some(n) = self.slurm.nodes.get_mut(name) else {
             return;
         };
+        let new = Some((reason.to_owned(), user.to_owned()));
+        let written = (by.is_lockstep() && n.reason != new)
+            .then(|| n.reason.is_some() && !holder(n).is_some_and(Actor::is_lockstep));
         n.base = SlurmBaseState::Down;
         n.down = Some((by.clone(), DownWhy::Explicit, now));
-        n.reason = Some((reason.to_owned(), user.to_owned()));
+        n.reason = new;
         let jobs: Vec<u64> = n.jobs.iter().copied().collect();
+        if let Some(foreign) = written {
+            self.reason_written(name, foreign);
+        }
+        let (kill_by, how, at) = kills_by.unwrap_or((by, "set DOWN", now));
+        let (kill_by, how) = (kill_by.clone(), how.to_owned());
         for j in jobs {
-            self.kill_job(j, name, by, "set DOWN", now);
+            self.kill_job(j, name, &kill_by, &how, at);
         }
         self.slurm_changed();
     }
@@ -570,6 +674,14 @@ impl World {
         };
         let text = ADMIN_REASONS[usize::from(reason) % ADMIN_REASONS.len()];
         self.drain_node(&name, text, ADMIN_USER, by);
+    }
+
+    pub(crate) fn admin_rewrite_reason(&mut self, r: PodRef, reason: u8, by: &Actor) {
+        let Some(name) = self.pod_name(r) else {
+            return;
+        };
+        let text = ADMIN_REASONS[usize::from(reason) % ADMIN_REASONS.len()];
+        self.rewrite_reason(&name, text, ADMIN_USER, by);
     }
 
     pub(crate) fn admin_resume(&mut self, r: PodRef, _by: &Actor) {
@@ -586,6 +698,19 @@ impl World {
         self.slurm.admin_resumes.push((name.clone(), self.now));
         self.resume_node(&name);
     }
+}
+
+/// The most reason changes lockstep makes on a node in one spell out of
+/// service: one per cause (a cordon, a pod gone, a health cause, a scale-in)
+/// and a prefix rename; more is reasons going back and forth.
+pub(crate) const REASON_CHANGES_PER_SPELL_MAX: usize = 4;
+
+/// Who holds a node out of service: whoever set its drain, else its DOWN.
+pub(crate) fn holder(n: &SNode) -> Option<&Actor> {
+    n.drain
+        .as_ref()
+        .map(|(who, _)| who)
+        .or(n.down.as_ref().map(|(who, _, _)| who))
 }
 
 #[cfg(test)]
