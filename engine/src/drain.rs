@@ -301,6 +301,11 @@ pub(crate) struct SlurmSide {
     /// user set ([`Ownership::held_by_other`]); the Slurm actuator leaves it
     /// as it is, and it keeps the node out for any cause of lockstep's.
     pub held: bool,
+    /// What Kubernetes shows as a drain by someone else: their drain, or a
+    /// DOWN a user set of a node whose slurmd still answers (a DOWN of a
+    /// node that also stopped answering reads the same whether a user or
+    /// slurmctld set it, and shows as unhealthy instead).
+    pub held_shown: bool,
     /// Slurm reports NOT_RESPONDING or FAIL, or DOWN not by lockstep's own
     /// `state=DOWN` (a drain lockstep made that Slurm then took DOWN is
     /// unhealthy: slurmd stopped answering under it).
@@ -325,6 +330,8 @@ impl SlurmSide {
             down,
             owned,
             held: own.held_by_other(node),
+            held_shown: own.held_by_other(node)
+                && (drained || !node.has(&SlurmNodeFlag::NotResponding)),
             unhealthy,
             unseen: false,
         }
@@ -333,6 +340,12 @@ impl SlurmSide {
     /// Drained by somebody else.
     pub fn foreign_drain(self) -> bool {
         self.drained && !self.owned
+    }
+
+    /// Held out by somebody else: their drain, or a DOWN or FAIL a user set
+    /// (what Kubernetes shows as a drain by someone else).
+    pub fn held_by_other(self) -> bool {
+        self.held_shown
     }
 
     /// Out of service by lockstep's doing.
@@ -668,6 +681,7 @@ mod tests {
             down: dn,
             owned: o,
             held: (d || dn) && !o && !u,
+            held_shown: (d || dn) && !o && !u,
             unhealthy: u,
             unseen: false,
         };

@@ -67,7 +67,7 @@ pub(crate) fn pod_wants<'a>(
     // Row 1.
     let fd = policy.drain.foreign_drain_condition.as_str();
     if !fd.is_empty() {
-        let wanted = side.foreign_drain().then(|| {
+        let wanted = side.held_by_other().then(|| {
             (
                 ConditionStatus::True,
                 "SlurmDrain",
@@ -452,7 +452,8 @@ mod tests {
             drained: n.has(&Drain),
             down: n.state == Down,
             owned,
-            held: (n.has(&Drain) || n.state == Down) && !owned,
+            held: n.has(&Drain) && !owned,
+            held_shown: n.has(&Drain) && !owned,
             unhealthy: n.state == Down && !owned,
             unseen: false,
         };

@@ -27,7 +27,7 @@ pub use event::{
     TaintEffect, DRAINED, DRAIN_IN_PROGRESS,
 };
 pub use log::{EventRecord, Record};
-pub use ownership::{Ownership, ReasonOwnership, SLURM_NOT_RESPONDING_SUFFIX};
+pub use ownership::{set_down_by_user, Ownership, ReasonOwnership, SLURM_NOT_RESPONDING_SUFFIX};
 pub use policy::{
     valid_topology_token, ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, LabelFeature,
     MaintenancePolicy, Mapping, MappingMode, Policy, PolicyError, Removal, ScaleRule,

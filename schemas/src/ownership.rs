@@ -57,9 +57,7 @@ impl Ownership<'_> {
     /// nothing: slurmctld lifts it when slurmd answers again, and a drain on
     /// top of it is what keeps the node out then.
     pub fn held_by_other(&self, node: &SlurmNode) -> bool {
-        let set_down = (node.state == SlurmBaseState::Down || node.has(&SlurmNodeFlag::Fail))
-            && !slurmctld_down(node);
-        (node.has(&SlurmNodeFlag::Drain) || set_down) && !self.owns(node)
+        (node.has(&SlurmNodeFlag::Drain) || set_down_by_user(node)) && !self.owns(node)
     }
 
     /// Who holds the node and why, as an audit line: `root: NVSwitch RMA`.
@@ -110,14 +108,23 @@ impl From<Ownership<'_>> for ReasonOwnership {
     }
 }
 
-/// DOWN because slurmd does not answer: slurmctld's own doing (the flag, its
-/// reason, or its suffix on the reason there was before).
+/// Set DOWN or FAIL by a user (an administrator, an operator's hook, lockstep
+/// itself), not by slurmctld for a node that does not answer: out until its
+/// setter lifts it, not until slurmd answers again.
+pub fn set_down_by_user(node: &SlurmNode) -> bool {
+    (node.state == SlurmBaseState::Down || node.has(&SlurmNodeFlag::Fail)) && !slurmctld_down(node)
+}
+
+/// DOWN because slurmd does not answer: slurmctld's own doing, as its
+/// reason says (its own reason, or its suffix on the reason there was
+/// before). Not the NOT_RESPONDING flag alone: a node somebody set DOWN whose
+/// slurmd then stops (a pod's preStop hook, then the pod ends) keeps their
+/// reason, and their DOWN.
 fn slurmctld_down(node: &SlurmNode) -> bool {
-    node.has(&SlurmNodeFlag::NotResponding)
-        || node
-            .reason
-            .as_deref()
-            .is_some_and(|r| r == SLURM_NOT_RESPONDING || r.ends_with(SLURM_NOT_RESPONDING_SUFFIX))
+    match node.reason.as_deref() {
+        Some(r) => r == SLURM_NOT_RESPONDING || r.ends_with(SLURM_NOT_RESPONDING_SUFFIX),
+        None => node.has(&SlurmNodeFlag::NotResponding),
+    }
 }
 
 /// The reason slurmctld gives a node it sets DOWN for not responding.

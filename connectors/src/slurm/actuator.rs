@@ -811,7 +811,11 @@ mod tests {
             // node out once slurmd answers again.
             (
                 StateChange::Drain(MINE),
-                node(Down, &[SlurmNodeFlag::NotResponding], Some("Not responding")),
+                node(
+                    Down,
+                    &[SlurmNodeFlag::NotResponding],
+                    Some("Not responding"),
+                ),
                 write.clone(),
             ),
             (
@@ -877,7 +881,11 @@ mod tests {
             ),
             (
                 StateChange::Resume,
-                node(Down, &[SlurmNodeFlag::NotResponding], Some("Not responding")),
+                node(
+                    Down,
+                    &[SlurmNodeFlag::NotResponding],
+                    Some("Not responding"),
+                ),
                 declined("DOWN+NOT_RESPONDING by root: Not responding"),
             ),
         ];

@@ -29,7 +29,7 @@ impl Engine {
                     on.unhealthy |= side.unhealthy;
                     on.held |= !side.unhealthy;
                 }
-                on.foreign |= side.foreign_drain();
+                on.foreign |= side.held_by_other();
             }
         }
         self.scratch.names = names;

@@ -344,9 +344,15 @@ pub(crate) fn slurm_serves(node: &SlurmNode) -> bool {
         && !node.has(&SlurmNodeFlag::NotResponding)
 }
 
-/// DRAINED in sinfo's sense: DRAIN and nothing running or finishing.
+/// Out of service with nothing running or finishing: DRAINED in sinfo's
+/// sense (DRAIN), or set DOWN by a user (another operator's preStop hook
+/// keeps the node out as surely as a drain: lockstep does not drain over
+/// it, and a scale-in must not wait on it for ever). Not slurmctld's DOWN of
+/// a node that does not answer: that lifts by itself when slurmd answers.
 pub(crate) fn drained(node: &SlurmNode, jobs: u32) -> bool {
-    node.has(&SlurmNodeFlag::Drain) && !slurm_busy(node) && jobs == 0
+    (node.has(&SlurmNodeFlag::Drain) || lockstep_schemas::set_down_by_user(node))
+        && !slurm_busy(node)
+        && jobs == 0
 }
 
 /// Desired replicas: busy nodes plus pending demand, within bounds.

@@ -200,11 +200,17 @@ impl World {
                     _ => n.covers_foreign.clone(),
                 };
                 self.drain_node(node, reason, LOCKSTEP_USER, by);
-                self.slurm
-                    .nodes
-                    .get_mut(node)
-                    .expect("drained")
-                    .covers_foreign = covered;
+                let n = self.slurm.nodes.get_mut(node).expect("drained");
+                n.covers_foreign = covered;
+                // A DOWN set between the actuator's read and its write now
+                // carries lockstep's reason: from then on nothing tells it
+                // from lockstep's own (Slurm has no conditional write), so
+                // what follows from it is the race's, not a rule's.
+                if let Some((who, _, at)) = &mut n.down {
+                    if !who.is_lockstep() && *at > read_ms {
+                        *who = by.clone();
+                    }
+                }
                 OutcomeResult::Succeeded
             }
             Action::SlurmResume { node } => {

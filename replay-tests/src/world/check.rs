@@ -608,8 +608,15 @@ fn end_state(w: &World) -> Vec<Violation> {
         };
         let foreign = foreign_drain(sn);
         let healthy = slurm_healthy(sn);
+        // A DOWN node that also stopped answering, not drained, reads the
+        // same in Slurm whether a user or slurmctld set it DOWN (the
+        // reason is whoever wrote it last): lockstep may show it either way.
+        let ambiguous = sn.drain.is_none() && sn.down.is_some() && sn.not_responding;
         for (ty, (c, by)) in &pod.conditions {
             if !by.is_lockstep() {
+                continue;
+            }
+            if ambiguous && DRAIN_TYPES.contains(&ty.as_str()) {
                 continue;
             }
             let current =

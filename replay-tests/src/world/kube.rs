@@ -689,10 +689,16 @@ impl World {
             return;
         }
         let name = p.name.clone();
+        let node = p.node.clone();
         let p = self.kube.pods.get_mut(&name).expect("found");
         p.ready = true;
         p.ready_since = Some(self.now);
         self.pod_written(&name);
+        // A worker pod that turns Ready is reconciled by Slinky's operator
+        // like a cordon change is (its sync is level-triggered).
+        if let Some(node) = node {
+            self.slinky_node_changed(&node);
+        }
     }
 
     /// Stops a pod's containers now; slurmd dies with them.

@@ -7,7 +7,10 @@
 //!   `slurm-operator: Node (X) was cordoned, Pod (ns/p) must be cordoned`,
 //!   but never when the node already carries a reason that is not its own.
 //! - An uncordon: it undrains, only drains whose reason has its prefix
-//!   `slurm-operator: ` (or no reason).
+//!   `slurm-operator: ` (or no reason). Its sync is level-triggered, as a
+//!   Kubernetes controller's is: a worker pod turning Ready on a node that
+//!   is not cordoned is synced the same way (so the drain left under its
+//!   preStop reason once slurmctld returns the node from DOWN is lifted).
 //! - A terminating worker pod's preStop hook runs `scontrol update
 //!   nodename=$(hostname) state=down reason='slurm-operator: Pod is
 //!   terminating'` (not for a pod deleted with grace period 0, and not on a
