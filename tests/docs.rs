@@ -46,7 +46,10 @@ fn read(path: &Path) -> String {
 }
 
 fn shown(path: &Path) -> String {
-    path.strip_prefix(repo()).unwrap_or(path).display().to_string()
+    path.strip_prefix(repo())
+        .unwrap_or(path)
+        .display()
+        .to_string()
 }
 
 /// A command of a `console` block and what its output must show.
@@ -95,11 +98,18 @@ fn examples(page: &Path) -> Vec<Example> {
                 });
                 continue;
             }
-            let example = out
-                .last_mut()
-                .unwrap_or_else(|| panic!("{}:{}: output before any `$ ` command", shown(page), first + i));
+            let example = out.last_mut().unwrap_or_else(|| {
+                panic!(
+                    "{}:{}: output before any `$ ` command",
+                    shown(page),
+                    first + i
+                )
+            });
             let line = line.trim_end();
-            if let Some(code) = line.strip_prefix("(exit ").and_then(|l| l.strip_suffix(')')) {
+            if let Some(code) = line
+                .strip_prefix("(exit ")
+                .and_then(|l| l.strip_suffix(')'))
+            {
                 example.exit = code.parse().expect("(exit N)");
             } else if line != "..." && !line.is_empty() {
                 example.expected.push(line.to_owned());
