@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reaction latency of the whole loop (README "Performance"): starts the local
+# Reaction latency of the whole loop (docs/src/benchmarks.md): starts the local
 # stack (kube-apiserver, a Slurm with 4 slurmd, and a second Slurm with 1,000
 # nodes of which 4 run slurmd), then runs benches/examples/reaction_latency.rs
 # against each: cordon -> DRAIN in slurmctld, and Slurm drain -> pod

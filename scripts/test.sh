@@ -8,8 +8,10 @@
 # So the parts run as soon as what they need is there:
 #
 #   background  Debian roots of Slurm 24.11 / 26.05; Kubernetes: the control
-#               plane first, then the node and helm
-#   foreground  fmt; compile every test; the tests that need no Kubernetes;
+#               plane first, then the node and helm; mdbook (cached after the
+#               first time)
+#   foreground  fmt; compile every test; the book (build, links); the tests
+#               that need no Kubernetes;
 #               once the control plane is built, the ones that need it;
 #               clippy
 #   background  beside the control-plane tests: each fuzz target for 30 s
@@ -42,7 +44,7 @@ no_kube=(
   lockstep-connectors:slurm_parse lockstep-connectors:slurm_fields
   lockstep-connectors:slurm_api lockstep-connectors:slurm_client_protocol
   lockstep-store:log lockstep-store:store lockstep-store:cluster
-  lockstep:html lockstep:metrics lockstep:policy_history lockstep:service
+  lockstep:docs lockstep:html lockstep:metrics lockstep:policy_history lockstep:service
 )
 # Real Slurm of every version (needs the Debian roots):
 slurm_versions=(lockstep-connectors:slurm)
@@ -90,6 +92,10 @@ done
   touch "$logs/kube-node.ok"
 ) &
 kube_build=$!
+
+# mdbook for the book (docs/): built once into ~/.cache/lockstep, under nice.
+nice scripts/ensure-mdbook.sh >"$logs/mdbook.log" 2>&1 &
+mdbook_pid=$!
 
 # Waits for background work to leave `stamp` (or fail): 0 when it did.
 await() {
@@ -177,6 +183,14 @@ run() {
   exit $rc
 ) &
 real_node_pid=$!
+
+step "the book: mdbook build docs, every relative link and anchor (scripts/book.sh)"
+if wait "$mdbook_pid" && scripts/book.sh 2>&1 | tee "$logs/book.log"; then
+  :
+else
+  cat "$logs/mdbook.log" >&2
+  failed+=("the book (scripts/book.sh)")
+fi
 
 step "unit tests and doc tests of every crate"
 cargo test --workspace --no-fail-fast --lib --bins 2>&1 | tee "$logs/units.log" || failed+=("unit tests")

@@ -74,7 +74,7 @@ pub struct SlurmConfig {
     /// Slurm -> Kubernetes under 500 ms at p99 on Slurm 24.11+ while an
     /// unchanged poll of 10,000 nodes costs slurmctld under 1% of a core
     /// (~3.2 ms a poll; 22.05 spends ~5.5 ms, 1.6%: raise it there for
-    /// clusters that large). README "Slurm versions".
+    /// clusters that large). docs/src/benchmarks.md, "Slurm versions".
     pub poll_interval_ms: u64,
     /// Every this many polls, a full listing (objects not listed are gone):
     /// about every 10 min at the default interval.
@@ -254,7 +254,7 @@ pub struct ServiceConfig {
     /// A checkpoint is written after this many records ... A restart after
     /// a crash restores the last checkpoint and re-applies what came after
     /// it, at most this many records: the default, 50,000, keeps that under
-    /// 2 s at 10 M events on a slow machine (README "Performance"), at the
+    /// 2 s at 10 M events on a slow machine (docs/src/benchmarks.md), at the
     /// price of a checkpoint write (0.6-0.9 s at 50,000 nodes) every 50,000
     /// records.
     pub checkpoint_every_records: u64,
@@ -270,7 +270,7 @@ pub struct ServiceConfig {
     /// is touched, which at 50,000 nodes put about 50 MiB more in the pod's
     /// memory. On, the node's setting applies: the reducer applies about a
     /// quarter faster, which the service, waiting on the log and the store,
-    /// hardly notices. README "Performance".
+    /// hardly notices. docs/src/benchmarks.md.
     pub transparent_huge_pages: bool,
 }
 

@@ -11,7 +11,7 @@ use lockstep_schemas::log::{self, Format, LogWriter};
 use lockstep_schemas::Policy;
 
 // Replays decode millions of small records; mimalloc makes that ~1.4x faster
-// than the system allocator (benches/, README "Performance").
+// than the system allocator (benches/, docs/src/benchmarks.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

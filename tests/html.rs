@@ -4,7 +4,9 @@
 //! network cut, the DOM as the browser drew it is dumped, and its phase
 //! bands, event ticks and action arrows are counted against the replay
 //! (`lockstep audit --json`). A screenshot of each page is kept under
-//! `target/html-test/` (its path is printed) for a person to look at.
+//! `target/html-test/` (its path is printed) for a person to look at; the
+//! book shows them from `docs/src/images/`, written there with
+//! `LOCKSTEP_BLESS=1` (otherwise the test only checks that they are there).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -122,6 +124,17 @@ fn screenshot(page: &Path, name: &str) -> PathBuf {
     let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
     assert!(size > 10_000, "{}: {size} bytes", png.display());
     eprintln!("screenshot: {}", png.display());
+    let in_book = repo().join("docs/src/images").join(name);
+    if std::env::var_os("LOCKSTEP_BLESS").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(in_book.parent().unwrap()).unwrap();
+        std::fs::copy(&png, &in_book).unwrap();
+    } else {
+        assert!(
+            in_book.exists(),
+            "{} is missing: write it with LOCKSTEP_BLESS=1 cargo test -p lockstep --test html",
+            in_book.display()
+        );
+    }
     png
 }
 

@@ -1,4 +1,4 @@
-//! Figures of `lockstep run` against a real nats-server, for the README:
+//! Figures of `lockstep run` against a real nats-server, for docs/src/benchmarks.md:
 //! end-to-end publish -> apply throughput, restart and catch-up of a large
 //! log with a checkpoint at its head, with one a whole checkpoint interval
 //! behind it (a crash just before the next checkpoint: the worst recovery)

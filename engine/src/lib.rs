@@ -74,19 +74,102 @@ mod rule_tables {
         let mut names = BTreeSet::new();
         for (_, text) in TABLES {
             for row in text.lines().filter(|l| l.starts_with("//! |")) {
-                for cell in row.split('|') {
-                    for quoted in cell.split('`').skip(1).step_by(2) {
-                        let rule_like = quoted
-                            .chars()
-                            .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.');
-                        if rule_like && (quoted.contains('.') || quoted == "scaling") {
-                            names.insert(quoted.to_owned());
-                        }
+                names.extend(rule_names(row));
+            }
+        }
+        names
+    }
+
+    /// The rule reference (`docs/src/reference/rules.md`): each module's rule
+    /// tables as its documentation has them, then every rule with the rows
+    /// that name it.
+    fn rule_reference() -> String {
+        let mut out = String::from(
+            "# Rule reference\n\n\
+             <!-- Generated from the rule tables in the module docs of engine/src by the \
+             rule_tables test of lockstep-engine. Do not edit: regenerate with \
+             LOCKSTEP_BLESS=1 cargo test -p lockstep-engine --lib rule_tables -->\n\n\
+             Every transition and action names the rule that decided it \
+             (`[drain.cordon]` in a replay, the `rule` label of \
+             `lockstep_rule_firings_total`). Each policy module keeps its rules in a \
+             table in its documentation, one case a line in its table test; these are \
+             those tables, then every rule with the row that names it.\n",
+        );
+        let mut index: Vec<(String, &str, String)> = Vec::new();
+        for (file, text) in TABLES {
+            let rows: Vec<&str> = text
+                .lines()
+                .map(|l| l.strip_prefix("//!").map(str::trim_start).unwrap_or(""))
+                .collect();
+            let mut tables = String::new();
+            let mut previous_was_row = false;
+            for row in &rows {
+                let is_row = row.starts_with('|');
+                if is_row && !previous_was_row {
+                    tables.push('\n');
+                }
+                if is_row {
+                    tables += &format!("{}\n", code_links(row));
+                    for name in rule_names(row) {
+                        index.push((name, file, code_links(row)));
                     }
+                }
+                previous_was_row = is_row;
+            }
+            out += &format!("\n## `engine/src/{file}`\n{tables}");
+        }
+        out += "\n## Every rule\n\n| rule | module | its row |\n| --- | --- | --- |\n";
+        index.sort();
+        for rule in Rule::ALL {
+            for (name, file, row) in index.iter().filter(|(n, _, _)| n == rule.name()) {
+                let cells: Vec<&str> = row
+                    .trim_matches('|')
+                    .split('|')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty() && !c.chars().all(|ch| ch.is_ascii_digit()))
+                    .collect();
+                out += &format!("| `{name}` | `{file}` | {} |\n", cells.join(" / "));
+            }
+        }
+        out
+    }
+
+    /// Rustdoc links (`` [`Name`] ``) as plain code: the page is not rustdoc.
+    fn code_links(row: &str) -> String {
+        row.replace("[`", "`").replace("`]", "`")
+    }
+
+    /// The rule names in the backquoted words of one table row.
+    fn rule_names(row: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for cell in row.split('|') {
+            for quoted in cell.split('`').skip(1).step_by(2) {
+                let rule_like = quoted
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.');
+                if rule_like && (quoted.contains('.') || quoted == "scaling") {
+                    names.push(quoted.to_owned());
                 }
             }
         }
         names
+    }
+
+    #[test]
+    fn the_rule_reference_page_is_current() {
+        let page = rule_reference();
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/reference/rules.md");
+        if std::env::var_os("LOCKSTEP_BLESS").is_some_and(|v| v == "1") {
+            std::fs::write(&path, &page).unwrap();
+            return;
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == page,
+            "{} is stale: regenerate with LOCKSTEP_BLESS=1 cargo test -p lockstep-engine --lib rule_tables",
+            path.display()
+        );
     }
 
     #[test]

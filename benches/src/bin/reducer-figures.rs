@@ -1,4 +1,4 @@
-//! Prints the reducer's figures in one run, for the README and for
+//! Prints the reducer's figures in one run, for docs/src/benchmarks.md and for
 //! profiling (criterion's `cargo bench -p lockstep-benches` is the careful
 //! measurement of the same throughputs).
 //!
