@@ -171,6 +171,11 @@ pub(crate) struct PodFacts<'a> {
     /// node lifecycle controller marks every pod of a node that is not
     /// Ready not ready, and a controller removes not-ready pods first).
     pub serving: bool,
+    /// Its Slurm node is set DOWN by a user (another operator's preStop hook,
+    /// an administrator) and not drained: lockstep cannot drain it (that
+    /// would replace their reason), and a DOWN may lift by itself, so it can
+    /// never be surely DRAINED.
+    pub held_down: bool,
     /// Its Slurm node serves: Slurm knows it, and shows it neither drained,
     /// DOWN, FAILed nor NOT_RESPONDING.
     pub slurm_serves: bool,
@@ -199,6 +204,11 @@ impl PodFacts<'_> {
             ))
         } else if self.deleting {
             Some(format!("pod {} is being deleted", self.key))
+        } else if self.held_down {
+            Some(format!(
+                "slurm node {} is held DOWN by somebody else",
+                self.slurm
+            ))
         } else {
             None
         }
@@ -289,6 +299,9 @@ pub(crate) fn pod_facts<'a>(
                         .is_none_or(|k| k.obs.ready == ConditionStatus::True)
                 }),
             slurm_serves: node.is_some_and(slurm_serves),
+            held_down: node.is_some_and(|n| {
+                !n.has(&SlurmNodeFlag::Drain) && lockstep_schemas::set_down_by_user(n)
+            }),
             idle_enough,
             cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
             revision: p.revision.as_deref(),
@@ -344,15 +357,12 @@ pub(crate) fn slurm_serves(node: &SlurmNode) -> bool {
         && !node.has(&SlurmNodeFlag::NotResponding)
 }
 
-/// Out of service with nothing running or finishing: DRAINED in sinfo's
-/// sense (DRAIN), or set DOWN by a user (another operator's preStop hook
-/// keeps the node out as surely as a drain: lockstep does not drain over
-/// it, and a scale-in must not wait on it for ever). Not slurmctld's DOWN of
-/// a node that does not answer: that lifts by itself when slurmd answers.
+/// DRAINED in sinfo's sense: DRAIN and nothing running or finishing. Only
+/// a drain: a DOWN, whoever set it, may lift by itself (`ReturnToService=2`
+/// returns any DOWN node that registers), and a job may start on the node
+/// before lockstep sees it, so removing its pod could kill that job.
 pub(crate) fn drained(node: &SlurmNode, jobs: u32) -> bool {
-    (node.has(&SlurmNodeFlag::Drain) || lockstep_schemas::set_down_by_user(node))
-        && !slurm_busy(node)
-        && jobs == 0
+    node.has(&SlurmNodeFlag::Drain) && !slurm_busy(node) && jobs == 0
 }
 
 /// Desired replicas: busy nodes plus pending demand, within bounds.

@@ -27,6 +27,7 @@ fn pod(name: &'static str, state: char) -> PodFacts<'static> {
         deleting: state == 'x',
         serving: !matches!(state, 'p' | 'x'),
         slurm_serves: !matches!(state, 'd' | 'm' | 'x' | 'u'),
+        held_down: false,
         idle_enough: matches!(state, 'i' | 'd' | 'm' | 'p'),
         cost: Some(if state == 'm' { -2_147_483_648 } else { 0 }),
         revision: None,

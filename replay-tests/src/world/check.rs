@@ -532,12 +532,18 @@ fn end_state(w: &World) -> Vec<Violation> {
             let (demand, want) = wanted_replicas(w);
             // The fewest replicas that remove no pod lockstep must keep: one
             // whose Slurm node runs a job, or one it cannot tell about (its
-            // slurmd never registered): the design fails closed there.
+            // slurmd never registered, or somebody else set it DOWN and
+            // nothing drains it: a DOWN may lift by itself, and lockstep
+            // never drains over it): the design fails closed there.
             let keep = |p: &Pod| {
-                w.slurm
-                    .nodes
-                    .get(&p.name)
-                    .is_none_or(|n| !n.jobs.is_empty() || n.completing > 0)
+                w.slurm.nodes.get(&p.name).is_none_or(|n| {
+                    !n.jobs.is_empty()
+                        || n.completing > 0
+                        || (n.drain.is_none()
+                            && n.down.as_ref().is_some_and(|(who, why, _)| {
+                                *why == DownWhy::Explicit && !who.is_lockstep()
+                            }))
+                })
             };
             let floor = match wl.kind {
                 WorkloadKind::StatefulSet { .. } => w
