@@ -586,14 +586,8 @@ impl Sim {
     /// The pod watcher relists (after a `410 Gone` or a restart): every pod
     /// the API server has, between `SyncStarted` and `SyncDone`.
     pub fn relist_pods(&mut self) -> &mut Self {
-        let domain = lockstep_schemas::Domain::KubePods;
-        self.append(Source::Kubernetes, Event::SyncStarted { domain });
-        let pods: Vec<KubePod> = self.pods.values().cloned().collect();
-        for p in pods {
-            self.append(Source::Kubernetes, Event::KubePod(p));
-        }
-        self.append(Source::Kubernetes, Event::SyncDone { domain });
-        self
+        let pods = self.pods.values().cloned().map(Event::KubePod).collect();
+        self.listing(Source::Kubernetes, lockstep_schemas::Domain::KubePods, pods)
     }
 
     fn observe_pod(&mut self, name: &str) -> &mut Self {
@@ -1122,20 +1116,25 @@ impl Sim {
     /// `SyncStarted` and `SyncDone` (its first poll, a resync, the poll after
     /// it lost sight of Slurm).
     pub fn relist_slurm(&mut self) -> &mut Self {
-        let domain = lockstep_schemas::Domain::SlurmNodes;
-        self.append(Source::Slurm, Event::SyncStarted { domain });
-        let nodes: Vec<SlurmNode> = self.slurm.values().cloned().collect();
-        for n in nodes {
-            self.append(Source::Slurm, Event::SlurmNode(n));
+        let nodes = self.slurm.values().cloned().map(Event::SlurmNode).collect();
+        self.listing(Source::Slurm, lockstep_schemas::Domain::SlurmNodes, nodes);
+        let jobs = self.jobs.values().cloned().map(Event::SlurmJob).collect();
+        self.listing(Source::Slurm, lockstep_schemas::Domain::SlurmJobs, jobs)
+    }
+
+    /// A full listing of one domain: `events` between `SyncStarted` and
+    /// `SyncDone`.
+    fn listing(
+        &mut self,
+        source: Source,
+        domain: lockstep_schemas::Domain,
+        events: Vec<Event>,
+    ) -> &mut Self {
+        self.append(source, Event::SyncStarted { domain });
+        for e in events {
+            self.append(source, e);
         }
-        self.append(Source::Slurm, Event::SyncDone { domain });
-        let domain = lockstep_schemas::Domain::SlurmJobs;
-        self.append(Source::Slurm, Event::SyncStarted { domain });
-        let jobs: Vec<SlurmJob> = self.jobs.values().cloned().collect();
-        for j in jobs {
-            self.append(Source::Slurm, Event::SlurmJob(j));
-        }
-        self.append(Source::Slurm, Event::SyncDone { domain });
+        self.append(source, Event::SyncDone { domain });
         self
     }
 

@@ -1032,14 +1032,18 @@ impl World {
         self.at(self.cfg.podgc_orphan_ms, Ev::PodGc { node: name });
     }
 
-    pub(crate) fn pod_gc(&mut self, node: &str) {
-        let pods: Vec<String> = self
-            .kube
+    /// The names of the pods bound to `node`.
+    pub(crate) fn pods_on(&self, node: &str) -> Vec<String> {
+        self.kube
             .pods
             .values()
             .filter(|p| p.node.as_deref() == Some(node))
             .map(|p| p.name.clone())
-            .collect();
+            .collect()
+    }
+
+    pub(crate) fn pod_gc(&mut self, node: &str) {
+        let pods = self.pods_on(node);
         let by = self
             .kube
             .deleted_nodes

@@ -70,14 +70,7 @@ impl World {
             return;
         }
         let cordoned = n.unschedulable;
-        let pods: Vec<String> = self
-            .kube
-            .pods
-            .values()
-            .filter(|p| p.node.as_deref() == Some(node))
-            .map(|p| p.name.clone())
-            .collect();
-        for pod in pods {
+        for pod in self.pods_on(node) {
             let Some(sn) = self.slurm.nodes.get(&pod) else {
                 continue;
             };
