@@ -38,8 +38,8 @@ mod scenario;
 
 use common::{wait_for, Lockstep};
 use scenario::{
-    base_policy, drained_by_lockstep, now_rfc3339, rfc3339_in, Scenario, BUSY_LABEL, MARK, MINUTE,
-    NODE_LABEL, NS,
+    base_policy, drained_by_lockstep, now_rfc3339, rfc3339_in, Scenario, BUSY_LABEL, LEASE_MS,
+    MARK, MINUTE, NODE_LABEL, NS,
 };
 
 fn kubectl_cordon_drains_the_slurm_nodes_on_the_node_and_uncordon_resumes_them(
@@ -512,7 +512,7 @@ fn the_leader_killed_in_the_middle_of_a_scale_in_and_the_scale_in_completes_once
     let killed = Instant::now();
     wait_for("b takes over", MINUTE, || b.leads().then_some(()));
     let takeover = killed.elapsed();
-    eprintln!("takeover after the leader was killed: {takeover:?} (lease duration 3 s)");
+    eprintln!("takeover after the leader was killed: {takeover:?} (lease duration {LEASE_MS} ms)");
     let holder = s
         .stack
         .get(&["lease", &s.lease, "-n", "lockstep-system"])

@@ -24,6 +24,14 @@ pub const BUSY_LABEL: &str = "lockstep.io/slurm-busy";
 pub const NODE_LABEL: &str = "slurm.node";
 pub const MINUTE: Duration = Duration::from_secs(60);
 
+/// The replicas' leader election: a Lease of 8 s, renewed every 0.5 s, given
+/// up after 6 s without a renewal. A shorter deadline (2 s was tried) loses
+/// the Lease whenever the API server stalls for a couple of seconds, which a
+/// machine running three Slurm versions, an API server and the tests does;
+/// a single replica then stops and the scenario waits for nothing. A killed
+/// leader is replaced within `LEASE_MS` plus a retry.
+pub const LEASE_MS: u64 = 8000;
+
 pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A scenario's world: the stack, cleaned; a fresh log; a temp dir.
@@ -70,7 +78,7 @@ impl Scenario {
              [kubernetes]\nkubeconfig = \"{kubeconfig}\"\n\
              [slurm]\nrest_url = \"{rest}\"\nrest_user = \"{user}\"\njwt_file = \"{jwt}\"\nslurm_conf = \"{conf}\"\npoll_interval_ms = 200\n\
              [leader_election]\nnamespace = \"lockstep-system\"\nlease_name = \"{lease}\"\nidentity = \"{identity}\"\n\
-             lease_duration_ms = 3000\nrenew_deadline_ms = 2000\nretry_period_ms = 500\n",
+             lease_duration_ms = {LEASE_MS}\nrenew_deadline_ms = {renew}\nretry_period_ms = 500\n",
             nats = self.nats.url(),
             kubeconfig = self.stack.lockstep_kubeconfig.display(),
             rest = s["SLURMRESTD_URL"],
@@ -78,6 +86,7 @@ impl Scenario {
             jwt = s["SLURM_JWT_FILE"],
             conf = s["SLURM_CONF"],
             lease = self.lease,
+            renew = LEASE_MS * 3 / 4,
         )
     }
 
