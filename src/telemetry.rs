@@ -45,7 +45,7 @@ use lockstep_schemas::{
 };
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::LogFormat;
 
@@ -105,6 +105,7 @@ fn describe() {
         ("lockstep_rule_firings_total", "Transitions and actions, by the policy rule that decided them."),
         ("lockstep_connector_errors_total", "Errors by connector (slurm, kubernetes, log) and class: sight lost, actions refused (retryable or not), event log open/read/append/publish failures."),
         ("lockstep_log_reconnects_total", "Event log operations that failed and are retried."),
+        ("lockstep_log_records_skipped_total", "Records the event log's retention discarded before this replica applied them (it folded on without them)."),
     ] {
         describe_counter!(name, help);
     }
@@ -112,6 +113,7 @@ fn describe() {
         ("lockstep_applied_seq", "Last applied log sequence."),
         ("lockstep_leader", "1 while this replica leads: it observes and acts."),
         ("lockstep_log_lag_records", "Records in the event log not applied yet."),
+        ("lockstep_log_broken", "1 while this replica stopped because the event log does not continue what it applied, by reason (recreated, went_back, rewritten, hole)."),
         ("lockstep_slurm_nodes", "Slurm nodes by partition and state (as sinfo sums it up), from lockstep's model."),
         ("lockstep_slurm_pending_jobs", "Pending Slurm jobs by partition."),
         ("lockstep_slurm_pending_nodes", "Nodes wanted by pending jobs that more nodes can help, by partition: what scaling follows."),
@@ -185,11 +187,20 @@ pub struct Health {
     /// The model in numbers, for `/status` (phases, actions in flight,
     /// visibility), refreshed with the metrics.
     pub summary: std::sync::Mutex<serde_json::Value>,
+    /// Why the loop stopped for good: the log does not continue what was
+    /// applied (`/readyz`, `/status`).
+    pub broken: std::sync::Mutex<Option<String>>,
+    /// Records the log's retention discarded before this replica applied
+    /// them, skipped since it started.
+    pub skipped: AtomicU64,
 }
 
 impl Health {
     /// What `/readyz` says while not ready.
     fn not_ready_reason(&self) -> String {
+        if let Some(why) = &*self.broken.lock().expect("health lock poisoned") {
+            return format!("stopped: {why}; lockstep acts on nothing until it is recovered (docs: operations, backups)\n");
+        }
         match &*self.waiting.lock().expect("health lock poisoned") {
             Some(why) => format!("{why}\n"),
             None => "catching up with the log\n".to_owned(),
@@ -425,6 +436,10 @@ impl SyncMetrics {
                 .increment(0);
         }
         gauge!("lockstep_log_lag_records").set(0.0);
+        counter!("lockstep_log_records_skipped_total").increment(0);
+        for reason in ["recreated", "went_back", "rewritten", "hole"] {
+            gauge!("lockstep_log_broken", "reason" => reason).set(0.0);
+        }
     }
 
     /// After a batch was applied and committed. `live`: this instance has
@@ -817,6 +832,57 @@ impl LogUnavailable<'_> {
     }
 }
 
+/// The log does not continue what was applied: the loop stopped.
+pub struct LogBroken<'a> {
+    /// The metric's label ([`crate::service`]'s reasons: recreated,
+    /// went_back, rewritten, hole).
+    pub reason: &'static str,
+    /// What was found.
+    pub detail: &'a dyn std::fmt::Display,
+}
+
+impl LogBroken<'_> {
+    /// Logs it, sets the gauge, and makes `/readyz` and `/status` say it.
+    pub fn emit(&self, health: &Health) {
+        error!(
+            reason = self.reason,
+            "{}; lockstep stopped: it applies no more records and acts on nothing until it is recovered (docs: operations, backups)",
+            self.detail
+        );
+        gauge!("lockstep_log_broken", "reason" => self.reason).set(1.0);
+        health.ready.store(false, Ordering::Relaxed);
+        *health.broken.lock().expect("health lock poisoned") = Some(self.detail.to_string());
+    }
+}
+
+/// Records the log's retention discarded before this replica applied them.
+pub struct LogTruncated {
+    /// The first sequence skipped.
+    pub from: u64,
+    /// The last.
+    pub to: u64,
+    /// The first record the log holds.
+    pub first_held: u64,
+}
+
+impl LogTruncated {
+    /// Logs and counts them.
+    pub fn emit(&self, health: &Health) {
+        let n = self.to + 1 - self.from;
+        error!(
+            from = self.from,
+            to = self.to,
+            first_held = self.first_held,
+            "records {}..={} were discarded by the event log's retention before this replica applied them; folding on from seq {} without them (what they said is not known here)",
+            self.from,
+            self.to,
+            self.first_held
+        );
+        counter!("lockstep_log_records_skipped_total").increment(n);
+        health.skipped.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// The log's head moved.
 pub fn record_lag(head: u64, applied: u64) {
     gauge!("lockstep_log_lag_records").set(head.saturating_sub(applied) as f64);
@@ -901,7 +967,11 @@ fn status_json(health: &Health) -> String {
         "applied_seq": health.applied_seq.load(Ordering::Relaxed),
         "head_seq": health.head_seq.load(Ordering::Relaxed),
         "checkpoint_seq": health.checkpoint_seq.load(Ordering::Relaxed),
+        "skipped_records": health.skipped.load(Ordering::Relaxed),
     });
+    if let Some(why) = &*health.broken.lock().expect("health lock poisoned") {
+        doc["stopped"] = serde_json::Value::String(why.clone());
+    }
     if let (Some(doc), serde_json::Value::Object(more)) = (
         doc.as_object_mut(),
         &*health.summary.lock().expect("health lock poisoned"),

@@ -8,6 +8,11 @@
 //! `LOCKSTEP_CRASH_SEED=<seed> cargo test --test service`. The long run of
 //! the same is `benches/examples/crash_soak.rs` (1,000 kills).
 //!
+//! A log that does not continue what was applied (restored from an older
+//! backup, created anew, a hole) stops lockstep, which says why; records its
+//! retention discarded before a new replica applied them are skipped and
+//! counted.
+//!
 //! On a real three-server JetStream cluster (streams with three replicas),
 //! with lockstep's Slurm actuator carrying out its drains against a real
 //! slurmctld: the stream leader killed, a server frozen past the election
@@ -167,6 +172,50 @@ impl Service {
 
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("run.log")).unwrap_or_default()
+    }
+
+    /// A telemetry endpoint's answer: (status code, body).
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let code = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n")?.1.to_owned();
+        Some((code, body))
+    }
+
+    /// Waits until `/readyz` says lockstep stopped, and returns what it
+    /// says.
+    fn wait_stopped_for(&self, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((503, body)) = self.get("/readyz") {
+                if body.contains("stopped") {
+                    assert!(body.contains(what), "{body}");
+                    return body;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lockstep did not stop for \"{what}\" within 60 s; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The value of one metric series on `/metrics` (`name{labels}`).
+    fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
 
     fn store(&self) -> Store {
@@ -680,4 +729,200 @@ fn lockstep_waits_for_a_majority_of_the_cluster_and_says_why() {
     }
     assert!(lockstep.log().contains("the event log answers; starting"));
     lockstep.stop().unwrap();
+}
+
+/// The log's stream, for what lockstep never does to it (deleting records).
+async fn events_stream(url: &str) -> async_nats::jetstream::stream::Stream {
+    let client = async_nats::connect(url).await.unwrap();
+    async_nats::jetstream::new(client)
+        .get_stream(EVENTS_STREAM)
+        .await
+        .unwrap()
+}
+
+fn append_events(rt: &tokio::runtime::Runtime, log: &EventLog, seed: u64, n: usize) -> u64 {
+    let mut head = 0;
+    for e in events(seed, n) {
+        head = rt.block_on(log.append(&e)).unwrap().seq;
+    }
+    head
+}
+
+/// Copies a directory tree (a nats-server's store, stopped: a backup).
+fn copy_tree(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_log_restored_from_an_older_backup_stops_lockstep_and_it_says_why() {
+    let mut nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let url = nats.url();
+    let connect = || {
+        rt.block_on(EventLog::connect_nats(&url, &StreamLimits::default()))
+            .unwrap()
+    };
+    let service = Service::new(Some(&url));
+    let backup = service.dir.join("nats-backup");
+    let head = append_events(&rt, &connect(), 11, 30);
+    // The backup, taken with the server stopped.
+    nats.stop();
+    copy_tree(&nats.dir.join("js"), &backup);
+    nats.restart();
+    let head = head.max(append_events(&rt, &connect(), 12, 30));
+    let child = service.start();
+    service.wait_applied(head);
+    service.stop(child);
+    let applied = service.store().log_position().unwrap().unwrap().seq;
+    assert_eq!(applied, head);
+
+    // Restored: the log ends before what was applied.
+    nats.stop();
+    std::fs::remove_dir_all(nats.dir.join("js")).unwrap();
+    copy_tree(&backup, &nats.dir.join("js"));
+    nats.restart();
+    let restored = rt.block_on(connect().head()).unwrap();
+    assert!(restored < applied, "{restored} < {applied}");
+    let child = service.start();
+    let why = service.wait_stopped_for("went back");
+    assert!(
+        why.contains(&format!("last record is seq {restored}"))
+            && why.contains(&format!("applied up to seq {applied}")),
+        "{why}"
+    );
+    assert_eq!(
+        service.metric("lockstep_log_broken{reason=\"went_back\"}"),
+        Some(1.0)
+    );
+    let (_, status) = service.get("/status").unwrap();
+    let status: serde_json::Value = serde_json::from_str(status.trim()).unwrap();
+    assert_eq!(status["ready"], false, "{status}");
+    assert!(status["stopped"].as_str().unwrap().contains("went back"));
+    service.stop(child);
+    assert!(
+        service
+            .log()
+            .contains("lockstep stopped: it applies no more records"),
+        "{}",
+        service.log()
+    );
+
+    // The restored log grows past what was applied: other records at the
+    // same sequences.
+    let grown = append_events(&rt, &connect(), 13, 60);
+    assert!(grown > applied);
+    let child = service.start();
+    service.wait_stopped_for(&format!(
+        "went back and grew again: seq {applied}, which lockstep applied, now holds another record"
+    ));
+    service.stop(child);
+    assert_eq!(
+        service.store().log_position().unwrap().unwrap().seq,
+        applied,
+        "nothing of the other log was applied"
+    );
+}
+
+#[test]
+fn a_stream_deleted_and_created_again_stops_lockstep_at_start_and_while_it_runs() {
+    let mut nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let url = nats.url();
+    let connect = || {
+        rt.block_on(EventLog::connect_nats(&url, &StreamLimits::default()))
+            .unwrap()
+    };
+    let service = Service::new(Some(&url));
+    let head = append_events(&rt, &connect(), 21, 20);
+    let child = service.start();
+    service.wait_applied(head);
+
+    // While it runs: the stream deleted, and created again by a writer.
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        async_nats::jetstream::new(client)
+            .delete_stream(EVENTS_STREAM)
+            .await
+            .unwrap();
+    });
+    append_events(&rt, &connect(), 22, 5);
+    service.wait_stopped_for("created anew");
+    assert_eq!(
+        service.metric("lockstep_log_broken{reason=\"recreated\"}"),
+        Some(1.0)
+    );
+    service.stop(child);
+
+    // At start, on a server whose store was wiped: as many records as
+    // before, none of them the ones applied.
+    nats.stop();
+    std::fs::remove_dir_all(nats.dir.join("js")).unwrap();
+    nats.restart();
+    append_events(&rt, &connect(), 23, 40);
+    let child = service.start();
+    service.wait_stopped_for("created anew");
+    service.stop(child);
+    assert_eq!(service.store().log_position().unwrap().unwrap().seq, head);
+}
+
+#[test]
+fn a_hole_in_the_log_stops_lockstep_before_it_and_retention_is_folded_over_and_counted() {
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits::default(),
+        ))
+        .unwrap();
+    let stream = rt.block_on(events_stream(&nats.url()));
+
+    // Retention (here a purge of the front) discarded records 1..=9 before
+    // a new replica started: it folds on from 10 and says so.
+    let first = append_events(&rt, &log, 31, 40);
+    rt.block_on(async { stream.purge().sequence(10).await })
+        .unwrap();
+    let fresh = Service::new(Some(&nats.url()));
+    let child = fresh.start();
+    fresh.wait_applied(first);
+    assert_eq!(
+        fresh.metric("lockstep_log_records_skipped_total"),
+        Some(9.0)
+    );
+    assert!(
+        fresh
+            .log()
+            .contains("records 1..=9 were discarded by the event log's retention"),
+        "{}",
+        fresh.log()
+    );
+    let (code, _) = fresh.get("/readyz").unwrap();
+    assert_eq!(code, 200);
+    fresh.stop(child);
+
+    // A record deleted after the last one applied: it applies up to the
+    // hole and stops.
+    let head = append_events(&rt, &log, 32, 20);
+    let missing = head - 5;
+    assert!(rt.block_on(stream.delete_message(missing)).unwrap());
+    let child = fresh.start();
+    fresh.wait_stopped_for(&format!("seq {missing} is missing"));
+    assert_eq!(
+        fresh.metric("lockstep_log_broken{reason=\"hole\"}"),
+        Some(1.0)
+    );
+    fresh.stop(child);
+    assert_eq!(
+        fresh.store().log_position().unwrap().unwrap().seq,
+        missing - 1
+    );
 }

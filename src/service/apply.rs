@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use lockstep_engine::Engine;
 use lockstep_schemas::{Event, EventRecord};
-use lockstep_store::{Commit, Store};
+use lockstep_store::{Commit, LogPosition, Store};
 use tracing::info;
 
 use super::Service;
@@ -37,10 +37,19 @@ impl Service {
             self.next = rec.seq + 1;
         }
         let apply = started.elapsed();
+        let position = batch
+            .last()
+            .filter(|r| r.seq + 1 == self.next)
+            .map(|r| LogPosition {
+                log_id: self.log_id.clone(),
+                seq: r.seq,
+                envelope_id: r.envelope.id.0.clone(),
+            });
         let commit = Commit {
             issued: &self.out.actions,
             outcomes,
             transitions: &self.out.transitions,
+            position: position.as_ref(),
         };
         let commit_started = Instant::now();
         self.store.commit(&commit).context("committing a batch")?;

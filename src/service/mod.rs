@@ -52,6 +52,7 @@ use crate::telemetry::{self, Health};
 mod acting;
 mod apply;
 mod connectors;
+mod continuity;
 mod dispatch;
 mod open;
 
@@ -84,12 +85,23 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<()> 
     let Some(log) = open::open_log_when_available(&cfg, &health, &mut shutdown).await? else {
         return Ok(());
     };
-    let mut service = Service::start(cfg, store, log, health).await?;
+    let mut service = Service::start(cfg, store, log, health.clone()).await?;
     let stop = service.run_until(&mut shutdown, &mut queries).await?;
     service.stop().await?;
     match stop {
         Stop::Shutdown => Ok(()),
         Stop::LostLease => anyhow::bail!("lost the leader lease"),
+        Stop::Broken(b) => {
+            // Not an exit: a restart would meet the same log. It stays up,
+            // acting on nothing, and says why until it is told to stop.
+            telemetry::LogBroken {
+                reason: b.reason(),
+                detail: &b,
+            }
+            .emit(&health);
+            shutdown.await;
+            Ok(())
+        }
     }
 }
 
@@ -122,6 +134,10 @@ enum Stop {
     /// The leader Lease was lost: stop, so that only the new leader acts,
     /// and be restarted as a follower.
     LostLease,
+    /// The log no longer continues what the store applied
+    /// ([`continuity`]): stop acting and folding until an operator
+    /// recovers.
+    Broken(continuity::Break),
 }
 
 /// The apply loop: the engine, what it folds and where it commits, and the
@@ -143,6 +159,10 @@ struct Service {
     /// Records applied since the last checkpoint, and when it was taken.
     since_checkpoint: (u64, Instant),
     quiet: Quiet,
+    /// The id of the log the store folds ([`continuity`]).
+    log_id: String,
+    /// Found that the log does not continue what was applied.
+    broken: Option<continuity::Break>,
 }
 
 impl Service {
@@ -150,6 +170,12 @@ impl Service {
     /// competing for the Lease.
     async fn start(cfg: Config, store: Store, log: EventLog, health: Arc<Health>) -> Result<Self> {
         let (engine, next) = restore(&store)?;
+        let state = log.state().await.context("reading the event log's state")?;
+        let position = store.log_position().context("reading the store")?;
+        let broken = continuity::at_start(&log, position.as_ref(), &state)
+            .await
+            .context("comparing the store with the event log")?;
+        let log_id = position.map_or(state.id, |p| p.log_id);
         health.checkpoint_seq.store(next - 1, Ordering::Relaxed);
         health.applied_seq.store(next - 1, Ordering::Relaxed);
         let leadership = match &cfg.leader_election {
@@ -178,6 +204,8 @@ impl Service {
             sync: telemetry::SyncMetrics::default(),
             since_checkpoint: (0, Instant::now()),
             quiet,
+            log_id,
+            broken,
         })
     }
 
@@ -191,6 +219,9 @@ impl Service {
         let read_wait = Duration::from_millis(self.cfg.service.read_wait_ms);
         let mut backoff = Backoff::new(100, self.cfg.service.retry_backoff_max_ms);
         loop {
+            if let Some(b) = self.broken.take() {
+                return Ok(Stop::Broken(b));
+            }
             let batch = tokio::select! {
                 biased;
                 _ = shutdown.as_mut() => return Ok(Stop::Shutdown),
@@ -212,7 +243,7 @@ impl Service {
             let batch = match batch {
                 Ok(b) => {
                     backoff.reset();
-                    b
+                    self.continuing(b).await
                 }
                 Err(e) => {
                     let retry_in = backoff.failed();
@@ -231,10 +262,7 @@ impl Service {
             }
             if self.sync.stats_due() {
                 // Also while busy: the lag must be current when it is large.
-                if let Ok(head) = self.log.head().await {
-                    self.health.head_seq.store(head, Ordering::Relaxed);
-                    telemetry::record_lag(head, self.next - 1);
-                }
+                self.look_at_head().await;
                 self.sync.publish_stats(&self.engine, &self.health);
             }
             telemetry::answer_queries(queries, &self.engine, &self.store);
@@ -282,12 +310,10 @@ impl Service {
         if !look {
             return Ok(());
         }
-        let Ok(head) = self.log.head().await else {
+        let Some(head) = self.look_at_head().await else {
             return Ok(());
         };
-        self.health.head_seq.store(head, Ordering::Relaxed);
-        telemetry::record_lag(head, self.next - 1);
-        if head >= self.next {
+        if head >= self.next || self.broken.is_some() {
             return Ok(());
         }
         if !self.health.ready.swap(true, Ordering::Relaxed) {
@@ -307,6 +333,59 @@ impl Service {
             telemetry::record_leader(true);
         }
         Ok(())
+    }
+
+    /// The log's head, for the lag; and whether the log still is the one
+    /// applied and has not gone back (else `broken` says why). `None` when
+    /// the log does not answer.
+    async fn look_at_head(&mut self) -> Option<u64> {
+        let state = self.log.state().await.ok()?;
+        let head = state.last_seq;
+        self.health.head_seq.store(head, Ordering::Relaxed);
+        telemetry::record_lag(head, self.next - 1);
+        if let Some(b) = continuity::against_state(&self.log_id, self.next - 1, &state) {
+            self.broken.get_or_insert(b);
+        }
+        Some(head)
+    }
+
+    /// The part of a batch read from `next` that continues from it. A gap
+    /// at its start is looked up: records the log's retention discarded
+    /// before this replica applied them are skipped and said so; a hole
+    /// stops the loop (`broken`). A gap further in is met by the next read.
+    async fn continuing(&mut self, mut batch: Vec<EventRecord>) -> Vec<EventRecord> {
+        loop {
+            let (n, missing) = continuity::contiguous(self.next, &batch);
+            let Some((from, to)) = missing else {
+                return batch;
+            };
+            if n > 0 {
+                batch.truncate(n);
+                return batch;
+            }
+            let state = match self.log.state().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the event log's state failed; reading again");
+                    return Vec::new();
+                }
+            };
+            match continuity::classify(from, to, &state) {
+                continuity::Gap::Truncated { from, to } => {
+                    telemetry::LogTruncated {
+                        from,
+                        to,
+                        first_held: state.first_seq,
+                    }
+                    .emit(&self.health);
+                    self.next = to + 1;
+                }
+                continuity::Gap::Hole { from, to } => {
+                    self.broken = Some(continuity::Break::Hole { from, to });
+                    return Vec::new();
+                }
+            }
+        }
     }
 
     /// Stops acting, writes a final checkpoint of everything applied, then

@@ -10,5 +10,5 @@
 pub mod log;
 pub mod store;
 
-pub use log::{server_urls, Appended, EventLog, StreamLimits};
-pub use store::{Checkpoint, Commit, LedgerEntry, Store};
+pub use log::{server_urls, Appended, EventLog, LogState, StreamLimits};
+pub use store::{Checkpoint, Commit, LedgerEntry, LogPosition, Store};

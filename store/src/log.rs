@@ -155,6 +155,23 @@ pub struct Appended {
     pub duplicate: bool,
 }
 
+/// Which log this is, and the sequences it holds: what tells a log that
+/// went back, was created anew or lost records in the middle from one that
+/// only grew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogState {
+    /// Names this log for as long as it exists: the stream's creation time
+    /// (NATS; kept by a backup and its restore), or an id written when the
+    /// embedded log was created. A stream deleted and created again, or an
+    /// embedded log directory replaced, is another log.
+    pub id: String,
+    /// The first sequence it holds (`last_seq + 1` when it holds none: a
+    /// new log, or one whose records were all discarded).
+    pub first_seq: u64,
+    /// The last sequence it ever gave a record (0 when it never did).
+    pub last_seq: u64,
+}
+
 /// The event log.
 #[derive(Clone)]
 pub enum EventLog {
@@ -205,6 +222,23 @@ impl EventLog {
         }
     }
 
+    /// Which log this is and the range of sequences it holds.
+    pub async fn state(&self) -> Result<LogState> {
+        match self {
+            Self::Embedded(e) => e.state(),
+            Self::Nats(n) => n.state().await,
+        }
+    }
+
+    /// The id of the envelope at exactly `seq`; `None` when the log holds
+    /// no record there (discarded, deleted, or never written).
+    pub async fn envelope_id_at(&self, seq: u64) -> Result<Option<String>> {
+        match self {
+            Self::Embedded(e) => e.envelope_id_at(seq),
+            Self::Nats(n) => n.envelope_id_at(seq).await,
+        }
+    }
+
     /// Publishes issued actions, deduplicated by action id.
     ///
     /// Returns, for each action, whether this call published it (`true`) or
@@ -252,6 +286,9 @@ pub struct Embedded {
     ids: sled::Tree,
     actions: sled::Tree,
     action_ids: sled::Tree,
+    /// Names this log ([`LogState::id`]), written when it was created (or,
+    /// for a log older than the id, when it was first opened with it).
+    id: String,
     /// Serialises appends (sequence numbers are contiguous).
     append_lock: std::sync::Mutex<u64>,
     appended: Notify,
@@ -264,6 +301,16 @@ impl Embedded {
         let ids = db.open_tree("ids")?;
         let actions = db.open_tree("actions")?;
         let action_ids = db.open_tree("action_ids")?;
+        let meta = db.open_tree("meta")?;
+        let id = match meta.get("id")? {
+            Some(v) => String::from_utf8_lossy(&v).into_owned(),
+            None => {
+                let id = format!("embedded@{}.{}", now_nanos(), std::process::id());
+                meta.insert("id", id.as_bytes())?;
+                db.flush()?;
+                id
+            }
+        };
         let last_time = match log.last()? {
             Some((k, v)) => {
                 let seq = be(&k);
@@ -279,6 +326,7 @@ impl Embedded {
             ids,
             actions,
             action_ids,
+            id,
             append_lock: std::sync::Mutex::new(last_time),
             appended: Notify::new(),
         })
@@ -351,6 +399,25 @@ impl Embedded {
         Ok(self.log.last()?.map_or(0, |(k, _)| be(&k)))
     }
 
+    fn state(&self) -> Result<LogState> {
+        let last_seq = self.head()?;
+        let first_seq = self.log.first()?.map_or(last_seq + 1, |(k, _)| be(&k));
+        Ok(LogState {
+            id: self.id.clone(),
+            first_seq,
+            last_seq,
+        })
+    }
+
+    fn envelope_id_at(&self, seq: u64) -> Result<Option<String>> {
+        let Some(v) = self.log.get(seq.to_be_bytes())? else {
+            return Ok(None);
+        };
+        let stored: Stored =
+            rmp_serde::from_slice(&v).map_err(|source| Error::Decode { seq, source })?;
+        Ok(Some(stored.envelope.id.0))
+    }
+
     fn publish_actions(&self, actions: &[IssuedAction]) -> Result<Vec<bool>> {
         let _guard = self.append_lock.lock().expect("append lock poisoned");
         let mut fresh = Vec::with_capacity(actions.len());
@@ -389,9 +456,13 @@ fn be(bytes: &[u8]) -> u64 {
 }
 
 fn now_ms() -> u64 {
+    (now_nanos() / 1_000_000) as u64
+}
+
+fn now_nanos() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// The NATS JetStream log.
@@ -561,6 +632,10 @@ impl Nats {
     }
 
     async fn head(&self) -> Result<u64> {
+        Ok(self.state().await?.last_seq)
+    }
+
+    async fn state(&self) -> Result<LogState> {
         let mut stream = self
             .js
             .get_stream(EVENTS_STREAM)
@@ -570,7 +645,35 @@ impl Nats {
             .info()
             .await
             .map_err(|e| js_err("stream info")(e.to_string()))?;
-        Ok(info.state.last_sequence)
+        let state = &info.state;
+        let first_seq = if state.messages == 0 {
+            state.last_sequence + 1
+        } else {
+            state.first_sequence
+        };
+        Ok(LogState {
+            id: format!("{EVENTS_STREAM}@{}", info.created.unix_timestamp_nanos()),
+            first_seq,
+            last_seq: state.last_sequence,
+        })
+    }
+
+    async fn envelope_id_at(&self, seq: u64) -> Result<Option<String>> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let stream = self
+            .js
+            .get_stream_no_info(EVENTS_STREAM)
+            .await
+            .map_err(|e| js_err("get stream")(e.to_string()))?;
+        match stream.get_raw_message(seq).await {
+            Ok(m) => {
+                let envelope: Envelope = rmp_serde::from_slice(&m.payload)
+                    .map_err(|source| Error::Decode { seq, source })?;
+                Ok(Some(envelope.id.0))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(js_err("get message")(e.to_string())),
+        }
     }
 
     async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<Vec<bool>> {

@@ -110,6 +110,21 @@ pub struct LedgerEntry {
     pub outcome: Option<OutcomeResult>,
 }
 
+/// The last record a store applied, and the log it came from: what the
+/// service compares with the log when it starts and while it runs, so that
+/// a log that went back, was created anew or has a hole is noticed instead
+/// of folded on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogPosition {
+    /// [`crate::LogState::id`] of the log.
+    pub log_id: String,
+    /// The record's sequence.
+    pub seq: u64,
+    /// The record's envelope id (the same sequence in a log that went back
+    /// and grew again holds another record).
+    pub envelope_id: String,
+}
+
 /// One batch's worth of things to make durable together. The checkpoint
 /// is not one of them: [`Store::write_checkpoint`] writes it apart, after
 /// the batch is committed and flushed.
@@ -122,6 +137,8 @@ pub struct Commit<'a> {
     pub outcomes: Vec<(ActionId, OutcomeResult)>,
     /// Transitions of the batch.
     pub transitions: &'a [Transition],
+    /// The batch's last record (`None`: the position stays).
+    pub position: Option<&'a LogPosition>,
 }
 
 /// The store.
@@ -326,8 +343,11 @@ impl Store {
                 rmp_serde::to_vec_named(t).expect("transitions encode"),
             ));
         }
-        (&self.ledger, &self.undispatched, &self.audit)
-            .transaction(|(ledger, undispatched, audit)| {
+        let position = commit
+            .position
+            .map(|p| rmp_serde::to_vec_named(p).expect("positions encode"));
+        (&self.ledger, &self.undispatched, &self.audit, &self.meta)
+            .transaction(|(ledger, undispatched, audit, meta)| {
                 for a in commit.issued {
                     // Re-applying after a restart issues the same ids: keep
                     // what the ledger already knows about them.
@@ -359,9 +379,21 @@ impl Store {
                 for (k, v) in &audit_rows {
                     audit.insert(k.as_slice(), v.as_slice())?;
                 }
+                if let Some(p) = &position {
+                    meta.insert(POSITION_KEY, p.as_slice())?;
+                }
                 Ok(())
             })
             .map_err(|e: sled::transaction::TransactionError| Error::Transaction(e.to_string()))
+    }
+
+    /// The last record committed and the log it came from; `None` for a
+    /// new store (or one written before positions were kept).
+    pub fn log_position(&self) -> Result<Option<LogPosition>> {
+        match self.meta.get(POSITION_KEY)? {
+            Some(v) => Ok(rmp_serde::from_slice(&v).ok()),
+            None => Ok(None),
+        }
     }
 
     /// Up to `max` actions of the ledger this store never dispatched and
@@ -515,6 +547,7 @@ impl Store {
 
 /// Where stores before checkpoint files kept the checkpoint, in `meta`.
 const LEGACY_CHECKPOINT_KEY: &str = "checkpoint";
+const POSITION_KEY: &str = "log_position";
 
 /// sled with a bounded page cache: its default (1 GiB) would dwarf the
 /// engine's own memory.

@@ -4,7 +4,7 @@
 
 use lockstep_schemas::{Action, ActionId, EventId, IssuedAction, OutcomeResult};
 use lockstep_schemas::{Phase, Rule, Transition};
-use lockstep_store::{store::Error, Checkpoint, Commit, Store};
+use lockstep_store::{store::Error, Checkpoint, Commit, LogPosition, Store};
 use lockstep_testkit::temp_dir;
 
 fn issued(seq: u64, node: &str) -> IssuedAction {
@@ -41,6 +41,12 @@ fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
     let dir = temp_dir("store-commit");
     let store = Store::open(&dir).unwrap();
     assert_eq!(store.checkpoint().unwrap(), None);
+    assert_eq!(store.log_position().unwrap(), None);
+    let position = LogPosition {
+        log_id: "LOCKSTEP@1".into(),
+        seq: 10,
+        envelope_id: "e10".into(),
+    };
     let commit = Commit {
         issued: &[issued(9, "n1"), issued(10, "n2")],
         outcomes: vec![],
@@ -49,8 +55,10 @@ fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
             transition(10, "n2"),
             transition(10, "n1"),
         ],
+        position: Some(&position),
     };
     store.commit(&commit).unwrap();
+    assert_eq!(store.log_position().unwrap().as_ref(), Some(&position));
     store
         .mark_dispatched(&[commit.issued[0].id.clone()])
         .unwrap();
