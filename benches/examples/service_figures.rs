@@ -22,7 +22,9 @@
 //!
 //! With `--cluster` first, only the publish -> apply figure, on one
 //! nats-server and then on a three-server JetStream cluster
-//! (`deploy/local/nats/up.sh`) with the streams replicated three times:
+//! (`deploy/local/nats/up.sh`) with the streams replicated three times,
+//! its servers syncing every write, then every 2 minutes, then every write
+//! again (what synced writes cost):
 //! `cargo run --release -p lockstep-benches --example service_figures -- --cluster [events]`
 //! (default 200,000 events).
 
@@ -390,8 +392,9 @@ fn memory(rt: &tokio::runtime::Runtime, memory_nodes: usize) {
 }
 
 /// Publish -> apply on one nats-server, then on a three-server JetStream
-/// cluster with the streams replicated three times: the first measurement
-/// of `main`, side by side on the same events.
+/// cluster with the streams replicated three times, its servers syncing
+/// every write, then every 2 minutes, then every write again: the first
+/// measurement of `main`, side by side on the same events.
 fn cluster_throughput(events: usize) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
@@ -403,14 +406,26 @@ fn cluster_throughput(events: usize) {
         let single = NatsServer::start();
         measure(&rt, &single.url(), 1, &records, "one nats-server (R1)");
     }
-    let cluster = lockstep_testkit::NatsCluster::start();
-    measure(
-        &rt,
-        &cluster.url(),
-        3,
-        &records,
-        "a 3-server JetStream cluster (R3)",
-    );
+    // Every write synced (what lockstep ships), then JetStream's default
+    // (synced every 2 minutes), then synced again: the cost of synced
+    // writes, measured between two runs of the other.
+    for (sync, what) in [
+        (
+            "always",
+            "a 3-server JetStream cluster (R3), every write synced",
+        ),
+        (
+            "2m",
+            "a 3-server JetStream cluster (R3), synced every 2 minutes",
+        ),
+        (
+            "always",
+            "a 3-server JetStream cluster (R3), every write synced, again",
+        ),
+    ] {
+        let cluster = lockstep_testkit::NatsCluster::start_syncing(sync);
+        measure(&rt, &cluster.url(), 3, &records, what);
+    }
 }
 
 fn measure(

@@ -102,6 +102,9 @@ pub struct NatsCluster {
     pub dir: PathBuf,
     /// First port of the block (`LOCKSTEP_NATS_PORT_BASE`).
     pub port_base: u16,
+    /// JetStream's `sync_interval` (`LOCKSTEP_NATS_SYNC`; `None`: up.sh's
+    /// default, every write synced, or what the environment says).
+    sync: Option<String>,
 }
 
 /// The repository's `deploy/local/nats`.
@@ -148,6 +151,16 @@ impl NatsCluster {
         c
     }
 
+    /// Starts all three servers syncing their stores every `interval`
+    /// (`always`, or a duration such as `2m`: JetStream's own default), for
+    /// measuring what synced writes cost.
+    pub fn start_syncing(interval: &str) -> Self {
+        let mut c = Self::new();
+        c.sync = Some(interval.to_owned());
+        c.up(&[1, 2, 3]);
+        c
+    }
+
     /// Starts only the servers named (1..3), without waiting for a meta
     /// leader (fewer than two never elect one).
     pub fn start_only(servers: &[usize]) -> Self {
@@ -161,11 +174,16 @@ impl NatsCluster {
         Self {
             dir,
             port_base: free_port_block(),
+            sync: None,
         }
     }
 
     fn script(&self, name: &str, args: &[String]) {
-        let out = Command::new(nats_scripts().join(name))
+        let mut command = Command::new(nats_scripts().join(name));
+        if let Some(sync) = &self.sync {
+            command.env("LOCKSTEP_NATS_SYNC", sync);
+        }
+        let out = command
             .args(args)
             .env("LOCKSTEP_NATS_STATE_DIR", &self.dir)
             .env("LOCKSTEP_NATS_PORT_BASE", self.port_base.to_string())

@@ -62,7 +62,8 @@ up() {
     mkdir -p "$ROOT/nats"
     # JetStream reserves each stream's max_bytes up front, from at most 75%
     # of the disk free at start unless told otherwise.
-    printf 'jetstream {\n  max_file_store: 1TB\n}\n' > "$ROOT/nats/nats.conf"
+    # Every write synced before it is acknowledged, as in production.
+    printf 'jetstream {\n  max_file_store: 1TB\n  sync_interval: always\n}\n' > "$ROOT/nats/nats.conf"
     setsid nats-server -c "$ROOT/nats/nats.conf" -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$ROOT/nats/js" > "$ROOT/nats/nats.log" 2>&1 < /dev/null &
     echo $! > "$ROOT/nats.pid"
     log "nats-server on 127.0.0.1:$NATS_PORT"

@@ -24,11 +24,15 @@
 #                             servers take their ports from, so both can run
 #                             side by side.
 #   LOCKSTEP_NATS_READY_TIMEOUT_S   how long to wait for a meta leader (60)
+#   LOCKSTEP_NATS_SYNC        JetStream's sync_interval: "always" (every write
+#                             synced before it is acknowledged; the default)
+#                             or a duration such as 2m (JetStream's own default)
 set -euo pipefail
 
 STATE=${LOCKSTEP_NATS_STATE_DIR:-${LOCKSTEP_STATE_DIR:-/tmp/lockstep-local}/nats}
 BASE=${LOCKSTEP_NATS_PORT_BASE:-14222}
 READY_TIMEOUT_S=${LOCKSTEP_NATS_READY_TIMEOUT_S:-60}
+SYNC=${LOCKSTEP_NATS_SYNC:-always}
 SERVERS=(1 2 3)
 
 log() { printf '[nats-up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -40,7 +44,7 @@ for arg in "$@"; do
   case $arg in
     --no-wait) wait_leader=0 ;;
     1|2|3) only+=("$arg") ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) die "unknown argument $arg (want --no-wait or a server number 1..3)" ;;
   esac
 done
@@ -81,6 +85,10 @@ jetstream {
   # (max_bytes in lockstep's config), which must fit under this one.
   max_memory_store: 256MB
   max_file_store: 16GB
+  # Every write synced to disk before it is acknowledged (LOCKSTEP_NATS_SYNC,
+  # "always" by default; JetStream's own default syncs every 2 minutes, and a
+  # power loss of every server loses what was acknowledged since).
+  sync_interval: $SYNC
 }
 cluster {
   name: lockstep-local
