@@ -260,6 +260,17 @@ pub struct ServiceConfig {
     pub checkpoint_every_records: u64,
     /// ... or this much time, whichever comes first.
     pub checkpoint_every_ms: u64,
+    /// With NATS, the leader keeps its checkpoint beside the log as a
+    /// snapshot (a JetStream object store bucket replicated like the
+    /// streams) at the first checkpoint after this much time, or after the
+    /// records since the last one take a quarter of `[log] max_bytes`: a
+    /// replica that starts with an empty store, or whose checkpoint the
+    /// log's retention has passed, starts from the newest. Less than half of
+    /// `[log] max_age_s`, so that the log always holds a snapshot's
+    /// successors.
+    pub snapshot_every_ms: u64,
+    /// Snapshots kept beside the log; older ones are deleted.
+    pub snapshots_kept: usize,
     /// Retry delay bound when the log is unreachable.
     pub retry_backoff_max_ms: u64,
     /// Whether the kernel may back lockstep's memory with transparent huge
@@ -283,6 +294,8 @@ impl Default for ServiceConfig {
             policy_poll_ms: 1000,
             checkpoint_every_records: 50_000,
             checkpoint_every_ms: 30_000,
+            snapshot_every_ms: 3_600_000,
+            snapshots_kept: 3,
             retry_backoff_max_ms: 5_000,
             transparent_huge_pages: false,
         }
@@ -387,6 +400,24 @@ impl Config {
                 "in config {}: log.replicas must be 1, 3 or 5 (a raft group of an even size tolerates no more failures than one server fewer), not {}",
                 path.display(),
                 cfg.log.replicas
+            );
+        }
+        let max_age_ms = cfg.log.max_age_s.saturating_mul(1000);
+        if cfg.log.nats_url.is_some()
+            && max_age_ms > 0
+            && cfg.service.snapshot_every_ms.saturating_mul(2) >= max_age_ms
+        {
+            anyhow::bail!(
+                "in config {}: service.snapshot_every_ms ({} ms) must be less than half of log.max_age_s ({} s): else the log's retention may discard every record after the newest snapshot, and a replica that starts then cannot catch up",
+                path.display(),
+                cfg.service.snapshot_every_ms,
+                cfg.log.max_age_s
+            );
+        }
+        if cfg.service.snapshots_kept == 0 {
+            anyhow::bail!(
+                "in config {}: service.snapshots_kept must be at least 1",
+                path.display()
             );
         }
         if cfg.service.batch_max == 0 {

@@ -105,7 +105,6 @@ fn describe() {
         ("lockstep_rule_firings_total", "Transitions and actions, by the policy rule that decided them."),
         ("lockstep_connector_errors_total", "Errors by connector (slurm, kubernetes, log) and class: sight lost, actions refused (retryable or not), event log open/read/append/publish failures."),
         ("lockstep_log_reconnects_total", "Event log operations that failed and are retried."),
-        ("lockstep_log_records_skipped_total", "Records the event log's retention discarded before this replica applied them (it folded on without them)."),
     ] {
         describe_counter!(name, help);
     }
@@ -113,7 +112,8 @@ fn describe() {
         ("lockstep_applied_seq", "Last applied log sequence."),
         ("lockstep_leader", "1 while this replica leads: it observes and acts."),
         ("lockstep_log_lag_records", "Records in the event log not applied yet."),
-        ("lockstep_log_broken", "1 while this replica stopped because the event log does not continue what it applied, by reason (recreated, went_back, rewritten, hole)."),
+        ("lockstep_snapshot_seq", "The sequence of the last snapshot this replica kept beside the event log (0: none since it started)."),
+        ("lockstep_log_broken", "1 while this replica stopped because the event log does not continue what it applied, by reason (recreated, went_back, rewritten, hole, uncovered)."),
         ("lockstep_slurm_nodes", "Slurm nodes by partition and state (as sinfo sums it up), from lockstep's model."),
         ("lockstep_slurm_pending_jobs", "Pending Slurm jobs by partition."),
         ("lockstep_slurm_pending_nodes", "Nodes wanted by pending jobs that more nodes can help, by partition: what scaling follows."),
@@ -190,9 +190,6 @@ pub struct Health {
     /// Why the loop stopped for good: the log does not continue what was
     /// applied (`/readyz`, `/status`).
     pub broken: std::sync::Mutex<Option<String>>,
-    /// Records the log's retention discarded before this replica applied
-    /// them, skipped since it started.
-    pub skipped: AtomicU64,
 }
 
 impl Health {
@@ -436,8 +433,7 @@ impl SyncMetrics {
                 .increment(0);
         }
         gauge!("lockstep_log_lag_records").set(0.0);
-        counter!("lockstep_log_records_skipped_total").increment(0);
-        for reason in ["recreated", "went_back", "rewritten", "hole"] {
+        for reason in ["recreated", "went_back", "rewritten", "hole", "uncovered"] {
             gauge!("lockstep_log_broken", "reason" => reason).set(0.0);
         }
     }
@@ -835,7 +831,7 @@ impl LogUnavailable<'_> {
 /// The log does not continue what was applied: the loop stopped.
 pub struct LogBroken<'a> {
     /// The metric's label ([`crate::service`]'s reasons: recreated,
-    /// went_back, rewritten, hole).
+    /// went_back, rewritten, hole, uncovered).
     pub reason: &'static str,
     /// What was found.
     pub detail: &'a dyn std::fmt::Display,
@@ -855,31 +851,26 @@ impl LogBroken<'_> {
     }
 }
 
-/// Records the log's retention discarded before this replica applied them.
-pub struct LogTruncated {
-    /// The first sequence skipped.
-    pub from: u64,
-    /// The last.
-    pub to: u64,
-    /// The first record the log holds.
-    pub first_held: u64,
+/// The leader kept a snapshot beside the log.
+pub struct SnapshotKept<'a> {
+    /// The last sequence its state applied.
+    pub seq: u64,
+    /// The state's hash.
+    pub state_hash: &'a str,
+    /// Hashing and uploading it.
+    pub took: Duration,
 }
 
-impl LogTruncated {
-    /// Logs and counts them.
-    pub fn emit(&self, health: &Health) {
-        let n = self.to + 1 - self.from;
-        error!(
-            from = self.from,
-            to = self.to,
-            first_held = self.first_held,
-            "records {}..={} were discarded by the event log's retention before this replica applied them; folding on from seq {} without them (what they said is not known here)",
-            self.from,
-            self.to,
-            self.first_held
+impl SnapshotKept<'_> {
+    /// Logs it and sets the gauge.
+    pub fn emit(&self) {
+        info!(
+            seq = self.seq,
+            state_hash = self.state_hash,
+            took_ms = self.took.as_millis() as u64,
+            "snapshot kept beside the event log"
         );
-        counter!("lockstep_log_records_skipped_total").increment(n);
-        health.skipped.fetch_add(n, Ordering::Relaxed);
+        gauge!("lockstep_snapshot_seq").set(self.seq as f64);
     }
 }
 
@@ -967,7 +958,6 @@ fn status_json(health: &Health) -> String {
         "applied_seq": health.applied_seq.load(Ordering::Relaxed),
         "head_seq": health.head_seq.load(Ordering::Relaxed),
         "checkpoint_seq": health.checkpoint_seq.load(Ordering::Relaxed),
-        "skipped_records": health.skipped.load(Ordering::Relaxed),
     });
     if let Some(why) = &*health.broken.lock().expect("health lock poisoned") {
         doc["stopped"] = serde_json::Value::String(why.clone());

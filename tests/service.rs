@@ -9,9 +9,9 @@
 //! the same is `benches/examples/crash_soak.rs` (1,000 kills).
 //!
 //! A log that does not continue what was applied (restored from an older
-//! backup, created anew, a hole) stops lockstep, which says why; records its
-//! retention discarded before a new replica applied them are skipped and
-//! counted.
+//! backup, created anew, a hole, retention past every snapshot) stops
+//! lockstep, which says why; a new replica starts from the newest snapshot
+//! the leader kept beside the log.
 //!
 //! On a real three-server JetStream cluster (streams with three replicas),
 //! with lockstep's Slurm actuator carrying out its drains against a real
@@ -874,7 +874,84 @@ fn a_stream_deleted_and_created_again_stops_lockstep_at_start_and_while_it_runs(
 }
 
 #[test]
-fn a_hole_in_the_log_stops_lockstep_before_it_and_retention_is_folded_over_and_counted() {
+fn a_hole_in_the_log_stops_lockstep_before_it() {
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits::default(),
+        ))
+        .unwrap();
+    let stream = rt.block_on(events_stream(&nats.url()));
+    let service = Service::new(Some(&nats.url()));
+    let first = append_events(&rt, &log, 31, 40);
+    let child = service.start();
+    service.wait_applied(first);
+    service.stop(child);
+
+    // A record deleted after the last one applied: it applies up to the
+    // hole and stops.
+    let head = append_events(&rt, &log, 32, 20);
+    let missing = head - 5;
+    assert!(rt.block_on(stream.delete_message(missing)).unwrap());
+    let child = service.start();
+    service.wait_stopped_for(&format!("seq {missing} is missing"));
+    assert_eq!(
+        service.metric("lockstep_log_broken{reason=\"hole\"}"),
+        Some(1.0)
+    );
+    service.stop(child);
+    assert_eq!(
+        service.store().log_position().unwrap().unwrap().seq,
+        missing - 1
+    );
+}
+
+/// A service whose leader keeps a snapshot at every checkpoint (500 ms).
+fn snapshotting(url: &str) -> Service {
+    let service = Service::new(Some(url));
+    let cfg = std::fs::read_to_string(&service.config).unwrap();
+    std::fs::write(
+        &service.config,
+        cfg.replace("[service]\n", "[service]\nsnapshot_every_ms = 400\n"),
+    )
+    .unwrap();
+    service
+}
+
+#[test]
+fn a_new_replica_on_a_log_whose_front_retention_discarded_and_no_snapshot_does_not_act() {
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits::default(),
+        ))
+        .unwrap();
+    let stream = rt.block_on(events_stream(&nats.url()));
+    append_events(&rt, &log, 41, 60);
+    rt.block_on(async { stream.purge().sequence(10).await })
+        .unwrap();
+    let service = Service::new(Some(&nats.url()));
+    let child = service.start();
+    let why = service.wait_stopped_for("records 1..=9 were discarded by the event log's retention");
+    assert!(
+        why.contains("no snapshot starts after them (none is kept)"),
+        "{why}"
+    );
+    assert_eq!(
+        service.metric("lockstep_log_broken{reason=\"uncovered\"}"),
+        Some(1.0)
+    );
+    service.stop(child);
+}
+
+#[test]
+fn a_new_replica_starts_from_the_newest_snapshot_where_retention_discarded_the_log_before_it() {
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
@@ -886,43 +963,79 @@ fn a_hole_in_the_log_stops_lockstep_before_it_and_retention_is_folded_over_and_c
         .unwrap();
     let stream = rt.block_on(events_stream(&nats.url()));
 
-    // Retention (here a purge of the front) discarded records 1..=9 before
-    // a new replica started: it folds on from 10 and says so.
-    let first = append_events(&rt, &log, 31, 40);
-    rt.block_on(async { stream.purge().sequence(10).await })
+    // The leader keeps snapshots beside the log: the newest names the
+    // state after its sequence.
+    let head = append_events(&rt, &log, 43, 60);
+    let leader = snapshotting(&nats.url());
+    let child = leader.start();
+    leader.wait_applied(head);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let snapshot = loop {
+        let kept = rt.block_on(log.snapshots()).unwrap();
+        if let Some(s) = kept.last().filter(|s| s.seq == head) {
+            break s.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot at seq {head} within 60 s: {kept:?}\n{}",
+            leader.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    leader.stop(child);
+    let (seq, leader_hash) = checkpoint_hash(&leader.store());
+    assert_eq!((seq, &leader_hash), (head, &snapshot.state_hash));
+
+    // More records, then retention passes the snapshot's sequence. A new
+    // replica starts from the snapshot and folds the rest.
+    let grown = append_events(&rt, &log, 44, 40);
+    rt.block_on(async { stream.purge().sequence(head + 1).await })
         .unwrap();
-    let fresh = Service::new(Some(&nats.url()));
-    let child = fresh.start();
-    fresh.wait_applied(first);
+    let replica = Service::new(Some(&nats.url()));
+    let child = replica.start();
+    replica.wait_applied(grown);
+    replica.stop(child);
+    assert!(
+        replica.log().contains(&format!(
+            "starting from the snapshot kept beside the event log seq={head}"
+        )),
+        "{}",
+        replica.log()
+    );
+
+    // It reaches the state of the leader, which goes on from its own
+    // checkpoint.
+    let child = leader.start();
+    leader.wait_applied(grown);
+    leader.stop(child);
     assert_eq!(
-        fresh.metric("lockstep_log_records_skipped_total"),
-        Some(9.0)
+        checkpoint_hash(&replica.store()),
+        checkpoint_hash(&leader.store())
     );
     assert!(
-        fresh
-            .log()
-            .contains("records 1..=9 were discarded by the event log's retention"),
-        "{}",
-        fresh.log()
+        rt.block_on(log.snapshots()).unwrap().len() <= 3,
+        "three kept"
     );
-    let (code, _) = fresh.get("/readyz").unwrap();
-    assert_eq!(code, 200);
-    fresh.stop(child);
+}
 
-    // A record deleted after the last one applied: it applies up to the
-    // hole and stops.
-    let head = append_events(&rt, &log, 32, 20);
-    let missing = head - 5;
-    assert!(rt.block_on(stream.delete_message(missing)).unwrap());
-    let child = fresh.start();
-    fresh.wait_stopped_for(&format!("seq {missing} is missing"));
-    assert_eq!(
-        fresh.metric("lockstep_log_broken{reason=\"hole\"}"),
-        Some(1.0)
-    );
-    fresh.stop(child);
-    assert_eq!(
-        fresh.store().log_position().unwrap().unwrap().seq,
-        missing - 1
+#[test]
+fn limits_that_could_leave_the_log_without_a_snapshot_are_refused() {
+    let service = Service::new(Some("nats://127.0.0.1:1"));
+    let cfg = std::fs::read_to_string(&service.config).unwrap();
+    std::fs::write(
+        &service.config,
+        cfg.replace("[log]\n", "[log]\nmax_age_s = 3600\n"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["run", "--config"])
+        .arg(&service.config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("service.snapshot_every_ms (3600000 ms) must be less than half of log.max_age_s (3600 s)"),
+        "{stderr}"
     );
 }

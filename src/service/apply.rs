@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use lockstep_engine::Engine;
 use lockstep_schemas::{Event, EventRecord};
-use lockstep_store::{Commit, LogPosition, Store};
+use lockstep_store::snapshots::SnapshotInfo;
+use lockstep_store::{Commit, EventLog, LogPosition, Store};
 use tracing::info;
 
 use super::Service;
@@ -67,6 +68,7 @@ impl Service {
         let due = self.since_checkpoint.0 >= service.checkpoint_every_records
             || self.since_checkpoint.1.elapsed()
                 >= Duration::from_millis(service.checkpoint_every_ms);
+        self.snapshots.records_since += batch.len() as u64;
         if due {
             let seq = write_checkpoint(&self.store, &self.engine)?;
             self.since_checkpoint = (0, Instant::now());
@@ -76,6 +78,84 @@ impl Service {
             .applied_seq
             .store(self.next - 1, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+impl Service {
+    /// Whether the leader keeps a snapshot beside the log now: it leads on
+    /// NATS, and none was kept since it leads, `snapshot_every_ms` has
+    /// passed, or the records since take a quarter of the stream's
+    /// `max_bytes` (the log's retention then keeps at least three more).
+    fn snapshot_due(&self) -> bool {
+        if self.role.acting().is_none() || !matches!(self.log, EventLog::Nats(_)) {
+            return false;
+        }
+        let s = &self.snapshots;
+        let every = Duration::from_millis(self.cfg.service.snapshot_every_ms);
+        let max_bytes = u64::try_from(self.cfg.log.max_bytes).unwrap_or(0);
+        s.last.is_none_or(|t| t.elapsed() >= every)
+            || (max_bytes > 0 && s.records_since.saturating_mul(s.record_bytes) >= max_bytes / 4)
+    }
+
+    /// When one is due, writes a checkpoint and keeps it beside the log as
+    /// a snapshot (also on a quiet log: the snapshot must stay inside the
+    /// log's retention window).
+    pub(super) async fn snapshot_if_due(&mut self) -> Result<()> {
+        if !self.snapshot_due() {
+            return Ok(());
+        }
+        let seq = write_checkpoint(&self.store, &self.engine)?;
+        self.since_checkpoint = (0, Instant::now());
+        self.health.checkpoint_seq.store(seq, Ordering::Relaxed);
+        self.keep_snapshot(seq).await;
+        Ok(())
+    }
+
+    /// Keeps the checkpoint just written (of the state after `seq`) beside
+    /// the log. A failure is reported and tried again when the next is
+    /// due (at once); the loop goes on.
+    async fn keep_snapshot(&mut self, seq: u64) {
+        let started = Instant::now();
+        let meta = SnapshotInfo::new(
+            seq,
+            self.engine.hash(),
+            lockstep_engine::LAYOUT,
+            env!("CARGO_PKG_VERSION"),
+        );
+        let kept = self
+            .log
+            .put_snapshot(
+                &self.store.checkpoint_path(),
+                &meta,
+                self.cfg.service.snapshots_kept,
+            )
+            .await;
+        match kept {
+            Ok(_) => {
+                telemetry::SnapshotKept {
+                    seq,
+                    state_hash: &meta.state_hash,
+                    took: started.elapsed(),
+                }
+                .emit();
+                self.snapshots.last = Some(Instant::now());
+                self.snapshots.records_since = 0;
+            }
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "keeping a snapshot beside the event log failed; trying again");
+                // Not at once: as often as a checkpoint.
+                self.snapshots.last = Some(
+                    Instant::now()
+                        .checked_sub(Duration::from_millis(
+                            self.cfg
+                                .service
+                                .snapshot_every_ms
+                                .saturating_sub(self.cfg.service.checkpoint_every_ms),
+                        ))
+                        .unwrap_or_else(Instant::now),
+                );
+            }
+        }
     }
 }
 

@@ -12,15 +12,15 @@
 //! | the log's last sequence below the one applied          | the log went back (an unsynced write lost, a backup restored) | stops ([`Break::WentBack`]) |
 //! | another record at the sequence applied last            | it went back and grew again | stops ([`Break::Rewritten`]) |
 //! | a sequence missing after one applied, with later ones held | a hole (a record deleted, a purge of a range) | stops ([`Break::Hole`]) |
-//! | the log's first record past the next one to apply      | retention discarded records this replica never applied | folds on from the first record held, and says how many it skipped ([`Gap::Truncated`]) |
+//! | the log's first record past the next one to apply, and no snapshot covers what was discarded | retention discarded records this replica never applied | stops ([`Break::Uncovered`]) |
 //!
 //! Stopping is for good, until an operator recovers (docs: operations,
-//! backups): the records applied no longer say what the log says, and
-//! whatever the engine decided from them may be wrong both ways; no record is
-//! skipped and nothing is acted on. The front of a log discarded by its
-//! retention is the one gap lockstep folds over: a new replica with an empty
-//! store meets it whenever the log is older than its retention, and a
-//! snapshot to start from is what would close it.
+//! alerts, LockstepLogBroken): the records applied no longer say what the
+//! log says, and whatever the engine decided from them may be wrong both
+//! ways; no record is skipped and nothing is acted on. A replica whose next
+//! record retention discarded starts from the newest snapshot the log
+//! continues (`open::bootstrap`), so it meets [`Break::Uncovered`] only when
+//! no snapshot is recent enough; restarted once one is, it goes on.
 
 use std::fmt;
 
@@ -39,6 +39,13 @@ pub(crate) enum Break {
     Rewritten { seq: u64 },
     /// Records missing between ones the log holds.
     Hole { from: u64, to: u64 },
+    /// Records retention discarded before this replica applied them, and
+    /// no snapshot to start after them.
+    Uncovered {
+        from: u64,
+        to: u64,
+        newest_snapshot: Option<u64>,
+    },
 }
 
 impl Break {
@@ -49,6 +56,7 @@ impl Break {
             Self::WentBack { .. } => "went_back",
             Self::Rewritten { .. } => "rewritten",
             Self::Hole { .. } => "hole",
+            Self::Uncovered { .. } => "uncovered",
         }
     }
 }
@@ -76,6 +84,20 @@ impl fmt::Display for Break {
                 f,
                 "the event log has a hole: seqs {from}..={to} are missing between records it holds"
             ),
+            Self::Uncovered {
+                from,
+                to,
+                newest_snapshot,
+            } => {
+                write!(
+                    f,
+                    "records {from}..={to} were discarded by the event log's retention before this replica applied them, and no snapshot starts after them ("
+                )?;
+                match newest_snapshot {
+                    Some(seq) => write!(f, "the newest is at seq {seq})"),
+                    None => write!(f, "none is kept)"),
+                }
+            }
         }
     }
 }
@@ -170,6 +192,7 @@ mod tests {
             id: id.to_owned(),
             first_seq,
             last_seq,
+            bytes: 0,
         }
     }
 

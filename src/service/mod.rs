@@ -57,7 +57,7 @@ mod dispatch;
 mod open;
 
 use acting::{Acting, Quiet};
-pub use open::{open_log, open_store, restore, STORE_LOCK_WAIT};
+pub use open::{bootstrap, open_log, open_store, restore, STORE_LOCK_WAIT};
 
 /// Runs until `shutdown` resolves; then finishes the batch, commits a final
 /// checkpoint and returns.
@@ -85,6 +85,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<()> 
     let Some(log) = open::open_log_when_available(&cfg, &health, &mut shutdown).await? else {
         return Ok(());
     };
+    bootstrap(&store, &log).await?;
     let mut service = Service::start(cfg, store, log, health.clone()).await?;
     let stop = service.run_until(&mut shutdown, &mut queries).await?;
     service.stop().await?;
@@ -163,6 +164,19 @@ struct Service {
     log_id: String,
     /// Found that the log does not continue what was applied.
     broken: Option<continuity::Break>,
+    /// The snapshots this instance keeps beside the log while it leads.
+    snapshots: Snapshots,
+}
+
+/// When the leader last kept a snapshot beside the log.
+#[derive(Debug, Default)]
+struct Snapshots {
+    /// `None`: none since it leads; one is kept at the next checkpoint.
+    last: Option<Instant>,
+    /// Records applied since.
+    records_since: u64,
+    /// The log's bytes per record, as its state last said (0: unknown).
+    record_bytes: u64,
 }
 
 impl Service {
@@ -206,6 +220,7 @@ impl Service {
             quiet,
             log_id,
             broken,
+            snapshots: Snapshots::default(),
         })
     }
 
@@ -264,6 +279,7 @@ impl Service {
                 // Also while busy: the lag must be current when it is large.
                 self.look_at_head().await;
                 self.sync.publish_stats(&self.engine, &self.health);
+                self.snapshot_if_due().await?;
             }
             telemetry::answer_queries(queries, &self.engine, &self.store);
             self.lead_once_caught_up(&batch).await?;
@@ -329,6 +345,8 @@ impl Service {
             )
             .await?;
             self.role = Role::Leader(acting);
+            // A snapshot at the first checkpoint of the leadership.
+            self.snapshots.last = None;
             self.health.leader.store(true, Ordering::Relaxed);
             telemetry::record_leader(true);
         }
@@ -341,6 +359,10 @@ impl Service {
     async fn look_at_head(&mut self) -> Option<u64> {
         let state = self.log.state().await.ok()?;
         let head = state.last_seq;
+        let held = (state.last_seq + 1).saturating_sub(state.first_seq);
+        if held > 0 && state.bytes > 0 {
+            self.snapshots.record_bytes = state.bytes / held;
+        }
         self.health.head_seq.store(head, Ordering::Relaxed);
         telemetry::record_lag(head, self.next - 1);
         if let Some(b) = continuity::against_state(&self.log_id, self.next - 1, &state) {
@@ -350,42 +372,38 @@ impl Service {
     }
 
     /// The part of a batch read from `next` that continues from it. A gap
-    /// at its start is looked up: records the log's retention discarded
-    /// before this replica applied them are skipped and said so; a hole
-    /// stops the loop (`broken`). A gap further in is met by the next read.
+    /// at its start stops the loop (`broken`): a hole, or records the log's
+    /// retention discarded before this replica applied them (a snapshot
+    /// after them would have been started from). A gap further in is met by
+    /// the next read.
     async fn continuing(&mut self, mut batch: Vec<EventRecord>) -> Vec<EventRecord> {
-        loop {
-            let (n, missing) = continuity::contiguous(self.next, &batch);
-            let Some((from, to)) = missing else {
-                return batch;
-            };
-            if n > 0 {
-                batch.truncate(n);
-                return batch;
-            }
-            let state = match self.log.state().await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the event log's state failed; reading again");
-                    return Vec::new();
-                }
-            };
-            match continuity::classify(from, to, &state) {
-                continuity::Gap::Truncated { from, to } => {
-                    telemetry::LogTruncated {
-                        from,
-                        to,
-                        first_held: state.first_seq,
-                    }
-                    .emit(&self.health);
-                    self.next = to + 1;
-                }
-                continuity::Gap::Hole { from, to } => {
-                    self.broken = Some(continuity::Break::Hole { from, to });
-                    return Vec::new();
-                }
-            }
+        let (n, missing) = continuity::contiguous(self.next, &batch);
+        let Some((from, to)) = missing else {
+            return batch;
+        };
+        if n > 0 {
+            batch.truncate(n);
+            return batch;
         }
+        let state = match self.log.state().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the event log's state failed; reading again");
+                return Vec::new();
+            }
+        };
+        self.broken = Some(match continuity::classify(from, to, &state) {
+            continuity::Gap::Truncated { from, to } => {
+                let snapshots = self.log.snapshots().await.unwrap_or_default();
+                continuity::Break::Uncovered {
+                    from,
+                    to,
+                    newest_snapshot: snapshots.last().map(|s| s.seq),
+                }
+            }
+            continuity::Gap::Hole { from, to } => continuity::Break::Hole { from, to },
+        });
+        Vec::new()
     }
 
     /// Stops acting, writes a final checkpoint of everything applied, then

@@ -93,6 +93,66 @@ pub fn open_store(cfg: &Config, wait: Duration) -> Result<Store> {
     })
 }
 
+/// A store without a checkpoint, or whose checkpoint the log no longer
+/// continues (its retention discarded the records after it), starts from the
+/// newest snapshot kept beside the log that is newer and that the log
+/// continues: the snapshot becomes the store's checkpoint, and the service
+/// restores from it as from its own. Nothing to do for the embedded log
+/// (it keeps no snapshots), or when no snapshot fits; the service then
+/// folds what the log holds, and stops where it cannot.
+pub async fn bootstrap(store: &Store, log: &EventLog) -> Result<()> {
+    let snapshots = log
+        .snapshots()
+        .await
+        .context("listing the snapshots kept beside the event log")?;
+    if snapshots.is_empty() {
+        return Ok(());
+    }
+    let checkpoint = match store.read_checkpoint(|_| Ok::<(), std::convert::Infallible>(())) {
+        Ok(c) => c.map(|(seq, _)| seq),
+        Err(StoreError::CorruptCheckpoint { .. }) => None,
+        Err(e) => return Err(e).context("reading the checkpoint"),
+    };
+    let state = log.state().await.context("reading the event log's state")?;
+    let next = checkpoint.map_or(1, |seq| seq + 1);
+    if checkpoint.is_some() && next >= state.first_seq {
+        // The log continues the store's own checkpoint.
+        return Ok(());
+    }
+    let usable = snapshots.iter().rev().find(|s| {
+        s.layout == lockstep_engine::LAYOUT
+            && s.seq >= next
+            && s.seq + 1 >= state.first_seq
+            && s.seq <= state.last_seq
+    });
+    let Some(snapshot) = usable else {
+        info!(
+            first_held = state.first_seq,
+            newest_snapshot = snapshots.last().map(|s| s.seq),
+            "no snapshot kept beside the event log fits this store; folding the log"
+        );
+        return Ok(());
+    };
+    let started = Instant::now();
+    let download = store.download_path();
+    let bytes = log
+        .fetch_snapshot(&snapshot.name, &download)
+        .await
+        .with_context(|| format!("downloading snapshot {}", snapshot.name))?;
+    let seq = store
+        .adopt_checkpoint(&download)
+        .with_context(|| format!("checking snapshot {}", snapshot.name))?;
+    info!(
+        seq,
+        state_hash = %snapshot.state_hash,
+        bytes,
+        written_by = %snapshot.version,
+        took_ms = started.elapsed().as_millis() as u64,
+        "starting from the snapshot kept beside the event log"
+    );
+    Ok(())
+}
+
 /// The engine and next sequence to apply, from the store's checkpoint,
 /// decoded as it is read. A damaged or unreadable checkpoint is reported
 /// and the engine rebuilds from the start of the log instead.

@@ -8,6 +8,7 @@
 //! Nothing here decides anything; the reducer (`lockstep-engine`) does.
 
 pub mod log;
+pub mod snapshots;
 pub mod store;
 
 pub use log::{server_urls, Appended, EventLog, LogState, StreamLimits};

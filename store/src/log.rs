@@ -68,6 +68,9 @@ pub enum Error {
         /// The subjects lockstep uses.
         wanted: Vec<String>,
     },
+    /// Keeping, listing or reading a snapshot failed.
+    #[error("snapshots: {0}")]
+    Snapshot(String),
     /// A stored record does not decode.
     #[error("record at seq {seq} does not decode")]
     Decode {
@@ -170,6 +173,9 @@ pub struct LogState {
     pub first_seq: u64,
     /// The last sequence it ever gave a record (0 when it never did).
     pub last_seq: u64,
+    /// The bytes of the records it holds (0 for the embedded log, which
+    /// does not count them).
+    pub bytes: u64,
 }
 
 /// The event log.
@@ -236,6 +242,43 @@ impl EventLog {
         match self {
             Self::Embedded(e) => e.envelope_id_at(seq),
             Self::Nats(n) => n.envelope_id_at(seq).await,
+        }
+    }
+
+    /// The snapshots kept beside the log, oldest first (none for the
+    /// embedded log: its store's checkpoint is on the same disk).
+    pub async fn snapshots(&self) -> Result<Vec<crate::snapshots::SnapshotInfo>> {
+        match self {
+            Self::Embedded(_) => Ok(Vec::new()),
+            Self::Nats(n) => crate::snapshots::list(&n.js).await,
+        }
+    }
+
+    /// Keeps the checkpoint file `file` as a snapshot beside the log, then
+    /// deletes all but the newest `keep`. `false` for the embedded log,
+    /// which keeps none.
+    pub async fn put_snapshot(
+        &self,
+        file: &Path,
+        meta: &crate::snapshots::SnapshotInfo,
+        keep: usize,
+    ) -> Result<bool> {
+        match self {
+            Self::Embedded(_) => Ok(false),
+            Self::Nats(n) => {
+                crate::snapshots::put(&n.js, n.replicas, file, meta, keep).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Writes the snapshot named `name` to the file `to`; its size.
+    pub async fn fetch_snapshot(&self, name: &str, to: &Path) -> Result<u64> {
+        match self {
+            Self::Embedded(_) => Err(Error::Snapshot(format!(
+                "the embedded log keeps no snapshot {name}"
+            ))),
+            Self::Nats(n) => crate::snapshots::fetch(&n.js, name, to).await,
         }
     }
 
@@ -406,6 +449,7 @@ impl Embedded {
             id: self.id.clone(),
             first_seq,
             last_seq,
+            bytes: 0,
         })
     }
 
@@ -468,6 +512,8 @@ fn now_nanos() -> u128 {
 /// The NATS JetStream log.
 pub struct Nats {
     js: async_nats::jetstream::Context,
+    /// Copies of each stream, and of the snapshot bucket.
+    replicas: usize,
     /// The ordered consumer reading observations, and the next sequence it
     /// will deliver.
     cursor: Mutex<Option<(u64, async_nats::jetstream::consumer::pull::Ordered)>>,
@@ -538,6 +584,7 @@ impl Nats {
         }
         Ok(Self {
             js,
+            replicas: limits.replicas.max(1),
             cursor: Mutex::new(None),
         })
     }
@@ -655,6 +702,7 @@ impl Nats {
             id: format!("{EVENTS_STREAM}@{}", info.created.unix_timestamp_nanos()),
             first_seq,
             last_seq: state.last_sequence,
+            bytes: state.bytes,
         })
     }
 

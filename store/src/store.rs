@@ -318,6 +318,38 @@ impl Store {
         self.dir.join(checkpoint::FILE_NAME)
     }
 
+    /// Where a snapshot to start from is downloaded before
+    /// [`Self::adopt_checkpoint`] makes it the checkpoint.
+    pub fn download_path(&self) -> PathBuf {
+        self.dir.join("engine.checkpoint.download")
+    }
+
+    /// Makes the checkpoint file `file` (a snapshot downloaded beside the
+    /// store) the store's checkpoint once it reads whole and its checksum
+    /// holds; returns its sequence. A file that does not verify is removed
+    /// and the checkpoint stays as it was.
+    pub fn adopt_checkpoint(&self, file: &Path) -> Result<u64> {
+        let io = |source| Error::CheckpointIo {
+            path: file.display().to_string(),
+            source,
+        };
+        let f = std::fs::File::open(file).map_err(io)?;
+        let drain = |r: &mut dyn std::io::Read| std::io::copy(r, &mut std::io::sink());
+        let seq = match checkpoint::read(f, drain) {
+            Ok((seq, Ok(_))) => seq,
+            Ok((seq, Err(_))) | Err(checkpoint::ReadError::Corrupt { seq }) => {
+                let _ = std::fs::remove_file(file);
+                return Err(Error::CorruptCheckpoint { seq });
+            }
+            Err(checkpoint::ReadError::Io(source)) => return Err(io(source)),
+        };
+        std::fs::rename(file, self.checkpoint_path()).map_err(io)?;
+        if let Ok(dir) = std::fs::File::open(&self.dir) {
+            dir.sync_all().map_err(io)?;
+        }
+        Ok(seq)
+    }
+
     fn checkpoint_io(&self, source: std::io::Error) -> Error {
         Error::CheckpointIo {
             path: self.checkpoint_path().display().to_string(),

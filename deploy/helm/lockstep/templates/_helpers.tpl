@@ -75,6 +75,8 @@ tick_interval_ms = {{ int64 .Values.loop.tickIntervalMs }}
 policy_poll_ms = {{ int64 .Values.loop.policyPollMs }}
 checkpoint_every_records = {{ int64 .Values.loop.checkpointEveryRecords }}
 checkpoint_every_ms = {{ int64 .Values.loop.checkpointEveryMs }}
+snapshot_every_ms = {{ int64 .Values.loop.snapshotEveryMs }}
+snapshots_kept = {{ int64 .Values.loop.snapshotsKept }}
 transparent_huge_pages = {{ .Values.loop.transparentHugePages }}
 [telemetry]
 listen = "0.0.0.0:{{ .Values.telemetry.port }}"
@@ -270,7 +272,8 @@ spec:
       emptyDir: {}
     {{- if not (and (eq .Values.mode "embedded") .Values.embedded.persistence.enabled) }}
     # The store (and in mode embedded the log): in mode nats a cache of the
-    # log that a new pod rebuilds from NATS.
+    # log that a new pod rebuilds from the newest snapshot kept in NATS and
+    # the records after it.
     - name: data
       emptyDir: {}
     {{- end }}
