@@ -20,6 +20,9 @@
 //! `VmHWM` read before it exits. `LOCKSTEP_BIN` runs another build of
 //! `lockstep` (an earlier commit's, for a before and after).
 //!
+//! With `--bootstrap [nodes] [events]` first (50,000 and 1,000,000), a new
+//! replica's start from the newest snapshot against folding the whole log.
+//!
 //! With `--cluster` first, only the publish -> apply figure, on one
 //! nats-server and then on a three-server JetStream cluster
 //! (`deploy/local/nats/up.sh`) with the streams replicated three times,
@@ -209,6 +212,14 @@ fn main() {
         args.next();
         let events = args.next().map_or(200_000, |a| a.parse().expect("events"));
         return cluster_throughput(events);
+    }
+    if args.peek().is_some_and(|a| a == "--bootstrap") {
+        args.next();
+        let nodes = args.next().map_or(50_000, |a| a.parse().expect("nodes"));
+        let events = args
+            .next()
+            .map_or(1_000_000, |a| a.parse().expect("events"));
+        return bootstrap(nodes, events);
     }
     if args.peek().is_some_and(|a| a == "--memory") {
         args.next();
@@ -425,6 +436,105 @@ fn cluster_throughput(events: usize) {
     ] {
         let cluster = lockstep_testkit::NatsCluster::start_syncing(sync);
         measure(&rt, &cluster.url(), 3, &records, what);
+    }
+}
+
+/// A new replica's start: from the newest snapshot the leader kept beside
+/// the log (with 50,000 records after it), against folding the whole log.
+/// The same records are on two nats-servers, one of them without
+/// snapshots; the two starts alternate three times.
+fn bootstrap(nodes: usize, events: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    eprintln!("generating {events} events over {nodes} slurm nodes ...");
+    let mut g = Generator::new(Shape::plain(nodes, 4), 42);
+    g.steady_state(events.saturating_sub(g.records().len()));
+    let records = g.into_records();
+    let after = CHECKPOINT_EVERY.min(records.len() / 2);
+    let (before, rest) = records.split_at(records.len() - after);
+    let limits = StreamLimits {
+        max_bytes: -1,
+        ..StreamLimits::default()
+    };
+    let servers = [NatsServer::start(), NatsServer::start()];
+    let logs: Vec<EventLog> = servers
+        .iter()
+        .map(|n| {
+            rt.block_on(EventLog::connect_nats(&n.url(), &limits))
+                .unwrap()
+        })
+        .collect();
+    for log in &logs {
+        eprintln!("publishing {} events ...", before.len());
+        rt.block_on(publish(log, before));
+    }
+    let head = rt.block_on(logs[0].head()).unwrap();
+    // The leader folds the first server's log and keeps a snapshot at its
+    // head.
+    let dir = temp_dir("service-figures-bootstrap");
+    let port = free_port();
+    let mut leader = start(&config(&dir, &servers[0].url(), port));
+    wait_applied(port, head, Duration::from_secs(3600));
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let snapshot = loop {
+        let kept = rt.block_on(logs[0].snapshots()).unwrap();
+        if let Some(s) = kept.last().filter(|s| s.seq == head) {
+            break s.clone();
+        }
+        assert!(Instant::now() < deadline, "no snapshot at seq {head}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    stop(&mut leader);
+    let _ = std::fs::remove_dir_all(&dir);
+    for log in &logs {
+        rt.block_on(publish(log, rest));
+    }
+    let head = rt.block_on(logs[0].head()).unwrap();
+    assert_eq!(head, rt.block_on(logs[1].head()).unwrap());
+    println!(
+        "a new replica's start, {head} events over {nodes} nodes, snapshot at seq {} ({:.1} MiB), {after} records after it:",
+        snapshot.seq,
+        snapshot.bytes as f64 / f64::from(1 << 20)
+    );
+    for round in 1..=3 {
+        for (server, what) in [(0, "from the snapshot"), (1, "folding the whole log")] {
+            let dir = temp_dir("service-figures-bootstrap-replica");
+            let port = free_port();
+            let cfg = config(&dir, &servers[server].url(), port);
+            let t = Instant::now();
+            let mut child = start(&cfg);
+            wait_applied(port, head, Duration::from_secs(3600));
+            let took = t.elapsed();
+            stop(&mut child);
+            // It leads, so it kept a snapshot once caught up: gone, so
+            // that the next one starts as this one did.
+            let newer: Vec<String> = rt
+                .block_on(logs[server].snapshots())
+                .unwrap()
+                .into_iter()
+                .filter(|s| s.seq > snapshot.seq)
+                .map(|s| s.name)
+                .collect();
+            rt.block_on(delete_snapshots(&servers[server].url(), &newer));
+            println!("  round {round}, {what}: {:.2} s", took.as_secs_f64());
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+/// Deletes the snapshots named from the nats-server at `url`.
+async fn delete_snapshots(url: &str, names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let bucket = js
+        .get_object_store(lockstep_store::snapshots::BUCKET)
+        .await
+        .unwrap();
+    for name in names {
+        bucket.delete(name).await.unwrap();
     }
 }
 
