@@ -106,6 +106,16 @@ struct NodeCtl {
     cleared: Option<Box<Origin>>,
     /// Why the node's topology label cannot be used, while it cannot.
     topology_issue: Option<String>,
+    /// lockstep changed the node's state (drain, down, resume) while Slurm
+    /// did not show its previous change yet: what the model holds of the
+    /// node predates both, so none of it counts as the new change seen until
+    /// Slurm reports the node in an observation after this sequence (the
+    /// change's outcome moves it to the outcome's). Without it, a drain sent
+    /// right after a resume "shows" in the drain the resume lifted, and a
+    /// job that started in between is not seen before a scale-in removes
+    /// the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fresh_after: Option<u64>,
 }
 
 impl NodeCtl {
@@ -309,6 +319,9 @@ impl Engine {
     /// Whether what Slurm shows of node `name` is about to change: the effect
     /// of lockstep's last drain, down or resume of it does not show yet.
     fn slurm_unseen(&self, name: &str) -> bool {
+        if self.ctl.get(name).is_some_and(|c| c.fresh_after.is_some()) {
+            return true;
+        }
         let Some(action) = self.flights.state_action(name) else {
             return false;
         };

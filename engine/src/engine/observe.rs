@@ -283,6 +283,28 @@ impl Engine {
     /// ([`slurm_relevant_change`]) says which rules look again.
     fn observe_slurm_node(&mut self, node: &SlurmNode, ctx: &Ctx<'_>) {
         let gen = self.gen(Domain::SlurmNodes);
+        // Reported by a poll after lockstep's last change of it (a newer
+        // version: a copy of the one held, delivered again, is not): the
+        // model's copy is current again (`NodeCtl::fresh_after`).
+        let waits = self
+            .ctl
+            .get(&node.name)
+            .and_then(|c| c.fresh_after)
+            .is_some_and(|after| after < ctx.seq);
+        if waits {
+            let newer = node.version == 0
+                || self
+                    .model
+                    .slurm_nodes
+                    .get(&node.name)
+                    .is_none_or(|held| node.version > held.obs.version);
+            if newer {
+                if let Some(c) = self.ctl.get_mut(&node.name) {
+                    c.fresh_after = None;
+                }
+                self.touch_slurm(&node.name);
+            }
+        }
         match self.model.slurm_nodes.get_mut(&node.name) {
             // Only the version moved (a relist): nothing to decide.
             Some(seen) if seen.obs.same_but_version(node) => {

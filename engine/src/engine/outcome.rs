@@ -16,7 +16,17 @@ impl Engine {
             return;
         };
         match owner {
-            OwnerOf::Named(Owner::SlurmNode, node, _) => self.touch_slurm(&node),
+            OwnerOf::Named(Owner::SlurmNode, node, aspect) => {
+                if aspect == Aspect::State {
+                    // Only an observation after the change was made shows it.
+                    if let Some(c) = self.ctl.get_mut(&node) {
+                        if c.fresh_after.is_some() {
+                            c.fresh_after = Some(ctx.seq);
+                        }
+                    }
+                }
+                self.touch_slurm(&node);
+            }
             OwnerOf::Named(Owner::Pod, _, Aspect::Delete) | OwnerOf::Scale => {
                 self.schedule_scaling(ctx);
             }

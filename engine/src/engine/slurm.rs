@@ -41,6 +41,11 @@ impl Engine {
             self.flights.adopt(Owner::SlurmNode, name, state);
         }
         let ctl = self.ctl.get_mut(name).expect("inserted above");
+        // What the model holds predates lockstep's last change of the node.
+        let side = SlurmSide {
+            unseen: side.unseen || ctl.fresh_after.is_some(),
+            ..side
+        };
         let shown_before = ctl.slurm_health_shown();
         show_health(
             ctl,
@@ -382,11 +387,18 @@ fn decide_state(
                 rule = Rule::GaveUp;
                 gave_up = Some(format!("gave up after {attempts} attempts: {error}"));
             }
-            Step::Sent { attempt: 1 } if bounded => {
-                let max = policy.health.drains_per_minute_max as usize;
-                health::record(cluster_drains, now, 60_000, max);
+            Step::Sent { attempt } => {
+                if side.unseen {
+                    // Sent over an observation that predates lockstep's
+                    // previous change: only a later one can show this one.
+                    ctl.fresh_after = Some(ctx.seq);
+                }
+                if attempt == 1 && bounded {
+                    let max = policy.health.drains_per_minute_max as usize;
+                    health::record(cluster_drains, now, 60_000, max);
+                }
             }
-            Step::Sent { .. } | Step::Quiet => {}
+            Step::Quiet => {}
         }
     } else if flights
         .get(key)
