@@ -731,6 +731,18 @@ fn lockstep_waits_for_a_majority_of_the_cluster_and_says_why() {
     lockstep.stop().unwrap();
 }
 
+/// The log on the nats-server at `url`, with default limits, and its
+/// events stream (for what lockstep never does to it).
+fn connect(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+) -> (EventLog, async_nats::jetstream::stream::Stream) {
+    let log = rt
+        .block_on(EventLog::connect_nats(url, &StreamLimits::default()))
+        .unwrap();
+    (log, rt.block_on(events_stream(url)))
+}
+
 /// The log's stream, for what lockstep never does to it (deleting records).
 async fn events_stream(url: &str) -> async_nats::jetstream::stream::Stream {
     let client = async_nats::connect(url).await.unwrap();
@@ -878,13 +890,7 @@ fn a_hole_in_the_log_stops_lockstep_before_it() {
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
-    let stream = rt.block_on(events_stream(&nats.url()));
+    let (log, stream) = connect(&rt, &nats.url());
     let service = Service::new(Some(&nats.url()));
     let first = append_events(&rt, &log, 31, 40);
     let child = service.start();
@@ -926,13 +932,7 @@ fn a_new_replica_on_a_log_whose_front_retention_discarded_and_no_snapshot_does_n
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
-    let stream = rt.block_on(events_stream(&nats.url()));
+    let (log, stream) = connect(&rt, &nats.url());
     append_events(&rt, &log, 41, 60);
     rt.block_on(async { stream.purge().sequence(10).await })
         .unwrap();
@@ -955,13 +955,7 @@ fn a_new_replica_starts_from_the_newest_snapshot_where_retention_discarded_the_l
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
-    let stream = rt.block_on(events_stream(&nats.url()));
+    let (log, stream) = connect(&rt, &nats.url());
 
     // The leader keeps snapshots beside the log: the newest names the
     // state after its sequence.
