@@ -176,19 +176,7 @@ impl Service {
 
     /// A telemetry endpoint's answer: (status code, body).
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let code = text.split(' ').nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n")?.1.to_owned();
-        Some((code, body))
+        lockstep_testkit::http_get(self.port, path)
     }
 
     /// Waits until `/readyz` says lockstep stopped, and returns what it
@@ -777,18 +765,15 @@ fn a_log_restored_from_an_older_backup_stops_lockstep_and_it_says_why() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
     let url = nats.url();
-    let connect = || {
-        rt.block_on(EventLog::connect_nats(&url, &StreamLimits::default()))
-            .unwrap()
-    };
+    let reconnect = || connect(&rt, &url).0;
     let service = Service::new(Some(&url));
     let backup = service.dir.join("nats-backup");
-    let head = append_events(&rt, &connect(), 11, 30);
+    let head = append_events(&rt, &reconnect(), 11, 30);
     // The backup, taken with the server stopped.
     nats.stop();
     copy_tree(&nats.dir.join("js"), &backup);
     nats.restart();
-    let head = head.max(append_events(&rt, &connect(), 12, 30));
+    let head = head.max(append_events(&rt, &reconnect(), 12, 30));
     let child = service.start();
     service.wait_applied(head);
     service.stop(child);
@@ -800,7 +785,7 @@ fn a_log_restored_from_an_older_backup_stops_lockstep_and_it_says_why() {
     std::fs::remove_dir_all(nats.dir.join("js")).unwrap();
     copy_tree(&backup, &nats.dir.join("js"));
     nats.restart();
-    let restored = rt.block_on(connect().head()).unwrap();
+    let restored = rt.block_on(reconnect().head()).unwrap();
     assert!(restored < applied, "{restored} < {applied}");
     let child = service.start();
     let why = service.wait_stopped_for("went back");
@@ -828,7 +813,7 @@ fn a_log_restored_from_an_older_backup_stops_lockstep_and_it_says_why() {
 
     // The restored log grows past what was applied: other records at the
     // same sequences.
-    let grown = append_events(&rt, &connect(), 13, 60);
+    let grown = append_events(&rt, &reconnect(), 13, 60);
     assert!(grown > applied);
     let child = service.start();
     service.wait_stopped_for(&format!(
@@ -848,12 +833,9 @@ fn a_stream_deleted_and_created_again_stops_lockstep_at_start_and_while_it_runs(
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
     let url = nats.url();
-    let connect = || {
-        rt.block_on(EventLog::connect_nats(&url, &StreamLimits::default()))
-            .unwrap()
-    };
+    let reconnect = || connect(&rt, &url).0;
     let service = Service::new(Some(&url));
-    let head = append_events(&rt, &connect(), 21, 20);
+    let head = append_events(&rt, &reconnect(), 21, 20);
     let child = service.start();
     service.wait_applied(head);
 
@@ -865,7 +847,7 @@ fn a_stream_deleted_and_created_again_stops_lockstep_at_start_and_while_it_runs(
             .await
             .unwrap();
     });
-    append_events(&rt, &connect(), 22, 5);
+    append_events(&rt, &reconnect(), 22, 5);
     service.wait_stopped_for("created anew");
     assert_eq!(
         service.metric("lockstep_log_broken{reason=\"recreated\"}"),
@@ -878,7 +860,7 @@ fn a_stream_deleted_and_created_again_stops_lockstep_at_start_and_while_it_runs(
     nats.stop();
     std::fs::remove_dir_all(nats.dir.join("js")).unwrap();
     nats.restart();
-    append_events(&rt, &connect(), 23, 40);
+    append_events(&rt, &reconnect(), 23, 40);
     let child = service.start();
     service.wait_stopped_for("created anew");
     service.stop(child);

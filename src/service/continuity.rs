@@ -142,15 +142,6 @@ pub(crate) fn against_state(bound: &str, applied: u64, state: &LogState) -> Opti
     })
 }
 
-/// Sequences a read skipped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Gap {
-    /// Discarded by the log's retention before this replica applied them.
-    Truncated { from: u64, to: u64 },
-    /// Missing between records the log holds.
-    Hole { from: u64, to: u64 },
-}
-
 /// How many records of `batch` (read from `next`) follow each other without
 /// a gap, and the first sequences missing, if any.
 pub(crate) fn contiguous(next: u64, batch: &[EventRecord]) -> (usize, Option<(u64, u64)>) {
@@ -164,13 +155,18 @@ pub(crate) fn contiguous(next: u64, batch: &[EventRecord]) -> (usize, Option<(u6
     (batch.len(), None)
 }
 
-/// What the missing `from..=to` is, given the log's state: a front that
-/// retention discarded, or a hole.
-pub(crate) fn classify(from: u64, to: u64, state: &LogState) -> Gap {
+/// What the missing `from..=to` is, given the log's state: the front that
+/// retention discarded (the newest snapshot does not start after it, or
+/// this replica would have started from it), or a hole.
+pub(crate) fn gap(from: u64, to: u64, state: &LogState, newest_snapshot: Option<u64>) -> Break {
     if state.first_seq > to {
-        Gap::Truncated { from, to }
+        Break::Uncovered {
+            from,
+            to,
+            newest_snapshot,
+        }
     } else {
-        Gap::Hole { from, to }
+        Break::Hole { from, to }
     }
 }
 
@@ -215,12 +211,16 @@ mod tests {
     #[test]
     fn retention_is_told_from_a_hole_by_the_first_record_held() {
         assert_eq!(
-            classify(5, 6, &state("a", 7, 20)),
-            Gap::Truncated { from: 5, to: 6 }
+            gap(5, 6, &state("a", 7, 20), Some(3)),
+            Break::Uncovered {
+                from: 5,
+                to: 6,
+                newest_snapshot: Some(3)
+            }
         );
         assert_eq!(
-            classify(9, 10, &state("a", 1, 20)),
-            Gap::Hole { from: 9, to: 10 }
+            gap(9, 10, &state("a", 1, 20), Some(3)),
+            Break::Hole { from: 9, to: 10 }
         );
     }
 

@@ -392,17 +392,9 @@ impl Service {
                 return Vec::new();
             }
         };
-        self.broken = Some(match continuity::classify(from, to, &state) {
-            continuity::Gap::Truncated { from, to } => {
-                let snapshots = self.log.snapshots().await.unwrap_or_default();
-                continuity::Break::Uncovered {
-                    from,
-                    to,
-                    newest_snapshot: snapshots.last().map(|s| s.seq),
-                }
-            }
-            continuity::Gap::Hole { from, to } => continuity::Break::Hole { from, to },
-        });
+        let snapshots = self.log.snapshots().await.unwrap_or_default();
+        let newest = snapshots.last().map(|s| s.seq);
+        self.broken = Some(continuity::gap(from, to, &state, newest));
         Vec::new()
     }
 

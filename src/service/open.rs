@@ -108,11 +108,7 @@ pub async fn bootstrap(store: &Store, log: &EventLog) -> Result<()> {
     if snapshots.is_empty() {
         return Ok(());
     }
-    let checkpoint = match store.read_checkpoint(|_| Ok::<(), std::convert::Infallible>(())) {
-        Ok(c) => c.map(|(seq, _)| seq),
-        Err(StoreError::CorruptCheckpoint { .. }) => None,
-        Err(e) => return Err(e).context("reading the checkpoint"),
-    };
+    let checkpoint = store.checkpoint_seq().context("reading the checkpoint")?;
     let state = log.state().await.context("reading the event log's state")?;
     let next = checkpoint.map_or(1, |seq| seq + 1);
     if checkpoint.is_some() && next >= state.first_seq {

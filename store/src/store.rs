@@ -318,6 +318,23 @@ impl Store {
         self.dir.join(checkpoint::FILE_NAME)
     }
 
+    /// The sequence the checkpoint names, read from its header alone (its
+    /// body is verified when it is restored); `None` without a checkpoint or
+    /// with one that is not a checkpoint file. A store that keeps its
+    /// checkpoint in the database (written before checkpoint files) reads
+    /// and verifies it.
+    pub fn checkpoint_seq(&self) -> Result<Option<u64>> {
+        match std::fs::File::open(self.checkpoint_path()) {
+            Ok(f) => checkpoint::seq_of(f).map_err(|e| self.checkpoint_io(e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(self
+                .read_legacy_checkpoint(|_| Ok::<(), std::convert::Infallible>(()))
+                .ok()
+                .flatten()
+                .map(|(seq, _)| seq)),
+            Err(e) => Err(self.checkpoint_io(e)),
+        }
+    }
+
     /// Where a snapshot to start from is downloaded before
     /// [`Self::adopt_checkpoint`] makes it the checkpoint.
     pub fn download_path(&self) -> PathBuf {

@@ -209,3 +209,52 @@ async fn actions_are_published_once_per_id() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_kept_newest_first_pruned_and_read_back_whole() {
+    use lockstep_store::snapshots::SnapshotInfo;
+    let nats = NatsServer::start();
+    let log = EventLog::connect_nats(&nats.url(), &StreamLimits::default())
+        .await
+        .unwrap();
+    // None before the first: no bucket yet, and no error.
+    assert_eq!(log.snapshots().await.unwrap(), vec![]);
+    let dir = temp_dir("log-snapshots");
+    for seq in [10, 50, 20, 40, 30] {
+        // Larger than one chunk (128 KiB), so that the upload and the
+        // download each take several.
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i as u64 * seq) as u8).collect();
+        let file = dir.join(format!("cp-{seq}"));
+        std::fs::write(&file, &body).unwrap();
+        let meta = SnapshotInfo::new(seq, format!("hash-{seq}"), 2, "test");
+        assert!(log.put_snapshot(&file, &meta, 3).await.unwrap());
+    }
+    let kept = log.snapshots().await.unwrap();
+    let seqs: Vec<u64> = kept.iter().map(|s| s.seq).collect();
+    assert_eq!(seqs, vec![30, 40, 50], "the newest three, oldest first");
+    let newest = kept.last().unwrap();
+    assert_eq!(
+        (
+            newest.state_hash.as_str(),
+            newest.layout,
+            newest.version.as_str(),
+            newest.bytes
+        ),
+        ("hash-50", 2, "test", 300_000)
+    );
+    let to = dir.join("fetched");
+    assert_eq!(
+        log.fetch_snapshot(&newest.name, &to).await.unwrap(),
+        300_000
+    );
+    assert_eq!(
+        std::fs::read(&to).unwrap(),
+        std::fs::read(dir.join("cp-50")).unwrap()
+    );
+    let embedded = EventLog::open_embedded(&dir.join("embedded")).unwrap();
+    assert!(!embedded
+        .put_snapshot(&to, &SnapshotInfo::new(1, String::new(), 2, "test"), 3)
+        .await
+        .unwrap());
+    assert_eq!(embedded.snapshots().await.unwrap(), vec![]);
+}

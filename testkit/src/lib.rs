@@ -57,6 +57,21 @@ pub(crate) fn nanos() -> u128 {
         .as_nanos()
 }
 
+/// An HTTP GET of `path` on `127.0.0.1:port` (lockstep's telemetry
+/// endpoint): status code and body; `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_owned();
+    Some((code, body))
+}
+
 /// Waits until `f` gives a value, polling every 100 ms; panics after `limit`.
 pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let t = Instant::now();

@@ -228,16 +228,7 @@ impl Instance {
 
     /// An HTTP GET on the telemetry endpoint: status code and body.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-            .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let code = text.split(' ').nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n")?.1.to_owned();
-        Some((code, body))
+        crate::http_get(self.port, path)
     }
 
     /// `/status`: (ready, leader, applied_seq).

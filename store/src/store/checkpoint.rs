@@ -143,6 +143,20 @@ pub(super) fn read<T, E>(
     Ok((seq, decoded))
 }
 
+/// The sequence a checkpoint file names in its header, without reading or
+/// verifying its body; `None` for a file that is not a checkpoint of this
+/// format.
+pub(super) fn seq_of(mut file: File) -> io::Result<Option<u64>> {
+    let mut header = [0u8; HEADER_LEN as usize];
+    match file.read_exact(&mut header) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let ours = &header[..8] == MAGIC && header[8..12] == FORMAT.to_be_bytes();
+    Ok(ours.then(|| u64::from_be_bytes(header[12..].try_into().expect("8 bytes"))))
+}
+
 /// `read_exact`, a file that ends early being a damaged checkpoint.
 fn read_exact(file: &mut File, buf: &mut [u8], seq: u64) -> Result<(), ReadError> {
     file.read_exact(buf).map_err(|e| match e.kind() {
