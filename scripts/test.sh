@@ -44,7 +44,7 @@ no_kube=(
   lockstep-connectors:slurm_parse lockstep-connectors:slurm_fields
   lockstep-connectors:slurm_api lockstep-connectors:slurm_client_protocol
   lockstep-store:log lockstep-store:store lockstep-store:cluster
-  lockstep:docs lockstep:html lockstep:metrics lockstep:policy_history lockstep:service
+  lockstep:bundles lockstep:docs lockstep:html lockstep:metrics lockstep:policy_history lockstep:service
 )
 # Real Slurm of every version (needs the Debian roots):
 slurm_versions=(lockstep-connectors:slurm)

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use lockstep_engine::replay::{Audit, Divergence, Replay, Step};
+use lockstep_engine::replay::{Audit, Divergence, Replay, ReplayError, Step};
 use lockstep_engine::Engine;
 use lockstep_schemas::log::DecodeError;
 use lockstep_schemas::{IssuedAction, Policy, Record};
@@ -25,6 +25,18 @@ pub struct ReplayOptions {
     pub policy: Option<Policy>,
 }
 
+/// Where a log could not be followed further: everything before it was
+/// replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum Damage {
+    /// A record does not read.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The log's snapshot cannot become the state.
+    #[error(transparent)]
+    Snapshot(#[from] ReplayError),
+}
+
 /// How a replay ended.
 #[derive(Debug)]
 pub struct ReplayReport {
@@ -41,7 +53,7 @@ pub struct ReplayReport {
     /// With `verify` or `policy`: where recomputed and recorded actions differ.
     pub divergence: Option<Divergence>,
     /// Where the log was damaged, if it was; everything before was replayed.
-    pub damage: Option<DecodeError>,
+    pub damage: Option<Damage>,
 }
 
 /// Folds a log, writing the timeline to `out`. `progress` is called with the
@@ -69,7 +81,7 @@ pub fn replay(
             None => break,
             Some(Ok(rec)) => rec,
             Some(Err(e)) => {
-                damage = Some(e);
+                damage = Some(e.into());
                 break;
             }
         };
@@ -77,7 +89,14 @@ pub fn replay(
         if n.is_multiple_of(4096) {
             progress(n);
         }
-        if let Step::Applied(ev, output) = replay.feed(&rec) {
+        let step = match replay.feed(&rec) {
+            Ok(step) => step,
+            Err(e) => {
+                damage = Some(e.into());
+                break;
+            }
+        };
+        if let Step::Applied(ev, output) = step {
             let productive = !output.transitions.is_empty() || !output.actions.is_empty();
             if opts.json {
                 if productive || opts.all_events {
@@ -145,7 +164,7 @@ pub fn audit(
     node: &str,
     json: bool,
     out: &mut dyn Write,
-) -> Result<Option<DecodeError>> {
+) -> Result<Option<Damage>> {
     let mut replay = Replay::new(Engine::new(Policy::default()));
     let mut audit = Audit::new(node);
     let mut damage = None;
@@ -153,11 +172,14 @@ pub fn audit(
         let rec = match rec {
             Ok(rec) => rec,
             Err(e) => {
-                damage = Some(e);
+                damage = Some(e.into());
                 break;
             }
         };
-        replay.feed(&rec);
+        if let Err(e) = replay.feed(&rec) {
+            damage = Some(e.into());
+            break;
+        }
         if let Record::Event(ev) = &rec {
             audit.observe(ev, replay.output(), replay.engine());
         }
@@ -236,6 +258,107 @@ pub async fn log_records(
     Ok(out)
 }
 
+/// Where a window of a log starts (`--from SEQ`, `--since TIME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// The first event at or after this sequence.
+    Seq(u64),
+    /// The first event at or after this log time (ms since the Unix epoch).
+    Time(u64),
+}
+
+impl Start {
+    /// From `--from` or `--since` (at most one); `None` for neither: the
+    /// whole log. `--since` is an RFC 3339 time (`2026-12-03T04:00:00Z`)
+    /// or a duration before `now_ms` (`90m`, `1h 30m`, `2days`).
+    pub fn from_args(from: Option<u64>, since: Option<&str>, now_ms: u64) -> Result<Option<Self>> {
+        Ok(match (from, since) {
+            (Some(seq), _) => Some(Self::Seq(seq)),
+            (None, Some(text)) => Some(Self::Time(parse_since(text, now_ms)?)),
+            (None, None) => None,
+        })
+    }
+
+    fn reached(self, ev: &lockstep_schemas::EventRecord) -> bool {
+        match self {
+            Self::Seq(seq) => ev.seq >= seq,
+            Self::Time(ms) => ev.time_ms >= ms,
+        }
+    }
+}
+
+impl std::fmt::Display for Start {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Seq(seq) => write!(f, "seq {seq}"),
+            Self::Time(ms) => write!(f, "{}", render::time(*ms)),
+        }
+    }
+}
+
+/// `--since`: an RFC 3339 time, or a duration before `now_ms`.
+fn parse_since(text: &str, now_ms: u64) -> Result<u64> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        let since = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| anyhow::anyhow!("--since {text}: before 1970"))?;
+        return Ok(u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+    }
+    match humantime::parse_duration(text) {
+        Ok(ago) => Ok(now_ms.saturating_sub(u64::try_from(ago.as_millis()).unwrap_or(u64::MAX))),
+        Err(e) => anyhow::bail!(
+            "--since {text}: neither a time (2026-12-03T04:00:00Z) nor a duration before now (90m, 1h 30m): {e}"
+        ),
+    }
+}
+
+/// The records of a window of a log, as a file that replays alone: the
+/// header, then the state just before the window's first event as
+/// snapshot records (none when nothing comes before it), then the
+/// window's events and the actions they caused. What comes before the
+/// window is folded here, silently, from the source's start (its own
+/// snapshot, if it has one). A log that ends before the window starts is
+/// an error.
+pub fn window(records: Records, start: Start) -> Result<Records> {
+    let mut replay = Replay::new(Engine::new(Policy::default()));
+    let mut header = None;
+    let mut records = records;
+    let first = loop {
+        let rec = match records.next() {
+            None => {
+                let last = replay.engine().last_seq();
+                anyhow::bail!(
+                    "the log ends at seq {last} ({}), before the window's start at {start}",
+                    render::time(replay.engine().now_ms())
+                );
+            }
+            Some(rec) => rec?,
+        };
+        match &rec {
+            Record::Header(h) => header = Some(h.clone()),
+            Record::Event(ev) if start.reached(ev) => break rec,
+            _ => {
+                replay.feed(&rec)?;
+            }
+        }
+    };
+    let header = header.ok_or_else(|| anyhow::anyhow!("the log has no header"))?;
+    let engine = replay.engine();
+    let state: Vec<Record> = if engine.last_seq() == 0 {
+        Vec::new()
+    } else {
+        lockstep_engine::replay::snapshot_parts(engine)
+            .into_iter()
+            .map(Record::Snapshot)
+            .collect()
+    };
+    let head = std::iter::once(Record::Header(header))
+        .chain(state)
+        .chain(std::iter::once(first))
+        .map(Ok);
+    Ok(Box::new(head.chain(records)))
+}
+
 /// Reads a policy file (JSON).
 pub fn read_policy(path: &std::path::Path) -> Result<Policy> {
     let text = std::fs::read_to_string(path)
@@ -297,21 +420,123 @@ impl RecordSource {
                 let bar = what.and_then(|w| progress_bar(len, true, w));
                 Ok(Box::new(Tracked { reader, bar, n: 0 }))
             }
-            Self::Log(cfg, _) => {
-                let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
-                let records = rt.block_on(async {
-                    let log = crate::service::open_log(cfg).await?;
-                    log_records(&log, 1, None).await
-                })?;
-                let bar = what.and_then(|w| progress_bar(records.len() as u64, false, w));
-                Ok(Box::new(Counted {
-                    inner: records.into_iter(),
-                    bar,
-                    n: 0,
-                }))
-            }
+            Self::Log(cfg, _) => self.log_records(cfg, None, what),
         }
     }
+
+    /// The records of the window that `start` opens (the whole log for
+    /// `None`), as [`window`] gives them. A configured log starts from the
+    /// newest snapshot kept beside it before the window instead of its
+    /// first record.
+    pub fn window(&self, start: Option<Start>, what: Option<&'static str>) -> Result<Records> {
+        let records = match self {
+            Self::File(_) => self.records_with_progress(what)?,
+            Self::Log(cfg, _) => self.log_records(cfg, start, what)?,
+        };
+        match start {
+            Some(start) => window(records, start),
+            None => Ok(records),
+        }
+    }
+
+    fn log_records(
+        &self,
+        cfg: &crate::config::Config,
+        start: Option<Start>,
+        what: Option<&'static str>,
+    ) -> Result<Records> {
+        let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+        let records = rt.block_on(async {
+            let log = crate::service::open_log(cfg).await?;
+            let (engine, from) = match start_state(&log, start).await? {
+                Some((engine, seq)) => (Some(engine), seq + 1),
+                None => (None, 1),
+            };
+            let mut records = log_records(&log, from, None).await?;
+            if let Some(engine) = engine {
+                let parts = lockstep_engine::replay::snapshot_parts(&engine);
+                records.splice(1..1, parts.into_iter().map(Record::Snapshot));
+            }
+            anyhow::Ok(records)
+        })?;
+        let bar = what.and_then(|w| progress_bar(records.len() as u64, false, w));
+        Ok(Box::new(Counted {
+            inner: records.into_iter(),
+            bar,
+            n: 0,
+        }))
+    }
+}
+
+/// The state a replay of a configured log starts from, and its sequence:
+/// the newest snapshot kept beside the log before `start`'s window, or,
+/// for the whole log, the oldest one, when the log's retention has
+/// discarded its first records. `None`: fold the log from its first
+/// record. Says on stderr when the log's first records are gone and no
+/// snapshot covers them.
+async fn start_state(
+    log: &lockstep_store::EventLog,
+    start: Option<Start>,
+) -> Result<Option<(Engine, u64)>> {
+    let state = log.state().await.context("reading the event log's state")?;
+    let snapshots = log
+        .snapshots()
+        .await
+        .context("listing the snapshots kept beside the event log")?;
+    // The log continues it, and holds what it covers.
+    let usable = |s: &&lockstep_store::snapshots::SnapshotInfo| {
+        s.layout == lockstep_engine::LAYOUT
+            && s.seq + 1 >= state.first_seq
+            && s.seq <= state.last_seq
+    };
+    let chosen = match start {
+        None if state.first_seq <= 1 => None,
+        None => snapshots.iter().find(usable),
+        Some(Start::Seq(seq)) => snapshots.iter().rev().filter(usable).find(|s| s.seq < seq),
+        Some(Start::Time(ms)) => {
+            let mut chosen = None;
+            for s in snapshots.iter().rev().filter(usable) {
+                let at = log
+                    .read(s.seq, 1, std::time::Duration::from_secs(5))
+                    .await?;
+                if at.first().is_some_and(|r| r.seq == s.seq && r.time_ms < ms) {
+                    chosen = Some(s);
+                    break;
+                }
+            }
+            chosen
+        }
+    };
+    let Some(snapshot) = chosen else {
+        if state.first_seq > 1 {
+            eprintln!(
+                "warning: the log holds seq {} to {}; its retention discarded the records before, and no snapshot kept beside it covers them: the state is folded from seq {} on, without what came before",
+                state.first_seq, state.last_seq, state.first_seq
+            );
+        }
+        return Ok(None);
+    };
+    let path = std::env::temp_dir().join(format!(
+        "lockstep-{}-{}.checkpoint",
+        std::process::id(),
+        snapshot.name
+    ));
+    let fetched = async {
+        log.fetch_snapshot(&snapshot.name, &path).await?;
+        let (seq, engine) = lockstep_store::read_checkpoint_file(&path, |r| {
+            Engine::restore_from(std::io::BufReader::with_capacity(256 << 10, r))
+        })?;
+        anyhow::Ok((engine?, seq))
+    }
+    .await;
+    let _ = std::fs::remove_file(&path);
+    let (engine, seq) = fetched
+        .with_context(|| format!("reading snapshot {} kept beside the log", snapshot.name))?;
+    eprintln!(
+        "starting from the snapshot of seq {seq} kept beside the log (state hash {})",
+        snapshot.state_hash
+    );
+    Ok(Some((engine, seq)))
 }
 
 /// Records as a source hands them out.

@@ -150,12 +150,17 @@ pub fn nodes_in(
     let mut nodes = std::collections::BTreeSet::new();
     for rec in records {
         let Ok(rec) = rec else { break };
-        if let lockstep_engine::replay::Step::Applied(_, out) = replay.feed(&rec) {
-            for t in &out.transitions {
-                if scope.contains(t.seq) {
-                    nodes.insert(t.node.clone());
+        match replay.feed(&rec) {
+            Ok(lockstep_engine::replay::Step::Applied(_, out)) => {
+                for t in &out.transitions {
+                    if scope.contains(t.seq) {
+                        nodes.insert(t.node.clone());
+                    }
                 }
             }
+            Ok(_) => {}
+            // `collect` reports it.
+            Err(_) => break,
         }
     }
     nodes.into_iter().take(NODES_MAX).collect()
@@ -168,7 +173,7 @@ pub fn collect(
     records: impl Iterator<Item = Result<Record, DecodeError>>,
     scope: &Scope,
     title: String,
-) -> (Page, Option<DecodeError>) {
+) -> (Page, Option<crate::commands::Damage>) {
     let mut replay = Replay::new(Engine::new(Policy::default()));
     let mut audits: BTreeMap<String, Audit> = scope
         .nodes
@@ -182,11 +187,14 @@ pub fn collect(
         let rec = match rec {
             Ok(r) => r,
             Err(e) => {
-                damage = Some(e);
+                damage = Some(e.into());
                 break;
             }
         };
-        replay.feed(&rec);
+        if let Err(e) = replay.feed(&rec) {
+            damage = Some(e.into());
+            break;
+        }
         let Record::Event(ev) = &rec else { continue };
         if scope.contains(ev.seq) {
             t0 = t0.min(ev.time_ms);

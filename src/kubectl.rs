@@ -273,7 +273,9 @@ fn why_from_log(node: &str, log: Option<String>, config: Option<PathBuf>) -> Res
     let mut on: std::collections::BTreeSet<String> = Default::default();
     for rec in source.records()? {
         let rec = rec.with_context(|| format!("reading {}", source.name()))?;
-        replay.feed(&rec);
+        replay
+            .feed(&rec)
+            .with_context(|| format!("replaying {}", source.name()))?;
         if let lockstep_schemas::Record::Event(_) = rec {
             for t in &replay.output().transitions {
                 let e = replay.engine();

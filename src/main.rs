@@ -61,6 +61,14 @@ enum Command {
         /// Print only the summary.
         #[arg(long, short)]
         quiet: bool,
+        /// Start at this sequence: what comes before is folded silently
+        /// (from the newest snapshot before it, for a configured log).
+        #[arg(long, value_name = "SEQ", conflicts_with_all = ["since", "policy"])]
+        from: Option<u64>,
+        /// Start at this time: an RFC 3339 time (2026-12-03T04:00:00Z) or a
+        /// duration before now (90m, 1h 30m).
+        #[arg(long, value_name = "TIME", conflicts_with = "policy")]
+        since: Option<String>,
     },
     /// Show the causal chain of one Slurm node: event -> transition -> action -> outcome.
     Audit {
@@ -129,19 +137,32 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
-    /// Export the configured event log (or a NATS URL) to a log file.
+    /// Export the configured event log (or a NATS URL, or a log file) to a
+    /// log file.
+    ///
+    /// With --from or --since, the file is an incident bundle: the state
+    /// just before the window (a snapshot record), then the window's
+    /// records. It replays alone to the same state and actions as the whole
+    /// log (`replay --verify`), and `audit` reads it.
     Export {
-        /// Configuration file naming the log (or use --nats).
-        #[arg(long, value_name = "FILE", conflicts_with = "nats")]
+        /// Configuration file naming the log (or use --nats or --log).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["nats", "log"])]
         config: Option<PathBuf>,
         /// Read from this NATS server's LOCKSTEP streams.
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", conflicts_with = "log")]
         nats: Option<String>,
-        /// First sequence to export.
-        #[arg(long, default_value_t = 1)]
-        from: u64,
+        /// Read this log file (JSON Lines or MessagePack).
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
+        /// First sequence of the window.
+        #[arg(long, value_name = "SEQ", conflicts_with = "since")]
+        from: Option<u64>,
+        /// Start of the window in time: an RFC 3339 time
+        /// (2026-12-03T04:00:00Z) or a duration before now (90m, 1h 30m).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
         /// Last sequence to export (default: the head).
-        #[arg(long)]
+        #[arg(long, value_name = "SEQ")]
         to: Option<u64>,
         /// Output file: .msgpack / .mpk for MessagePack, anything else JSON Lines.
         output: PathBuf,
@@ -249,6 +270,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             verify,
             policy,
             quiet,
+            from,
+            since,
         } => {
             let policy = policy.as_deref().map(commands::read_policy).transpose()?;
             let opts = ReplayOptions {
@@ -257,8 +280,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 verify,
                 policy,
             };
+            let start = commands::Start::from_args(
+                from,
+                since.as_deref(),
+                lockstep_connectors::clock::now_ms(),
+            )?;
             let source = Source::new(log, config.as_deref())?;
-            replay(&source, &opts, quiet)
+            replay(&source, start, &opts, quiet)
         }
         Command::Audit {
             node,
@@ -349,18 +377,33 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Export {
             config,
             nats,
+            log,
             from,
+            since,
             to,
             output,
         } => {
-            let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
-            rt.block_on(export(
-                config.as_deref(),
-                nats.as_deref(),
+            let source = match (log, nats) {
+                (Some(path), _) => Source::File(path),
+                (None, Some(url)) => {
+                    let mut cfg = load_config(None)?;
+                    cfg.log.nats_url = Some(url.clone());
+                    commands::RecordSource::Log(Box::new(cfg), url)
+                }
+                (None, None) => {
+                    let name = config.as_ref().map_or_else(
+                        || "the embedded log of the default configuration".to_owned(),
+                        |p| p.display().to_string(),
+                    );
+                    commands::RecordSource::Log(Box::new(load_config(config.as_deref())?), name)
+                }
+            };
+            let start = commands::Start::from_args(
                 from,
-                to,
-                &output,
-            ))
+                since.as_deref(),
+                lockstep_connectors::clock::now_ms(),
+            )?;
+            export(&source, start, to, &output)
         }
         Command::Inspect { config, node } => {
             inspect(&load_config(config.as_deref())?, node.as_deref())
@@ -479,44 +522,43 @@ fn listen_for_shutdown(
     })
 }
 
-async fn export(
-    config: Option<&Path>,
-    nats: Option<&str>,
-    from: u64,
+/// `lockstep export`: the source's records, or the window that `start`
+/// opens as an incident bundle, up to `to`.
+fn export(
+    source: &Source,
+    start: Option<commands::Start>,
     to: Option<u64>,
     output: &Path,
 ) -> Result<ExitCode> {
-    let mut cfg = load_config(config)?;
-    if let Some(url) = nats {
-        cfg.log.nats_url = Some(url.to_owned());
-    }
-    let log = lockstep::service::open_log(&cfg).await?;
-    let records = commands::log_records(&log, from, to).await?;
+    let records = source.window(start, Some("exporting"))?;
     let file = lockstep::outfile::OutFile::create(output)?;
     let written_by = concat!("lockstep ", env!("CARGO_PKG_VERSION"));
     let mut writer = LogWriter::new(file, Format::from_path(output), written_by)
         .with_context(|| format!("writing {}", output.display()))?;
-    let (mut events, mut actions) = (0u64, 0u64);
-    let bar = commands::progress_bar(records.len() as u64, false, "exporting");
-    for (i, rec) in records.iter().enumerate().skip(1) {
-        if let Some(b) = bar.as_ref().filter(|_| i % 4096 == 0) {
-            b.set_position(i as u64);
-        }
-        match rec {
+    let (mut events, mut actions, mut state) = (0u64, 0u64, None);
+    for rec in records {
+        let rec = rec.with_context(|| {
+            format!(
+                "reading {}; {} was not written",
+                source.name(),
+                output.display()
+            )
+        })?;
+        match &rec {
+            lockstep_schemas::Record::Header(_) => continue,
+            lockstep_schemas::Record::Event(e) if to.is_some_and(|to| e.seq > to) => break,
             lockstep_schemas::Record::Event(_) => events += 1,
             lockstep_schemas::Record::Action(_) => actions += 1,
-            lockstep_schemas::Record::Header(_) => continue,
+            lockstep_schemas::Record::Snapshot(p) => state = Some(p.seq),
         }
         writer
-            .write(rec)
+            .write(&rec)
             .with_context(|| format!("writing {}", output.display()))?;
     }
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
     finish(writer, output)?;
+    let state = state.map_or_else(String::new, |seq| format!(" after the state at seq {seq}"));
     eprintln!(
-        "exported {events} events and {actions} actions to {}",
+        "exported {events} events and {actions} actions{state} to {}",
         output.display()
     );
     Ok(ExitCode::SUCCESS)
@@ -558,8 +600,13 @@ fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCod
 /// Where a replay or audit reads its records.
 type Source = commands::RecordSource;
 
-fn replay(source: &Source, opts: &ReplayOptions, quiet: bool) -> Result<ExitCode> {
-    let records = source.records_with_progress(Some("replaying"))?;
+fn replay(
+    source: &Source,
+    start: Option<commands::Start>,
+    opts: &ReplayOptions,
+    quiet: bool,
+) -> Result<ExitCode> {
+    let records = source.window(start, Some("replaying"))?;
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut sink = std::io::sink();

@@ -992,6 +992,40 @@ fn a_new_replica_starts_from_the_newest_snapshot_where_retention_discarded_the_l
         rt.block_on(log.snapshots()).unwrap().len() <= 3,
         "three kept"
     );
+
+    // The commands start from the snapshot too: a replay of the whole log
+    // reaches the same state, and so does an incident bundle of its last
+    // records, alone.
+    let (_, hash) = checkpoint_hash(&leader.store());
+    let url = nats.url();
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+    };
+    let (_, whole) = cli(&["replay", &url, "--verify", "--quiet"]);
+    assert!(
+        whole.contains(&format!("starting from the snapshot of seq {head}"))
+            && whole.contains(&hash),
+        "{whole}\nnot {hash}"
+    );
+    let from = (head + 20).to_string();
+    let bundle = leader.dir.join("bundle.msgpack");
+    let bundle = bundle.to_str().unwrap();
+    let (_, exported) = cli(&["export", "--nats", &url, "--from", &from, bundle]);
+    assert!(
+        exported.contains(&format!("after the state at seq {}", head + 19)),
+        "{exported}"
+    );
+    let (alone, replayed) = cli(&["replay", bundle, "--verify", "--all-events", "--json"]);
+    assert!(replayed.contains(&hash), "{replayed}\nnot {hash}");
+    let (window, _) = cli(&["replay", &url, "--from", &from, "--all-events", "--json"]);
+    assert_eq!(alone, window);
+    assert_eq!(alone.lines().count(), (grown - head - 19) as usize);
 }
 
 #[test]

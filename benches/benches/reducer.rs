@@ -95,7 +95,7 @@ fn bench(c: &mut Criterion) {
                     }
                     let mut replay = Replay::new(Engine::new(Policy::default()));
                     for rec in reader {
-                        replay.feed(&rec.unwrap());
+                        replay.feed(&rec.unwrap()).unwrap();
                     }
                     replay.totals()
                 },

@@ -237,6 +237,16 @@ impl Write for HashWriter {
     }
 }
 
+/// SHA-256 of `bytes` in hex: [`Engine::hash`] of the engine whose
+/// [`Engine::snapshot`] they are.
+pub(crate) fn hex_sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Errors restoring a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -286,6 +296,11 @@ impl Engine {
     /// this policy have done".
     pub fn pin_policy(&mut self) {
         self.pinned = true;
+    }
+
+    /// Whether [`Engine::pin_policy`] holds.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
     }
 
     /// The policy in force.
@@ -440,8 +455,7 @@ impl Engine {
         let mut sha = HashWriter(Sha256::new());
         self.snapshot_to(&mut sha)
             .expect("engine state always encodes");
-        let digest = sha.0.finalize();
-        digest.iter().map(|b| format!("{b:02x}")).collect()
+        hex(&sha.0.finalize())
     }
 
     /// Applies one record.

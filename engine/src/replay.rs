@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 
+use lockstep_schemas::log::SnapshotPart;
 use lockstep_schemas::{Action, Event, EventId, EventRecord, IssuedAction, Record, Target};
 
-use crate::{Engine, Output, Transition};
+use crate::{Engine, Output, SnapshotError, Transition, LAYOUT};
 
 /// Where recomputed and recorded actions first differ.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,16 +216,63 @@ pub struct Totals {
 /// What one record produced.
 #[derive(Debug)]
 pub enum Step<'a> {
-    /// The header or a recorded action: nothing was applied.
+    /// The header, a recorded action or a snapshot part that is not the
+    /// last: nothing was applied.
     Skipped,
     /// An event was applied and produced this output.
     Applied(&'a EventRecord, &'a Output),
+    /// The last part of a snapshot: the state is now the one it carries,
+    /// at this sequence.
+    Restored(u64),
+}
+
+/// Why a replay cannot go on from a snapshot record.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A snapshot after events were applied, or its parts out of order.
+    #[error("snapshot part {part} of seq {seq} is out of place: a log holds one snapshot, in order, before its first event")]
+    Misplaced {
+        /// The snapshot's sequence.
+        seq: u64,
+        /// The part.
+        part: u32,
+    },
+    /// The parts' bytes do not hash to the state hash they name.
+    #[error("the snapshot of seq {seq} hashes to {found}, not to the state hash {named} it names: it was altered or damaged")]
+    Hash {
+        /// The snapshot's sequence.
+        seq: u64,
+        /// The hash the parts name.
+        named: String,
+        /// The hash of their bytes.
+        found: String,
+    },
+    /// Another state layout, or bytes that do not decode.
+    #[error("the snapshot of seq {seq} does not restore in this lockstep (state layout {LAYOUT}): {source}; replay the file with the lockstep that wrote it, or export the window again from the whole log")]
+    Restore {
+        /// The snapshot's sequence.
+        seq: u64,
+        /// Why.
+        source: SnapshotError,
+    },
+    /// A what-if replay (`--policy`) needs the log from its start: a
+    /// snapshot's state was reached under the recorded policy.
+    #[error("the log starts from a snapshot of seq {seq}, reached under the recorded policy: a replay with another policy needs the log from its first record")]
+    Pinned {
+        /// The snapshot's sequence.
+        seq: u64,
+    },
 }
 
 /// Folds log records through an [`Engine`].
 #[derive(Debug)]
 pub struct Replay {
     engine: Engine,
+    /// A `--policy` replay: no snapshot may replace its engine.
+    pinned: bool,
+    /// The snapshot parts read so far, and their bytes.
+    parts: Vec<u8>,
+    next_part: u32,
     out: Output,
     verifier: Verifier,
     verify: bool,
@@ -235,7 +283,10 @@ impl Replay {
     /// Replays into `engine`.
     pub fn new(engine: Engine) -> Self {
         Self {
+            pinned: engine.is_pinned(),
             engine,
+            parts: Vec::new(),
+            next_part: 0,
             out: Output::default(),
             verifier: Verifier::default(),
             verify: false,
@@ -250,10 +301,16 @@ impl Replay {
     }
 
     /// Applies one record. Events are applied; recorded actions are kept for
-    /// [`Replay::divergence`].
-    pub fn feed<'a>(&'a mut self, rec: &'a Record) -> Step<'a> {
-        match rec {
+    /// [`Replay::divergence`]; a snapshot, once its last part is in, becomes
+    /// the state the events that follow are applied to.
+    ///
+    /// # Errors
+    /// A snapshot that cannot become the state: out of place, altered, of
+    /// another layout, or in a `--policy` replay.
+    pub fn feed<'a>(&'a mut self, rec: &'a Record) -> Result<Step<'a>, ReplayError> {
+        Ok(match rec {
             Record::Header(_) => Step::Skipped,
+            Record::Snapshot(part) => self.restore(part)?,
             Record::Action(a) => {
                 self.totals.recorded_actions += 1;
                 if self.verify {
@@ -274,7 +331,38 @@ impl Replay {
                 }
                 Step::Applied(ev, &self.out)
             }
+        })
+    }
+
+    fn restore(&mut self, part: &SnapshotPart) -> Result<Step<'static>, ReplayError> {
+        let (seq, at) = (part.seq, part.part);
+        if self.pinned {
+            return Err(ReplayError::Pinned { seq });
         }
+        if self.totals.events > 0 || self.engine.last_seq() > 0 || at != self.next_part {
+            return Err(ReplayError::Misplaced { seq, part: at });
+        }
+        self.parts.extend_from_slice(&part.bytes);
+        self.next_part += 1;
+        if self.next_part < part.parts {
+            return Ok(Step::Skipped);
+        }
+        let bytes = std::mem::take(&mut self.parts);
+        let found = crate::engine::hex_sha256(&bytes);
+        if found != part.state_hash {
+            return Err(ReplayError::Hash {
+                seq,
+                named: part.state_hash.clone(),
+                found,
+            });
+        }
+        let engine =
+            Engine::restore(&bytes).map_err(|source| ReplayError::Restore { seq, source })?;
+        if engine.last_seq() != seq {
+            return Err(ReplayError::Misplaced { seq, part: at });
+        }
+        self.engine = engine;
+        Ok(Step::Restored(seq))
     }
 
     /// The first place where the recomputed actions differ from the recorded
@@ -309,6 +397,14 @@ impl Replay {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+}
+
+/// The engine's state as snapshot records, for the start of a file that
+/// replays alone from there (see [`Record::Snapshot`]).
+pub fn snapshot_parts(engine: &Engine) -> Vec<SnapshotPart> {
+    let bytes = engine.snapshot();
+    let hash = crate::engine::hex_sha256(&bytes);
+    SnapshotPart::split(&bytes, engine.last_seq(), engine.now_ms(), &hash, LAYOUT)
 }
 
 /// One link of a node's causal chain.

@@ -30,7 +30,7 @@ pub const LOG_FORMAT: &str = "lockstep-log";
 /// values of open enums, so every build of the same major version reads it:
 /// an older build ignores what it does not know (the event ids still cover
 /// it, see [`LogReader`]). Bump it with every such addition to a wire type.
-pub const SCHEMA_MINOR: u32 = 2;
+pub const SCHEMA_MINOR: u32 = 3;
 
 /// The largest record a reader accepts, in bytes (one JSON line or one
 /// MessagePack value). Real records are a few hundred bytes, a policy a few
@@ -48,6 +48,116 @@ pub enum Record {
     Event(EventRecord),
     /// An action the reducer issued.
     Action(IssuedAction),
+    /// A part of the reducer's state before the file's first event (an
+    /// incident bundle: a window of a longer log that replays alone). The
+    /// parts come right after the header, in order, before any event.
+    /// Files with one need schema minor version 3 or later to read.
+    Snapshot(SnapshotPart),
+}
+
+/// The most state bytes one [`SnapshotPart`] carries: a snapshot of a large
+/// fleet is split so that every record stays well inside
+/// [`RECORD_BYTES_MAX`] (base64 in JSON Lines adds a third).
+pub const SNAPSHOT_PART_BYTES: usize = 4 << 20;
+
+/// One part of the reducer's state at a point of the log: the engine's
+/// snapshot (named-field MessagePack) split in order, each part naming the
+/// whole it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotPart {
+    /// The last sequence the state has applied: the file's events follow it.
+    pub seq: u64,
+    /// The reducer's clock at that point (ms since the Unix epoch).
+    pub time_ms: u64,
+    /// The state hash of the whole snapshot (SHA-256 of its bytes, hex).
+    pub state_hash: String,
+    /// The engine's state layout: a build of another layout cannot restore
+    /// it.
+    pub layout: u32,
+    /// Which part this is, from 0.
+    pub part: u32,
+    /// How many parts there are.
+    pub parts: u32,
+    /// This part's bytes (base64 in JSON Lines, binary in MessagePack).
+    #[serde(with = "bytes")]
+    #[schemars(with = "String")]
+    pub bytes: Vec<u8>,
+}
+
+impl SnapshotPart {
+    /// `snapshot` (the engine's state at `seq`, its hash `state_hash`)
+    /// split into parts of at most [`SNAPSHOT_PART_BYTES`].
+    pub fn split(
+        snapshot: &[u8],
+        seq: u64,
+        time_ms: u64,
+        state_hash: &str,
+        layout: u32,
+    ) -> Vec<Self> {
+        let chunks: Vec<&[u8]> = if snapshot.is_empty() {
+            vec![&[]]
+        } else {
+            snapshot.chunks(SNAPSHOT_PART_BYTES).collect()
+        };
+        let parts = u32::try_from(chunks.len()).expect("a snapshot under 16 PiB");
+        chunks
+            .into_iter()
+            .zip(0..)
+            .map(|(chunk, part)| Self {
+                seq,
+                time_ms,
+                state_hash: state_hash.to_owned(),
+                layout,
+                part,
+                parts,
+                bytes: chunk.to_vec(),
+            })
+            .collect()
+    }
+}
+
+/// Bytes as base64 text where the format is read by people (JSON), as a
+/// binary string where it is not (MessagePack).
+mod bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
+        } else {
+            s.serialize_bytes(b)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        if d.is_human_readable() {
+            let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+            base64::engine::general_purpose::STANDARD
+                .decode(text.as_bytes())
+                .map_err(serde::de::Error::custom)
+        } else {
+            d.deserialize_byte_buf(Visitor)
+        }
+    }
+
+    struct Visitor;
+
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, b: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(b.to_vec())
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, b: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(b)
+        }
+    }
 }
 
 /// Identifies a lockstep log file.
@@ -181,6 +291,15 @@ pub enum DecodeError {
         /// The id in the record.
         id: String,
     },
+    /// A snapshot part out of place: after an event, out of order, or not
+    /// followed by the rest of its parts.
+    #[error("{pos}: {message}")]
+    MisplacedSnapshot {
+        /// Where.
+        pos: Position,
+        /// What is wrong.
+        message: String,
+    },
     /// Sequence numbers must go up.
     #[error("{pos}: event seq {seq} does not follow seq {prev}")]
     OutOfOrder {
@@ -264,6 +383,7 @@ impl DecodeError {
             | Self::Malformed { pos, .. }
             | Self::IdMismatch { pos, .. }
             | Self::OutOfOrder { pos, .. }
+            | Self::MisplacedSnapshot { pos, .. }
             | Self::NewerSchema { pos, .. }
             | Self::RecordTooLarge { pos } => Some(*pos),
             Self::Io(_) => None,
@@ -319,6 +439,10 @@ enum Inner<R> {
 
 struct Check {
     header_seen: bool,
+    /// An event or an action has been read: no snapshot part may follow.
+    past_snapshot: bool,
+    /// The snapshot being read: its sequence, the next part and how many.
+    snapshot: Option<(u64, u32, u32)>,
     last_event_seq: u64,
     done: bool,
     verify_ids: bool,
@@ -431,6 +555,8 @@ impl<R> LogReader<R> {
             inner,
             state: Check {
                 header_seen: false,
+                past_snapshot: false,
+                snapshot: None,
                 last_event_seq: 0,
                 done: false,
                 verify_ids: true,
@@ -501,6 +627,18 @@ impl<R: BufRead> Iterator for LogReader<R> {
                     };
                     return Some(Err(DecodeError::NotALog { pos }));
                 }
+                if let Some((seq, next, parts)) = self.state.snapshot {
+                    let pos = match &self.inner {
+                        Inner::Json { line, .. } => Position::Line(*line + 1),
+                        Inner::MsgPack { offset, .. } => Position::Offset(*offset),
+                    };
+                    return Some(Err(DecodeError::MisplacedSnapshot {
+                        pos,
+                        message: format!(
+                            "the file ends inside the snapshot of seq {seq}, after part {next} of {parts}"
+                        ),
+                    }));
+                }
                 return None;
             }
             Some(item) => item.and_then(|(pos, rec, id_ok)| self.state.check(pos, rec, id_ok)),
@@ -544,7 +682,16 @@ impl Check {
                 self.header_seen = true;
             }
             _ if !self.header_seen => return Err(DecodeError::NotALog { pos }),
+            Record::Snapshot(p) => self.check_snapshot(pos, p)?,
+            _ if self.snapshot.is_some() => {
+                let (seq, next, parts) = self.snapshot.expect("checked");
+                return Err(DecodeError::MisplacedSnapshot {
+                    pos,
+                    message: format!("the snapshot of seq {seq} ends after part {next} of {parts}"),
+                });
+            }
             Record::Event(ev) => {
+                self.past_snapshot = true;
                 if ev.envelope.v > SCHEMA_VERSION || ev.envelope.v == 0 {
                     return Err(DecodeError::UnknownSchemaVersion {
                         pos,
@@ -567,9 +714,38 @@ impl Check {
                 }
                 self.last_event_seq = ev.seq;
             }
-            Record::Action(_) => {}
+            Record::Action(_) => self.past_snapshot = true,
         }
         Ok(rec)
+    }
+
+    /// A snapshot part comes before any event, in order, each naming the
+    /// same snapshot as the part before it.
+    fn check_snapshot(&mut self, pos: Position, p: &SnapshotPart) -> Result<(), DecodeError> {
+        let misplaced = |message: String| Err(DecodeError::MisplacedSnapshot { pos, message });
+        if self.past_snapshot {
+            return misplaced(format!(
+                "a snapshot (of seq {}) after events or after another snapshot: a file holds one, right after its header",
+                p.seq
+            ));
+        }
+        let expected = match self.snapshot {
+            None => (p.seq, 0, p.parts),
+            Some(expected) => expected,
+        };
+        if (p.seq, p.part, p.parts) != expected || p.parts == 0 {
+            return misplaced(format!(
+                "snapshot part {} of {} (seq {}) where part {} of {} (seq {}) was due",
+                p.part, p.parts, p.seq, expected.1, expected.2, expected.0
+            ));
+        }
+        self.snapshot = (p.part + 1 < p.parts).then_some((p.seq, p.part + 1, p.parts));
+        if self.snapshot.is_none() {
+            // The file's events follow the state, and there is one state.
+            self.past_snapshot = true;
+            self.last_event_seq = p.seq;
+        }
+        Ok(())
     }
 
     fn warn(&mut self, w: LogWarning) {
@@ -1629,5 +1805,72 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn snapshot(seq: u64, len: usize) -> Vec<Record> {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        SnapshotPart::split(&bytes, seq, 9_000, "abc", 2)
+            .into_iter()
+            .map(Record::Snapshot)
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_in_parts_reads_back_in_both_encodings() {
+        // Three parts: two whole, one short; the events follow its seq.
+        let mut recs = snapshot(2, 2 * SNAPSHOT_PART_BYTES + 10);
+        assert_eq!(recs.len(), 3);
+        recs.push(sample().remove(2));
+        for format in [Format::JsonLines, Format::MessagePack] {
+            let (back, err) = decode(&encode(format, &recs));
+            assert!(err.is_none(), "{format:?}: {err:?}");
+            assert_eq!(back[1..], recs[..], "{format:?}");
+        }
+        // JSON carries the bytes as base64 text.
+        let text = String::from_utf8(encode(Format::JsonLines, &snapshot(2, 3))).unwrap();
+        assert!(text.contains(r#""bytes":"AAEC""#), "{text}");
+    }
+
+    #[test]
+    fn a_snapshot_out_of_place_is_refused_where_it_stands() {
+        let misplaced = |recs: &[Record], format| {
+            let (_, err) = decode(&encode(format, recs));
+            match err {
+                Some(e @ DecodeError::MisplacedSnapshot { .. }) => e.to_string(),
+                other => panic!("{format:?}: {other:?}"),
+            }
+        };
+        let parts = snapshot(2, SNAPSHOT_PART_BYTES + 1);
+        for format in [Format::JsonLines, Format::MessagePack] {
+            // After an event.
+            let mut after_event = sample()[..1].to_vec();
+            after_event.extend(parts.clone());
+            assert!(misplaced(&after_event, format).contains("right after its header"));
+            // Parts swapped, or one missing before an event, or at the end.
+            let swapped = [parts[1].clone(), parts[0].clone()];
+            assert!(misplaced(&swapped, format).contains("part 1 of 2 (seq 2) where part 0"));
+            let cut = [parts[0].clone(), sample().remove(2)];
+            assert!(misplaced(&cut, format).contains("ends after part 1 of 2"));
+            assert!(misplaced(&parts[..1], format).contains("file ends inside the snapshot"));
+            // A second snapshot.
+            let mut twice = parts.clone();
+            twice.extend(parts.clone());
+            assert!(misplaced(&twice, format).contains("right after its header"));
+        }
+        // An event at or before the snapshot's seq does not follow it.
+        let mut behind = parts.clone();
+        behind.push(sample().remove(1));
+        let (_, err) = decode(&encode(Format::JsonLines, &behind));
+        assert!(
+            matches!(
+                err,
+                Some(DecodeError::OutOfOrder {
+                    seq: 2,
+                    prev: 2,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
     }
 }

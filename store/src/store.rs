@@ -155,6 +155,26 @@ pub struct Store {
     audit: sled::Tree,
 }
 
+/// Reads a checkpoint file outside a store (a snapshot downloaded from
+/// beside the log): `decode` reads the body as a stream, then the checksum
+/// is verified. Returns the sequence it names and what `decode` made of it;
+/// a damaged file is [`Error::CorruptCheckpoint`].
+pub fn read_checkpoint_file<T, E>(
+    path: &Path,
+    decode: impl FnOnce(&mut dyn Read) -> Result<T, E>,
+) -> Result<(u64, Result<T, E>)> {
+    let io = |source| Error::CheckpointIo {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    match checkpoint::read(file, decode) {
+        Ok(read) => Ok(read),
+        Err(checkpoint::ReadError::Corrupt { seq }) => Err(Error::CorruptCheckpoint { seq }),
+        Err(checkpoint::ReadError::Io(source)) => Err(io(source)),
+    }
+}
+
 impl Store {
     /// Opens (creating if needed) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self> {

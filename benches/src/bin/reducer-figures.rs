@@ -155,7 +155,9 @@ fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
         }
         let mut replay = Replay::new(Engine::new(Policy::default()));
         for rec in reader {
-            replay.feed(&rec.expect("log decodes"));
+            replay
+                .feed(&rec.expect("log decodes"))
+                .expect("log replays");
         }
         let el = t.elapsed();
         let n = replay.totals().events;

@@ -1000,7 +1000,7 @@ fn replay(w: &World) -> Vec<Violation> {
                     i += 1;
                 }
             }
-            Record::Action(_) | Record::Header(_) => {}
+            Record::Action(_) | Record::Header(_) | Record::Snapshot(_) => {}
         }
     }
     if first_difference.is_none() && i != w.ls.issued.len() {
@@ -1036,6 +1036,7 @@ fn rerun(a: &World, b: &World) -> Vec<Violation> {
             Some(Record::Event(e)) => e.envelope.event.summary(),
             Some(Record::Action(a)) => a.action.describe(),
             Some(Record::Header(_)) => "header".to_owned(),
+            Some(Record::Snapshot(p)) => format!("snapshot of seq {}", p.seq),
             None => "<end>".to_owned(),
         };
         out.push(Violation {

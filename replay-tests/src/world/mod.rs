@@ -521,7 +521,7 @@ impl World {
                     a.attempt,
                     a.id
                 )),
-                Record::Header(_) => {}
+                Record::Header(_) | Record::Snapshot(_) => {}
             }
         }
         out
