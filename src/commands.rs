@@ -507,6 +507,20 @@ async fn start_state(
             chosen
         }
     };
+    if state.first_seq > 1 {
+        if let Some(first) = log
+            .read(state.first_seq, 1, std::time::Duration::from_secs(5))
+            .await?
+            .first()
+        {
+            eprintln!(
+                "beyond retention: the log's records before seq {} were discarded; oldest kept: seq {} at {}",
+                state.first_seq,
+                first.seq,
+                render::time(first.time_ms)
+            );
+        }
+    }
     let Some(snapshot) = chosen else {
         if state.first_seq > 1 {
             eprintln!(

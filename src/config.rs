@@ -220,7 +220,9 @@ pub struct LogConfig {
     pub replicas: usize,
     /// How long JetStream remembers message ids for deduplication.
     pub duplicate_window_s: u64,
-    /// Messages older than this are discarded by JetStream.
+    /// Records older than this are discarded: by JetStream, or by the
+    /// embedded log itself (as often as a snapshot is kept, and never past
+    /// its oldest snapshot). 0: kept for ever.
     pub max_age_s: u64,
     /// Size bound of each JetStream stream.
     pub max_bytes: i64,
@@ -271,6 +273,12 @@ pub struct ServiceConfig {
     pub snapshot_every_ms: u64,
     /// Snapshots kept beside the log; older ones are deleted.
     pub snapshots_kept: usize,
+    /// The store's retention horizon, in log time: the action ledger, the
+    /// `undispatched` index and the audit index drop what is older, as
+    /// often as a snapshot is kept. Unset: `[log] max_age_s`, so that the
+    /// store keeps what the log keeps. 0: kept for ever.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_s: Option<u64>,
     /// Retry delay bound when the log is unreachable.
     pub retry_backoff_max_ms: u64,
     /// Whether the kernel may back lockstep's memory with transparent huge
@@ -296,6 +304,7 @@ impl Default for ServiceConfig {
             checkpoint_every_ms: 30_000,
             snapshot_every_ms: 3_600_000,
             snapshots_kept: 3,
+            retention_s: None,
             retry_backoff_max_ms: 5_000,
             transparent_huge_pages: false,
         }
@@ -403,16 +412,22 @@ impl Config {
             );
         }
         let max_age_ms = cfg.log.max_age_s.saturating_mul(1000);
-        if cfg.log.nats_url.is_some()
-            && max_age_ms > 0
-            && cfg.service.snapshot_every_ms.saturating_mul(2) >= max_age_ms
-        {
+        if max_age_ms > 0 && cfg.service.snapshot_every_ms.saturating_mul(2) >= max_age_ms {
             anyhow::bail!(
                 "in config {}: service.snapshot_every_ms ({} ms) must be less than half of log.max_age_s ({} s): else the log's retention may discard every record after the newest snapshot, and a replica that starts then cannot catch up",
                 path.display(),
                 cfg.service.snapshot_every_ms,
                 cfg.log.max_age_s
             );
+        }
+        if let Some(keep) = cfg.service.retention_s.filter(|&s| s > 0) {
+            if keep.saturating_mul(1000) < cfg.service.snapshot_every_ms.saturating_mul(2) {
+                anyhow::bail!(
+                    "in config {}: service.retention_s ({keep} s) must be at least twice service.snapshot_every_ms ({} ms): the store keeps at least the history since the oldest snapshot it may start from",
+                    path.display(),
+                    cfg.service.snapshot_every_ms
+                );
+            }
         }
         if cfg.service.snapshots_kept == 0 {
             anyhow::bail!(
@@ -439,6 +454,13 @@ impl Config {
             ..Config::default()
         };
         toml::Table::try_from(full).expect("the configuration is TOML")
+    }
+
+    /// The store's retention horizon in ms (`[service] retention_s`, else
+    /// `[log] max_age_s`); `None`: kept for ever.
+    pub fn retention_ms(&self) -> Option<u64> {
+        let s = self.service.retention_s.unwrap_or(self.log.max_age_s);
+        (s > 0).then(|| s.saturating_mul(1000))
     }
 
     /// Stream limits for JetStream.

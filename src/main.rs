@@ -422,6 +422,16 @@ fn audit(node: &str, log: Option<String>, config: Option<&Path>, json: bool) -> 
                 "audit index of slurm node {node}: {} transitions",
                 transitions.len()
             );
+            if let Some(before) = store.retained_from()? {
+                let oldest = transitions.first().map_or_else(
+                    || "none of this node".to_owned(),
+                    |t| format!("seq {} at {}", t.seq, lockstep::render::time(t.time_ms)),
+                );
+                println!(
+                    "beyond retention: what happened before {} was dropped ([service] retention_s); oldest kept: {oldest}",
+                    lockstep::render::time(before)
+                );
+            }
             for t in &transitions {
                 println!(
                     "{}  seq {:<6} {} -> {} [{}] {} (cause event {})",

@@ -105,6 +105,7 @@ fn describe() {
         ("lockstep_rule_firings_total", "Transitions and actions, by the policy rule that decided them."),
         ("lockstep_connector_errors_total", "Errors by connector (slurm, kubernetes, log) and class: sight lost, actions refused (retryable or not), event log open/read/append/publish failures."),
         ("lockstep_log_reconnects_total", "Event log operations that failed and are retried."),
+        ("lockstep_retention_dropped_total", "What the retention horizon dropped: ledger entries, audit transitions and (embedded log) log records."),
     ] {
         describe_counter!(name, help);
     }
@@ -871,6 +872,44 @@ impl SnapshotKept<'_> {
             "snapshot kept beside the event log"
         );
         gauge!("lockstep_snapshot_seq").set(self.seq as f64);
+    }
+}
+
+/// The retention horizon passed over old history.
+pub struct RetentionApplied {
+    /// What happened before it was dropped (log time, ms).
+    pub before_ms: u64,
+    /// Ledger entries dropped.
+    pub ledger: u64,
+    /// Audit transitions dropped.
+    pub transitions: u64,
+    /// Embedded log records discarded.
+    pub records: u64,
+    /// The store's size on disk after it.
+    pub store_bytes: u64,
+    /// How long it took (off the apply loop).
+    pub took: Duration,
+}
+
+impl RetentionApplied {
+    /// Logs it and counts it.
+    pub fn emit(&self) {
+        info!(
+            before = %crate::render::time(self.before_ms),
+            ledger = self.ledger,
+            transitions = self.transitions,
+            records = self.records,
+            store_bytes = self.store_bytes,
+            took_ms = self.took.as_millis() as u64,
+            "dropped the history before the retention horizon"
+        );
+        for (what, n) in [
+            ("ledger", self.ledger),
+            ("transitions", self.transitions),
+            ("records", self.records),
+        ] {
+            counter!("lockstep_retention_dropped_total", "what" => what).increment(n);
+        }
     }
 }
 

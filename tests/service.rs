@@ -1049,3 +1049,107 @@ fn limits_that_could_leave_the_log_without_a_snapshot_are_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_embedded_log_and_the_store_drop_history_past_the_horizon_and_keep_what_a_restart_needs() {
+    // Three seconds of retention (log and store), a snapshot every 400 ms.
+    let service = Service::new(None);
+    let cfg = std::fs::read_to_string(&service.config).unwrap();
+    std::fs::write(
+        &service.config,
+        cfg.replace("[log]\n", "[log]\nmax_age_s = 3\n")
+            .replace("[service]\n", "[service]\nsnapshot_every_ms = 400\n"),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let log_dir = service.dir.join("data/log");
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let append = |seed, n| {
+        let log = EventLog::open_embedded(&log_dir).unwrap();
+        append_events(&rt, &log, seed, n)
+    };
+    let old = append(51, 50);
+    std::thread::sleep(Duration::from_millis(4_500));
+    let head = append(52, 50);
+    let child = service.start();
+    service.wait_applied(head);
+    // After the first snapshot, at `head`.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !service.log().lines().any(|l| {
+        l.contains("dropped the history before the retention horizon") && !l.contains(" records=0 ")
+    }) {
+        assert!(Instant::now() < deadline, "{}", service.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    service.stop(child);
+
+    // The first records are older than the horizon: the log discarded
+    // them, but none that its oldest snapshot needs; the store dropped
+    // what happened before its horizon.
+    let log = EventLog::open_embedded(&log_dir).unwrap();
+    let state = rt.block_on(log.state()).unwrap();
+    let snapshots = rt.block_on(log.snapshots()).unwrap();
+    assert!(
+        state.first_seq > old && state.first_seq <= snapshots[0].seq + 1,
+        "{state:?} {snapshots:?}\n{}",
+        service.log()
+    );
+    assert_eq!(
+        rt.block_on(log.read(1, 1, Duration::ZERO)).unwrap()[0].seq,
+        state.first_seq
+    );
+    drop(log);
+    let store = service.store();
+    let horizon = store.retained_from().unwrap().expect("a horizon");
+    assert!(store
+        .ledger()
+        .unwrap()
+        .iter()
+        .all(|e| e.issued.time_ms >= horizon));
+    // An audit of the store's index says where its history stops.
+    let node = "gpu-00001";
+    drop(store);
+    let out = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["audit", node, "--config"])
+        .arg(&service.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("beyond retention: what happened before") && text.contains("oldest kept: "),
+        "{text}"
+    );
+
+    // A restart goes on from its checkpoint: the log continues it.
+    let grown = append(53, 30);
+    let child = service.start();
+    service.wait_applied(grown);
+    service.stop(child);
+    assert!(!service.log().contains("stopped:"), "{}", service.log());
+
+    // A window exported from the embedded log starts from the snapshot
+    // it keeps, and replays to the service's state.
+    let bundle = service.dir.join("bundle.jsonl");
+    let export = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["export", "--config"])
+        .arg(&service.config)
+        .args(["--from", &(head + 10).to_string()])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&export.stderr);
+    assert!(export.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("starting from the snapshot of seq "),
+        "{stderr}"
+    );
+    let replay = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["replay", "--verify", "--quiet"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&replay.stderr);
+    assert!(replay.status.success(), "{stderr}");
+    let (_, hash) = checkpoint_hash(&service.store());
+    assert!(stderr.contains(&hash), "{stderr}\nnot {hash}");
+}

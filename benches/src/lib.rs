@@ -425,6 +425,12 @@ impl Generator {
         &self.records
     }
 
+    /// The records generated since the last call (all of them, the first
+    /// time), taken out of the generator.
+    pub fn take_records(&mut self) -> Vec<EventRecord> {
+        std::mem::take(&mut self.records)
+    }
+
     /// The log.
     pub fn into_records(self) -> Vec<EventRecord> {
         self.records

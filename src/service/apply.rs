@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use lockstep_engine::Engine;
 use lockstep_schemas::{Event, EventRecord};
 use lockstep_store::snapshots::SnapshotInfo;
-use lockstep_store::{Commit, EventLog, LogPosition, Store};
+use lockstep_store::{Commit, LogPosition, Store};
 use tracing::info;
 
 use super::Service;
@@ -87,7 +87,7 @@ impl Service {
     /// passed, or the records since take a quarter of the stream's
     /// `max_bytes` (the log's retention then keeps at least three more).
     fn snapshot_due(&self) -> bool {
-        if self.role.acting().is_none() || !matches!(self.log, EventLog::Nats(_)) {
+        if self.role.acting().is_none() {
             return false;
         }
         let s = &self.snapshots;
@@ -107,14 +107,17 @@ impl Service {
         let seq = write_checkpoint(&self.store, &self.engine)?;
         self.since_checkpoint = (0, Instant::now());
         self.health.checkpoint_seq.store(seq, Ordering::Relaxed);
-        self.keep_snapshot(seq).await;
+        if self.keep_snapshot(seq).await {
+            // The embedded log may now discard what this snapshot covers.
+            self.apply_retention();
+        }
         Ok(())
     }
 
     /// Keeps the checkpoint just written (of the state after `seq`) beside
-    /// the log. A failure is reported and tried again when the next is
-    /// due (at once); the loop goes on.
-    async fn keep_snapshot(&mut self, seq: u64) {
+    /// the log; whether it was. A failure is reported and tried again when
+    /// the next is due (at once); the loop goes on.
+    async fn keep_snapshot(&mut self, seq: u64) -> bool {
         let started = Instant::now();
         let meta = SnapshotInfo::new(
             seq,
@@ -140,6 +143,7 @@ impl Service {
                 .emit();
                 self.snapshots.last = Some(Instant::now());
                 self.snapshots.records_since = 0;
+                true
             }
             Err(e) => {
                 tracing::warn!(seq, error = %e, "keeping a snapshot beside the event log failed; trying again");
@@ -154,8 +158,77 @@ impl Service {
                         ))
                         .unwrap_or_else(Instant::now),
                 );
+                false
             }
         }
+    }
+}
+
+impl Service {
+    /// Applies the retention horizon as often as a snapshot is kept, on a
+    /// replica that keeps none (the leader applies it after each snapshot).
+    pub(super) fn retention_if_due(&mut self) {
+        let every = Duration::from_millis(self.cfg.service.snapshot_every_ms);
+        let recent = self
+            .snapshots
+            .retention
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < every);
+        if self.role.acting().is_none() && !recent {
+            self.apply_retention();
+        }
+    }
+
+    /// Applies the retention horizon (`[service] retention_s`, log time)
+    /// off the loop, unless it is still being applied: the store drops the
+    /// ledger entries and audit transitions before it, and, while this
+    /// replica acts, the embedded log the records before `[log] max_age_s`
+    /// that its oldest snapshot no longer needs.
+    fn apply_retention(&mut self) {
+        let running = self
+            .snapshots
+            .retention
+            .as_ref()
+            .is_some_and(|(_, task)| !task.is_finished());
+        let now_ms = self.engine.now_ms();
+        let Some(keep_ms) = self.cfg.retention_ms() else {
+            return;
+        };
+        if running || now_ms == 0 {
+            return;
+        }
+        let before_ms = now_ms.saturating_sub(keep_ms);
+        let log_before_ms = now_ms.saturating_sub(self.cfg.log.max_age_s.saturating_mul(1000));
+        let (store, log) = (self.store.clone(), self.log.clone());
+        let discard = self.cfg.log.max_age_s > 0 && self.role.acting().is_some();
+        let task = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let trimmed = match store.trim(before_ms) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "applying the retention horizon to the store failed; trying again later");
+                    return;
+                }
+            };
+            let records = if discard {
+                log.discard_before(log_before_ms).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "discarding the embedded log's old records failed; trying again later");
+                    0
+                })
+            } else {
+                0
+            };
+            telemetry::RetentionApplied {
+                before_ms,
+                ledger: trimmed.ledger,
+                transitions: trimmed.transitions,
+                records,
+                store_bytes: store.size_on_disk(),
+                took: started.elapsed(),
+            }
+            .emit();
+        });
+        self.snapshots.retention = Some((Instant::now(), task));
     }
 }
 

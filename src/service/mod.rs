@@ -177,6 +177,9 @@ struct Snapshots {
     records_since: u64,
     /// The log's bytes per record, as its state last said (0: unknown).
     record_bytes: u64,
+    /// When the retention horizon was last applied, and the task applying
+    /// it (off the loop) while it runs.
+    retention: Option<(Instant, tokio::task::JoinHandle<()>)>,
 }
 
 impl Service {
@@ -280,6 +283,7 @@ impl Service {
                 self.look_at_head().await;
                 self.sync.publish_stats(&self.engine, &self.health);
                 self.snapshot_if_due().await?;
+                self.retention_if_due();
             }
             telemetry::answer_queries(queries, &self.engine, &self.store);
             self.lead_once_caught_up(&batch).await?;

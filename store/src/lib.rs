@@ -12,4 +12,6 @@ pub mod snapshots;
 pub mod store;
 
 pub use log::{server_urls, Appended, EventLog, LogState, StreamLimits};
-pub use store::{read_checkpoint_file, Checkpoint, Commit, LedgerEntry, LogPosition, Store};
+pub use store::{
+    read_checkpoint_file, Checkpoint, Commit, LedgerEntry, LogPosition, Store, Trimmed,
+};

@@ -245,39 +245,68 @@ impl EventLog {
         }
     }
 
-    /// The snapshots kept beside the log, oldest first (none for the
-    /// embedded log: its store's checkpoint is on the same disk).
+    /// The snapshots kept beside the log, oldest first (the embedded log
+    /// keeps them in its directory, under `snapshots/`).
     pub async fn snapshots(&self) -> Result<Vec<crate::snapshots::SnapshotInfo>> {
         match self {
-            Self::Embedded(_) => Ok(Vec::new()),
+            Self::Embedded(e) => crate::snapshots::files::list(&e.snapshot_dir()),
             Self::Nats(n) => crate::snapshots::list(&n.js).await,
         }
     }
 
     /// Keeps the checkpoint file `file` as a snapshot beside the log, then
-    /// deletes all but the newest `keep`. `false` for the embedded log,
-    /// which keeps none.
+    /// deletes all but the newest `keep`.
     pub async fn put_snapshot(
         &self,
         file: &Path,
         meta: &crate::snapshots::SnapshotInfo,
         keep: usize,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         match self {
-            Self::Embedded(_) => Ok(false),
-            Self::Nats(n) => {
-                crate::snapshots::put(&n.js, n.replicas, file, meta, keep).await?;
-                Ok(true)
+            Self::Embedded(e) => crate::snapshots::files::put(&e.snapshot_dir(), file, meta, keep),
+            Self::Nats(n) => crate::snapshots::put(&n.js, n.replicas, file, meta, keep).await,
+        }
+    }
+
+    /// Appends to the embedded log with this log time (at least the last
+    /// record's): a log rebuilt with its original times, or months of log
+    /// time compressed into minutes (benchmarks of long runs). The NATS log
+    /// stamps its own time.
+    #[doc(hidden)]
+    pub fn append_at(&self, envelope: &Envelope, time_ms: u64) -> Result<Appended> {
+        match self {
+            Self::Embedded(e) => e.append_at(envelope, time_ms),
+            Self::Nats(_) => Err(Error::Snapshot("a NATS log stamps its own time".to_owned())),
+        }
+    }
+
+    /// Discards the records appended before `before_ms` (the embedded
+    /// log's retention, `[log] max_age_s`; JetStream applies its own), but
+    /// none after the oldest snapshot kept beside it, and never the last
+    /// record: the state the log starts from stays kept, and sequence
+    /// numbers go on from where they were. Without a snapshot, nothing is
+    /// discarded. The actions published for the discarded records go too.
+    /// Returns how many records were discarded. Blocking: call it off the
+    /// apply loop.
+    pub fn discard_before(&self, before_ms: u64) -> Result<u64> {
+        match self {
+            Self::Embedded(e) => {
+                let oldest = crate::snapshots::files::list(&e.snapshot_dir())?
+                    .first()
+                    .map(|s| s.seq);
+                match oldest {
+                    Some(seq) => e.discard(before_ms, seq + 1),
+                    None => Ok(0),
+                }
             }
+            Self::Nats(_) => Ok(0),
         }
     }
 
     /// Writes the snapshot named `name` to the file `to`; its size.
     pub async fn fetch_snapshot(&self, name: &str, to: &Path) -> Result<u64> {
         match self {
-            Self::Embedded(_) => Err(Error::Snapshot(format!(
-                "the embedded log keeps no snapshot {name}"
-            ))),
+            Self::Embedded(e) => crate::snapshots::files::fetch(&e.snapshot_dir(), name, to),
             Self::Nats(n) => crate::snapshots::fetch(&n.js, name, to).await,
         }
     }
@@ -324,7 +353,13 @@ struct Stored {
 
 /// The embedded log.
 pub struct Embedded {
+    /// The log's directory.
+    dir: std::path::PathBuf,
     db: sled::Db,
+    /// The first sequence kept once earlier records were discarded (BE,
+    /// under `first`): sequence numbers never go back below it, even if
+    /// every record were gone.
+    meta: sled::Tree,
     log: sled::Tree,
     ids: sled::Tree,
     actions: sled::Tree,
@@ -364,7 +399,9 @@ impl Embedded {
             None => 0,
         };
         Ok(Self {
+            dir: dir.to_owned(),
             db,
+            meta,
             log,
             ids,
             actions,
@@ -376,6 +413,10 @@ impl Embedded {
     }
 
     fn append(&self, envelope: &Envelope) -> Result<Appended> {
+        self.append_at(envelope, now_ms())
+    }
+
+    fn append_at(&self, envelope: &Envelope, time_ms: u64) -> Result<Appended> {
         let mut last_time = self.append_lock.lock().expect("append lock poisoned");
         if let Some(seq) = self.ids.get(envelope.id.0.as_bytes())? {
             return Ok(Appended {
@@ -383,9 +424,13 @@ impl Embedded {
                 duplicate: true,
             });
         }
-        let seq = self.log.last()?.map_or(1, |(k, _)| be(&k) + 1);
+        let seq = self
+            .log
+            .last()?
+            .map_or(1, |(k, _)| be(&k) + 1)
+            .max(self.discarded_to()?);
         // The log's clock never goes back, whatever this machine's does.
-        let time_ms = now_ms().max(*last_time);
+        let time_ms = time_ms.max(*last_time);
         let value = rmp_serde::to_vec_named(&Stored {
             time_ms,
             envelope: envelope.clone(),
@@ -439,12 +484,90 @@ impl Embedded {
     }
 
     fn head(&self) -> Result<u64> {
-        Ok(self.log.last()?.map_or(0, |(k, _)| be(&k)))
+        Ok(self
+            .log
+            .last()?
+            .map_or(0, |(k, _)| be(&k))
+            .max(self.discarded_to()?.saturating_sub(1)))
+    }
+
+    /// The first sequence kept after earlier records were discarded (1
+    /// when none ever were).
+    fn discarded_to(&self) -> Result<u64> {
+        Ok(self.meta.get("first")?.map_or(1, |v| be(&v)))
+    }
+
+    fn snapshot_dir(&self) -> std::path::PathBuf {
+        self.dir.join("snapshots")
+    }
+
+    /// Discards the records before `keep_from` appended before
+    /// `before_ms`, and the actions published for them; never the last
+    /// record. Returns how many records went.
+    fn discard(&self, before_ms: u64, keep_from: u64) -> Result<u64> {
+        let keep_from = keep_from.min(self.head()?);
+        let mut first = None;
+        let mut batch = (sled::Batch::default(), sled::Batch::default());
+        let mut n = 0u64;
+        for item in self.log.range(..keep_from.to_be_bytes()) {
+            let (k, v) = item?;
+            let seq = be(&k);
+            let stored: Stored =
+                rmp_serde::from_slice(&v).map_err(|source| Error::Decode { seq, source })?;
+            if stored.time_ms >= before_ms {
+                first = Some(seq);
+                break;
+            }
+            batch.0.remove(k);
+            batch.1.remove(stored.envelope.id.0.as_bytes());
+            n += 1;
+            if n.is_multiple_of(4096) {
+                self.discard_batch(std::mem::take(&mut batch), seq + 1)?;
+            }
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        let first = first.unwrap_or(keep_from);
+        self.discard_batch(batch, first)?;
+        // The actions of the records gone, in the order they were
+        // published (by and large that of their records).
+        let mut actions = (sled::Batch::default(), sled::Batch::default());
+        for item in self.actions.iter() {
+            let (k, v) = item?;
+            let a: IssuedAction = rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
+                seq: be(&k),
+                source,
+            })?;
+            if a.seq >= first {
+                break;
+            }
+            actions.0.remove(k);
+            actions.1.remove(a.id.0.as_bytes());
+        }
+        self.actions.apply_batch(actions.0)?;
+        self.action_ids.apply_batch(actions.1)?;
+        self.db.flush()?;
+        Ok(n)
+    }
+
+    /// Removes records and their ids; `first` is kept from then on.
+    fn discard_batch(&self, (log, ids): (sled::Batch, sled::Batch), first: u64) -> Result<()> {
+        // The mark first: a crash between the two leaves it ahead of the
+        // records, which only moves the first sequence kept.
+        self.meta.insert("first", &first.to_be_bytes())?;
+        self.log.apply_batch(log)?;
+        self.ids.apply_batch(ids)?;
+        Ok(())
     }
 
     fn state(&self) -> Result<LogState> {
         let last_seq = self.head()?;
-        let first_seq = self.log.first()?.map_or(last_seq + 1, |(k, _)| be(&k));
+        let first_seq = self
+            .log
+            .first()?
+            .map_or(last_seq + 1, |(k, _)| be(&k))
+            .max(self.discarded_to()?);
         Ok(LogState {
             id: self.id.clone(),
             first_seq,

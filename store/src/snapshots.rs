@@ -25,7 +25,7 @@ use crate::log::{Error, Result};
 pub const BUCKET: &str = "LOCKSTEP_SNAPSHOTS";
 
 /// One snapshot: what its object's metadata says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotInfo {
     /// The object's name.
     pub name: String,
@@ -200,6 +200,89 @@ pub(crate) async fn fetch(
     }
     file.sync_all().map_err(io)?;
     Ok(bytes)
+}
+
+/// The embedded log's snapshots: files in a directory beside it
+/// (`<name>`, the checkpoint file, and `<name>.meta`, its metadata), each
+/// made durable before it counts.
+pub(crate) mod files {
+    use std::path::Path;
+
+    use super::SnapshotInfo;
+    use crate::log::{Error, Result};
+
+    fn io<'a>(what: &'a str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+        move |e| Error::Snapshot(format!("{what} {}: {e}", path.display()))
+    }
+
+    /// The snapshots in `dir`, oldest first.
+    pub(crate) fn list(dir: &Path) -> Result<Vec<SnapshotInfo>> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io("listing", dir)(e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(io("listing", dir))?.path();
+            if path.extension().is_none_or(|x| x != "meta") {
+                continue;
+            }
+            let Ok(raw) = std::fs::read(&path) else {
+                continue;
+            };
+            let Ok(mut info) = rmp_serde::from_slice::<SnapshotInfo>(&raw) else {
+                continue;
+            };
+            // The metadata is written after the file: both, or it does
+            // not count.
+            let Ok(meta) = std::fs::metadata(dir.join(&info.name)) else {
+                continue;
+            };
+            info.bytes = meta.len();
+            out.push(info);
+        }
+        out.sort_by_key(|s| s.seq);
+        Ok(out)
+    }
+
+    /// Copies the checkpoint file `file` into `dir` as the snapshot
+    /// `meta`, then deletes all but the newest `keep`.
+    pub(crate) fn put(dir: &Path, file: &Path, meta: &SnapshotInfo, keep: usize) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+        let to = dir.join(&meta.name);
+        let temp = dir.join(format!("{}.tmp", meta.name));
+        std::fs::copy(file, &temp).map_err(io("copying to", &temp))?;
+        std::fs::File::open(&temp)
+            .and_then(|f| f.sync_all())
+            .map_err(io("syncing", &temp))?;
+        std::fs::rename(&temp, &to).map_err(io("renaming to", &to))?;
+        let meta_path = dir.join(format!("{}.meta", meta.name));
+        let raw = rmp_serde::to_vec_named(meta).expect("snapshot metadata encodes");
+        std::fs::write(&meta_path, raw)
+            .and_then(|()| std::fs::File::open(&meta_path)?.sync_all())
+            .map_err(io("writing", &meta_path))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing", dir))?;
+        let all = list(dir)?;
+        for old in &all[..all.len().saturating_sub(keep.max(1))] {
+            // The metadata first: a snapshot without it is not listed.
+            let _ = std::fs::remove_file(dir.join(format!("{}.meta", old.name)));
+            let _ = std::fs::remove_file(dir.join(&old.name));
+        }
+        Ok(())
+    }
+
+    /// Copies the snapshot `name` to the file `to` (made durable); its size.
+    pub(crate) fn fetch(dir: &Path, name: &str, to: &Path) -> Result<u64> {
+        let from = dir.join(name);
+        let bytes = std::fs::copy(&from, to).map_err(io("copying", &from))?;
+        std::fs::File::open(to)
+            .and_then(|f| f.sync_all())
+            .map_err(io("syncing", to))?;
+        Ok(bytes)
+    }
 }
 
 /// A local file read by blocking reads as an `AsyncRead`: the uploader

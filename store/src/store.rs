@@ -141,7 +141,17 @@ pub struct Commit<'a> {
     pub position: Option<&'a LogPosition>,
 }
 
-/// The store.
+/// What [`Store::trim`] dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Ledger entries (and their `undispatched` keys).
+    pub ledger: u64,
+    /// Transitions of the audit index.
+    pub transitions: u64,
+}
+
+/// The store. Clones share the same database.
+#[derive(Clone)]
 pub struct Store {
     /// The store's directory: sled's files and the checkpoint file.
     dir: PathBuf,
@@ -572,6 +582,71 @@ impl Store {
             .collect()
     }
 
+    /// Drops what happened before `before_ms` (log time): ledger entries of
+    /// actions issued before it, with their `undispatched` keys, and the
+    /// audit index's transitions before it. The retention horizon is kept
+    /// (see [`Self::retained_from`]). Reads the ledger and the index once,
+    /// removing in batches: call it off the apply loop (the store is
+    /// `Clone`; sled serves both at once).
+    pub fn trim(&self, before_ms: u64) -> Result<Trimmed> {
+        let mut trimmed = Trimmed::default();
+        let mut ledger = sled::Batch::default();
+        let mut undispatched = sled::Batch::default();
+        let mut pending = 0;
+        for item in self.ledger.iter() {
+            let (k, v) = item?;
+            let entry = decode_entry(&v)?;
+            if entry.issued.time_ms >= before_ms {
+                continue;
+            }
+            ledger.remove(k);
+            undispatched.remove(undispatched_key(&entry.issued));
+            trimmed.ledger += 1;
+            pending += 1;
+            if pending == TRIM_BATCH {
+                self.ledger.apply_batch(std::mem::take(&mut ledger))?;
+                self.undispatched
+                    .apply_batch(std::mem::take(&mut undispatched))?;
+                pending = 0;
+            }
+        }
+        self.ledger.apply_batch(ledger)?;
+        self.undispatched.apply_batch(undispatched)?;
+        let mut audit = sled::Batch::default();
+        let mut pending = 0;
+        for item in self.audit.iter() {
+            let (k, v) = item?;
+            let t: Transition = rmp_serde::from_slice(&v).map_err(|source| Error::Decode {
+                what: "transition",
+                source,
+            })?;
+            if t.time_ms >= before_ms {
+                continue;
+            }
+            audit.remove(k);
+            trimmed.transitions += 1;
+            pending += 1;
+            if pending == TRIM_BATCH {
+                self.audit.apply_batch(std::mem::take(&mut audit))?;
+                pending = 0;
+            }
+        }
+        self.audit.apply_batch(audit)?;
+        let newer = self.retained_from()?.is_none_or(|was| before_ms > was);
+        if newer {
+            self.meta
+                .insert(RETAINED_FROM_KEY, &before_ms.to_be_bytes())?;
+        }
+        self.db.flush()?;
+        Ok(trimmed)
+    }
+
+    /// The retention horizon: what happened before it (log time, ms) was
+    /// dropped by [`Self::trim`]; `None` when nothing ever was.
+    pub fn retained_from(&self) -> Result<Option<u64>> {
+        Ok(self.meta.get(RETAINED_FROM_KEY)?.map(|v| be_u64(&v)))
+    }
+
     /// Makes everything committed so far durable on disk.
     pub async fn flush(&self) -> Result<()> {
         self.db.flush_async().await?;
@@ -617,6 +692,10 @@ impl Store {
 /// Where stores before checkpoint files kept the checkpoint, in `meta`.
 const LEGACY_CHECKPOINT_KEY: &str = "checkpoint";
 const POSITION_KEY: &str = "log_position";
+/// The retention horizon of the last [`Store::trim`] (ms, BE).
+const RETAINED_FROM_KEY: &str = "retained_from_ms";
+/// Removals per sled batch while trimming.
+const TRIM_BATCH: usize = 4096;
 
 /// sled with a bounded page cache: its default (1 GiB) would dwarf the
 /// engine's own memory.
@@ -634,6 +713,13 @@ impl LedgerEntry {
     fn is_undispatched(&self) -> bool {
         self.dispatched == 0 && self.outcome.is_none()
     }
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = bytes.len().min(8);
+    b[..n].copy_from_slice(&bytes[..n]);
+    u64::from_be_bytes(b)
 }
 
 fn decode_entry(raw: &[u8]) -> Result<LedgerEntry> {

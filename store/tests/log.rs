@@ -24,6 +24,26 @@ fn node(i: u64) -> Envelope {
     )
 }
 
+fn envelope(i: u64) -> Envelope {
+    node(i)
+}
+
+/// A drain issued at `seq`.
+fn issued(seq: u64) -> lockstep_schemas::IssuedAction {
+    lockstep_schemas::IssuedAction {
+        id: lockstep_schemas::ActionId(format!("{seq}.slurm_drain.slurm:n{seq}/state")),
+        seq,
+        time_ms: 1,
+        cause: lockstep_schemas::EventId("e".into()),
+        rule: "drain.cordon".into(),
+        attempt: 1,
+        action: lockstep_schemas::Action::SlurmDrain {
+            node: format!("n{seq}"),
+            reason: "lockstep: test".into(),
+        },
+    }
+}
+
 async fn read_all(log: &EventLog, from: u64, until: u64) -> Vec<lockstep_schemas::EventRecord> {
     let mut out: Vec<lockstep_schemas::EventRecord> = Vec::new();
     let mut next = from;
@@ -212,14 +232,24 @@ async fn actions_are_published_once_per_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_are_kept_newest_first_pruned_and_read_back_whole() {
-    use lockstep_store::snapshots::SnapshotInfo;
     let nats = NatsServer::start();
     let log = EventLog::connect_nats(&nats.url(), &StreamLimits::default())
         .await
         .unwrap();
+    let dir = temp_dir("log-snapshots");
+    keeps_snapshots(&log, &dir.join("nats")).await;
+    let embedded = EventLog::open_embedded(&dir.join("embedded")).unwrap();
+    keeps_snapshots(&embedded, &dir.join("embedded-files")).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Five snapshots kept out of order: the newest three stay, with their
+/// metadata, and one reads back byte for byte.
+async fn keeps_snapshots(log: &EventLog, dir: &std::path::Path) {
+    use lockstep_store::snapshots::SnapshotInfo;
     // None before the first: no bucket yet, and no error.
     assert_eq!(log.snapshots().await.unwrap(), vec![]);
-    let dir = temp_dir("log-snapshots");
+    std::fs::create_dir_all(dir).unwrap();
     for seq in [10, 50, 20, 40, 30] {
         // Larger than one chunk (128 KiB), so that the upload and the
         // download each take several.
@@ -227,7 +257,7 @@ async fn snapshots_are_kept_newest_first_pruned_and_read_back_whole() {
         let file = dir.join(format!("cp-{seq}"));
         std::fs::write(&file, &body).unwrap();
         let meta = SnapshotInfo::new(seq, format!("hash-{seq}"), 2, "test");
-        assert!(log.put_snapshot(&file, &meta, 3).await.unwrap());
+        log.put_snapshot(&file, &meta, 3).await.unwrap();
     }
     let kept = log.snapshots().await.unwrap();
     let seqs: Vec<u64> = kept.iter().map(|s| s.seq).collect();
@@ -251,10 +281,58 @@ async fn snapshots_are_kept_newest_first_pruned_and_read_back_whole() {
         std::fs::read(&to).unwrap(),
         std::fs::read(dir.join("cp-50")).unwrap()
     );
-    let embedded = EventLog::open_embedded(&dir.join("embedded")).unwrap();
-    assert!(!embedded
-        .put_snapshot(&to, &SnapshotInfo::new(1, String::new(), 2, "test"), 3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_log_discards_old_records_but_none_its_oldest_snapshot_needs() {
+    use lockstep_store::snapshots::SnapshotInfo;
+    let dir = temp_dir("log-discard");
+    let log = EventLog::open_embedded(&dir.join("log")).unwrap();
+    let mut times = Vec::new();
+    for i in 0..30u64 {
+        let a = log.append(&envelope(i)).await.unwrap();
+        times.push(log.read(a.seq, 1, Duration::ZERO).await.unwrap()[0].time_ms);
+        let action = issued(a.seq);
+        log.publish_actions(std::slice::from_ref(&action))
+            .await
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let all_past = times[29] + 1;
+    // Without a snapshot, nothing goes.
+    assert_eq!(log.discard_before(all_past).unwrap(), 0);
+    // With one at seq 20, the records up to it go: the log still starts
+    // right after a snapshot.
+    let cp = dir.join("cp");
+    std::fs::write(&cp, b"state").unwrap();
+    log.put_snapshot(&cp, &SnapshotInfo::new(20, "h".into(), 2, "test"), 3)
         .await
-        .unwrap());
-    assert_eq!(embedded.snapshots().await.unwrap(), vec![]);
+        .unwrap();
+    assert_eq!(
+        log.discard_before(times[9]).unwrap(),
+        9,
+        "before the 10th record's time"
+    );
+    assert_eq!(log.state().await.unwrap().first_seq, 10);
+    assert_eq!(log.discard_before(all_past).unwrap(), 11);
+    let state = log.state().await.unwrap();
+    assert_eq!((state.first_seq, state.last_seq), (21, 30));
+    assert_eq!(log.read(1, 100, Duration::ZERO).await.unwrap()[0].seq, 21);
+    // The actions of the records gone went with them.
+    let actions: Vec<u64> = log.actions().await.unwrap().iter().map(|a| a.seq).collect();
+    assert_eq!(actions, (21..=30).collect::<Vec<_>>());
+    // Even past every record, the last stays, and sequences go on, also
+    // after the log is opened again. (The oldest snapshot kept counts:
+    // one kept, at seq 30.)
+    log.put_snapshot(&cp, &SnapshotInfo::new(30, "h".into(), 2, "test"), 1)
+        .await
+        .unwrap();
+    assert_eq!(log.discard_before(u64::MAX).unwrap(), 9);
+    assert_eq!(log.state().await.unwrap().first_seq, 30);
+    drop(log);
+    let log = EventLog::open_embedded(&dir.join("log")).unwrap();
+    assert_eq!(log.append(&envelope(99)).await.unwrap().seq, 31);
+    let state = log.state().await.unwrap();
+    assert_eq!((state.first_seq, state.last_seq), (30, 31));
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -369,3 +369,65 @@ fn a_store_locked_by_a_process_on_its_way_out_is_waited_for_and_a_live_lock_is_a
     release.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_retention_horizon_drops_older_ledger_entries_and_transitions_only() {
+    let dir = temp_dir("store-trim");
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.retained_from().unwrap(), None);
+    // Times are the sequences (see `issued` and `transition`).
+    let actions: Vec<IssuedAction> = (1..=20)
+        .map(|s| issued(s, &format!("n{}", s % 3)))
+        .collect();
+    let transitions: Vec<Transition> = (1..=20)
+        .map(|s| transition(s, &format!("n{}", s % 3)))
+        .collect();
+    store
+        .commit(&Commit {
+            issued: &actions,
+            outcomes: vec![(actions[0].id.clone(), OutcomeResult::Succeeded)],
+            transitions: &transitions,
+            position: None,
+        })
+        .unwrap();
+    // Dispatched or not, done or not: what was issued before 11 goes.
+    store.mark_dispatched(&[actions[1].id.clone()]).unwrap();
+    let trimmed = store.trim(11).unwrap();
+    assert_eq!((trimmed.ledger, trimmed.transitions), (10, 10));
+    let mut kept: Vec<u64> = store
+        .ledger()
+        .unwrap()
+        .iter()
+        .map(|e| e.issued.seq)
+        .collect();
+    kept.sort_unstable();
+    assert_eq!(kept, (11..=20).collect::<Vec<_>>());
+    let pending: Vec<u64> = store
+        .undispatched(None, 100)
+        .unwrap()
+        .iter()
+        .map(|a| a.seq)
+        .collect();
+    assert_eq!(pending, (11..=20).collect::<Vec<_>>());
+    for node in ["n0", "n1", "n2"] {
+        let seqs: Vec<u64> = store
+            .transitions(node)
+            .unwrap()
+            .iter()
+            .map(|t| t.seq)
+            .collect();
+        assert!(
+            seqs.iter().all(|&s| s >= 11) && !seqs.is_empty(),
+            "{node}: {seqs:?}"
+        );
+    }
+    assert_eq!(store.retained_from().unwrap(), Some(11));
+    // Again: nothing more; an older horizon does not move it back. And it
+    // is kept across a reopen.
+    assert_eq!(store.trim(11).unwrap(), Default::default());
+    store.trim(5).unwrap();
+    drop(store);
+    let store = Store::open(&dir).unwrap();
+    assert_eq!(store.retained_from().unwrap(), Some(11));
+    assert_eq!(store.ledger().unwrap().len(), 10);
+}

@@ -77,6 +77,9 @@ checkpoint_every_records = {{ int64 .Values.loop.checkpointEveryRecords }}
 checkpoint_every_ms = {{ int64 .Values.loop.checkpointEveryMs }}
 snapshot_every_ms = {{ int64 .Values.loop.snapshotEveryMs }}
 snapshots_kept = {{ int64 .Values.loop.snapshotsKept }}
+{{- if hasKey .Values.loop "retentionSeconds" }}
+retention_s = {{ int64 .Values.loop.retentionSeconds }}
+{{- end }}
 transparent_huge_pages = {{ .Values.loop.transparentHugePages }}
 [telemetry]
 listen = "0.0.0.0:{{ .Values.telemetry.port }}"
