@@ -494,12 +494,15 @@ async fn start_state(
         None => snapshots.iter().find(usable),
         Some(Start::Seq(seq)) => snapshots.iter().rev().filter(usable).find(|s| s.seq < seq),
         Some(Start::Time(ms)) => {
+            // Log times never go back: a snapshot whose record is before
+            // the time covers nothing of the window. One whose record the
+            // log no longer holds is the best start the log has.
             let mut chosen = None;
             for s in snapshots.iter().rev().filter(usable) {
                 let at = log
                     .read(s.seq, 1, std::time::Duration::from_secs(5))
                     .await?;
-                if at.first().is_some_and(|r| r.seq == s.seq && r.time_ms < ms) {
+                if at.first().is_none_or(|r| r.seq > s.seq || r.time_ms < ms) {
                     chosen = Some(s);
                     break;
                 }

@@ -599,6 +599,13 @@ fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCod
         "ledger: {} actions issued, {dispatched} dispatched, {twice} dispatched more than once, {outcomes} with an outcome",
         ledger.len()
     );
+    match store.retained_from()? {
+        Some(before) => println!(
+            "retention: what happened before {} was dropped",
+            lockstep::render::time(before)
+        ),
+        None => println!("retention: nothing dropped yet"),
+    }
     if let Some(node) = node {
         for t in store.transitions(node)? {
             println!("{}", lockstep::render::transition(&t));

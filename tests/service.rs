@@ -1026,6 +1026,29 @@ fn a_new_replica_starts_from_the_newest_snapshot_where_retention_discarded_the_l
     let (window, _) = cli(&["replay", &url, "--from", &from, "--all-events", "--json"]);
     assert_eq!(alone, window);
     assert_eq!(alone.lines().count(), (grown - head - 19) as usize);
+    // By time: from the first record at or after the time of seq head + 20.
+    let records = rt
+        .block_on(log.read(head + 1, 1000, Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(records.len() as u64, grown - head);
+    let at = records.iter().find(|r| r.seq == head + 20).unwrap().time_ms;
+    let first = records.iter().find(|r| r.time_ms >= at).unwrap().seq;
+    let since = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(at))
+        .to_string();
+    let (by_time, stderr) = cli(&["replay", &url, "--since", &since, "--all-events", "--json"]);
+    let (by_seq, _) = cli(&[
+        "replay",
+        &url,
+        "--from",
+        &first.to_string(),
+        "--all-events",
+        "--json",
+    ]);
+    assert_eq!(by_time, by_seq);
+    assert!(
+        stderr.contains(&format!("starting from the snapshot of seq {head}")),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -23,6 +23,12 @@
 //! With `--bootstrap [nodes] [events]` first (50,000 and 1,000,000), a new
 //! replica's start from the newest snapshot against folding the whole log.
 //!
+//! With `--long [nodes] [events] [window]` first (50,000, 10,000,000 and
+//! 3,600,000: an hour at 1,000 events a second), on a long log: a new
+//! replica's start from the newest snapshot, and `lockstep replay --from`
+//! of the last `window` records (from the newest snapshot before them)
+//! against the replay of the whole log.
+//!
 //! With `--cluster` first, only the publish -> apply figure, on one
 //! nats-server and then on a three-server JetStream cluster
 //! (`deploy/local/nats/up.sh`) with the streams replicated three times,
@@ -220,6 +226,15 @@ fn main() {
             .next()
             .map_or(1_000_000, |a| a.parse().expect("events"));
         return bootstrap(nodes, events);
+    }
+    if args.peek().is_some_and(|a| a == "--long") {
+        args.next();
+        let mut n = |default: usize| {
+            args.next()
+                .map_or(default, |a| a.parse().expect("a number"))
+        };
+        let (nodes, events, window) = (n(50_000), n(10_000_000), n(3_600_000));
+        return long_log(nodes, events, window);
     }
     if args.peek().is_some_and(|a| a == "--memory") {
         args.next();
@@ -520,6 +535,140 @@ fn bootstrap(nodes: usize, events: usize) {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
+}
+
+/// A long log on one nats-server: a new replica's start from the newest
+/// snapshot the leader kept (three rounds), then the replay of the log's
+/// last `window` records as `lockstep replay --from` runs it (from the
+/// newest snapshot before the window), against the replay of the whole log.
+/// The leader keeps a snapshot every 20 s of its fold, so that the log has
+/// some before the window.
+fn long_log(nodes: usize, events: usize, window: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let server = NatsServer::start();
+    let limits = StreamLimits {
+        max_bytes: -1,
+        ..StreamLimits::default()
+    };
+    let log = rt
+        .block_on(EventLog::connect_nats(&server.url(), &limits))
+        .unwrap();
+    let mut g = Generator::new(Shape::plain(nodes, 4), 43);
+    // Publishes up to `until` events in all, a million at a time.
+    let mut published = 0;
+    let mut publish_until = |until: usize| {
+        while published < until {
+            g.steady_state(
+                1_000_000
+                    .min(until - published)
+                    .saturating_sub(g.records().len()),
+            );
+            let records = g.take_records();
+            published += records.len();
+            rt.block_on(publish(&log, &records));
+            eprintln!("published {published} of {events} events ...");
+        }
+    };
+    // The log before the window, folded by a leader that then keeps a
+    // snapshot at its head; the window published while it leads, as a
+    // live leader sees it, keeping a snapshot every 20 s.
+    let t = Instant::now();
+    publish_until(events.saturating_sub(window));
+    let before = rt.block_on(log.head()).unwrap();
+    eprintln!("{before} records in {:.0} s", t.elapsed().as_secs_f64());
+    let dir = temp_dir("service-figures-long");
+    let port = free_port();
+    let cfg = config(&dir, &server.url(), port);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace(
+            "[telemetry]",
+            "snapshot_every_ms = 20000\nsnapshots_kept = 100\n[telemetry]",
+        ),
+    )
+    .unwrap();
+    let mut leader = start(&cfg);
+    let folded = wait_applied(port, before, Duration::from_secs(7200));
+    let snapshot_at = |seq: u64| {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while rt
+            .block_on(log.snapshots())
+            .unwrap()
+            .last()
+            .is_none_or(|s| s.seq < seq)
+        {
+            assert!(Instant::now() < deadline, "no snapshot at seq {seq}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    snapshot_at(before);
+    publish_until(events);
+    let head = rt.block_on(log.head()).unwrap();
+    wait_applied(port, head, Duration::from_secs(7200));
+    snapshot_at(head);
+    stop(&mut leader);
+    let _ = std::fs::remove_dir_all(&dir);
+    let kept = rt.block_on(log.snapshots()).unwrap();
+    let newest = kept.last().unwrap().clone();
+    println!(
+        "{head} events over {nodes} nodes; the leader folded the first {before} in {:.1} s, then applied the rest as they came; {} snapshots kept, the newest at seq {} ({:.1} MiB)",
+        folded.as_secs_f64(),
+        kept.len(),
+        newest.seq,
+        newest.bytes as f64 / f64::from(1 << 20)
+    );
+    for round in 1..=3 {
+        let dir = temp_dir("service-figures-long-replica");
+        let port = free_port();
+        let cfg = config(&dir, &server.url(), port);
+        let t = Instant::now();
+        let mut child = start(&cfg);
+        wait_applied(port, head, Duration::from_secs(3600));
+        let took = t.elapsed();
+        stop(&mut child);
+        let newer: Vec<String> = rt
+            .block_on(log.snapshots())
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.seq > newest.seq)
+            .map(|s| s.name)
+            .collect();
+        rt.block_on(delete_snapshots(&server.url(), &newer));
+        println!("  a new replica's start from the snapshot, round {round}: {took:.2?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // The window: what the leader applied live.
+    let (from, window) = (before + 1, head - before);
+    let replay = |args: &[&str]| {
+        let t = Instant::now();
+        let out = Command::new(lockstep_bin())
+            .arg("replay")
+            .arg(server.url())
+            .args(args)
+            .arg("--quiet")
+            .output()
+            .unwrap();
+        let took = t.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let summary = stderr.lines().last().unwrap_or_default().to_owned();
+        let start = stderr
+            .lines()
+            .find(|l| l.starts_with("starting from"))
+            .unwrap_or("from the first record")
+            .to_owned();
+        (took, start, summary)
+    };
+    for round in 1..=2 {
+        let (took, start, summary) = replay(&["--from", &from.to_string()]);
+        println!(
+            "  replay of the last {window} records (from seq {from}), round {round}: {took:.2?}; {start}; {summary}"
+        );
+    }
+    let (took, _, summary) = replay(&[]);
+    println!("  replay of the whole log: {took:.2?}; {summary}");
 }
 
 /// Deletes the snapshots named from the nats-server at `url`.
