@@ -541,19 +541,10 @@ fn export(
     output: &Path,
 ) -> Result<ExitCode> {
     let records = source.window(start, Some("exporting"))?;
-    let file = lockstep::outfile::OutFile::create(output)?;
-    let written_by = concat!("lockstep ", env!("CARGO_PKG_VERSION"));
-    let mut writer = LogWriter::new(file, Format::from_path(output), written_by)
-        .with_context(|| format!("writing {}", output.display()))?;
+    let mut writer = log_writer(output)?;
     let (mut events, mut actions, mut state) = (0u64, 0u64, None);
     for rec in records {
-        let rec = rec.with_context(|| {
-            format!(
-                "reading {}; {} was not written",
-                source.name(),
-                output.display()
-            )
-        })?;
+        let rec = rec.with_context(|| not_written(&source.name(), output))?;
         match &rec {
             lockstep_schemas::Record::Header(_) => continue,
             lockstep_schemas::Record::Event(e) if to.is_some_and(|to| e.seq > to) => break,
@@ -666,19 +657,10 @@ fn convert(input: &Path, output: &Path) -> Result<ExitCode> {
     // Written next to the output and renamed over it at the end: converting
     // a file onto itself reads all of it first, and a failure on the way
     // leaves the output as it was.
-    let file = lockstep::outfile::OutFile::create(output)?;
-    let written_by = concat!("lockstep ", env!("CARGO_PKG_VERSION"));
-    let mut writer = LogWriter::new(file, Format::from_path(output), written_by)
-        .with_context(|| format!("writing {}", output.display()))?;
+    let mut writer = log_writer(output)?;
     let mut n = 0u64;
     for rec in reader {
-        let rec = rec.with_context(|| {
-            format!(
-                "reading {}; {} was not written",
-                input.display(),
-                output.display()
-            )
-        })?;
+        let rec = rec.with_context(|| not_written(&input.display().to_string(), output))?;
         if let lockstep_schemas::Record::Header(h) = &rec {
             // Decoding drops the fields this build does not know; written
             // again, those events would no longer match their ids.
@@ -704,6 +686,20 @@ fn convert(input: &Path, output: &Path) -> Result<ExitCode> {
     finish(writer, output)?;
     eprintln!("wrote {n} records to {}", output.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// A log file written by this lockstep to a temporary file beside
+/// `output`, in the format its name says; [`finish`] puts it in place.
+fn log_writer(output: &Path) -> Result<LogWriter<lockstep::outfile::OutFile>> {
+    let file = lockstep::outfile::OutFile::create(output)?;
+    let written_by = concat!("lockstep ", env!("CARGO_PKG_VERSION"));
+    LogWriter::new(file, Format::from_path(output), written_by)
+        .with_context(|| format!("writing {}", output.display()))
+}
+
+/// The context of a read that failed while `output` was being written.
+fn not_written(input: &str, output: &Path) -> String {
+    format!("reading {input}; {} was not written", output.display())
 }
 
 /// Flushes a log writer and puts its file in place of the target.

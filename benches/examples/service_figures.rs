@@ -513,26 +513,14 @@ fn bootstrap(nodes: usize, events: usize) {
     );
     for round in 1..=3 {
         for (server, what) in [(0, "from the snapshot"), (1, "folding the whole log")] {
-            let dir = temp_dir("service-figures-bootstrap-replica");
-            let port = free_port();
-            let cfg = config(&dir, &servers[server].url(), port);
-            let t = Instant::now();
-            let mut child = start(&cfg);
-            wait_applied(port, head, Duration::from_secs(3600));
-            let took = t.elapsed();
-            stop(&mut child);
-            // It leads, so it kept a snapshot once caught up: gone, so
-            // that the next one starts as this one did.
-            let newer: Vec<String> = rt
-                .block_on(logs[server].snapshots())
-                .unwrap()
-                .into_iter()
-                .filter(|s| s.seq > snapshot.seq)
-                .map(|s| s.name)
-                .collect();
-            rt.block_on(delete_snapshots(&servers[server].url(), &newer));
+            let took = new_replica(
+                &rt,
+                &logs[server],
+                &servers[server].url(),
+                head,
+                snapshot.seq,
+            );
             println!("  round {round}, {what}: {:.2} s", took.as_secs_f64());
-            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 }
@@ -620,24 +608,8 @@ fn long_log(nodes: usize, events: usize, window: usize) {
         newest.bytes as f64 / f64::from(1 << 20)
     );
     for round in 1..=3 {
-        let dir = temp_dir("service-figures-long-replica");
-        let port = free_port();
-        let cfg = config(&dir, &server.url(), port);
-        let t = Instant::now();
-        let mut child = start(&cfg);
-        wait_applied(port, head, Duration::from_secs(3600));
-        let took = t.elapsed();
-        stop(&mut child);
-        let newer: Vec<String> = rt
-            .block_on(log.snapshots())
-            .unwrap()
-            .into_iter()
-            .filter(|s| s.seq > newest.seq)
-            .map(|s| s.name)
-            .collect();
-        rt.block_on(delete_snapshots(&server.url(), &newer));
+        let took = new_replica(&rt, &log, &server.url(), head, newest.seq);
         println!("  a new replica's start from the snapshot, round {round}: {took:.2?}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
     // The window: what the leader applied live.
     let (from, window) = (before + 1, head - before);
@@ -669,6 +641,37 @@ fn long_log(nodes: usize, events: usize, window: usize) {
     }
     let (took, _, summary) = replay(&[]);
     println!("  replay of the whole log: {took:.2?}; {summary}");
+}
+
+/// A new replica with an empty store on the log at `url`: the time from
+/// its start until it has applied `head`. It leads once caught up, and
+/// keeps a snapshot then: the snapshots after `keep_up_to` are deleted, so
+/// that the next one starts as this one did.
+fn new_replica(
+    rt: &tokio::runtime::Runtime,
+    log: &EventLog,
+    url: &str,
+    head: u64,
+    keep_up_to: u64,
+) -> Duration {
+    let dir = temp_dir("service-figures-replica");
+    let port = free_port();
+    let cfg = config(&dir, url, port);
+    let t = Instant::now();
+    let mut child = start(&cfg);
+    wait_applied(port, head, Duration::from_secs(3600));
+    let took = t.elapsed();
+    stop(&mut child);
+    let newer: Vec<String> = rt
+        .block_on(log.snapshots())
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.seq > keep_up_to)
+        .map(|s| s.name)
+        .collect();
+    rt.block_on(delete_snapshots(url, &newer));
+    let _ = std::fs::remove_dir_all(&dir);
+    took
 }
 
 /// Deletes the snapshots named from the nats-server at `url`.
