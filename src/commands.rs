@@ -320,7 +320,14 @@ fn parse_since(text: &str, now_ms: u64) -> Result<u64> {
 /// snapshot, if it has one). A log that ends before the window starts is
 /// an error.
 pub fn window(records: Records, start: Start) -> Result<Records> {
-    let mut replay = Replay::new(Engine::new(Policy::default()));
+    window_after(Engine::new(Policy::default()), records, start)
+}
+
+/// [`window`] of records that follow the state `engine` holds (a snapshot
+/// read from beside the log): it is folded on without being encoded into
+/// the records and decoded again.
+fn window_after(engine: Engine, records: Records, start: Start) -> Result<Records> {
+    let mut replay = Replay::new(engine);
     let mut header = None;
     let mut records = records;
     let first = loop {
@@ -420,7 +427,7 @@ impl RecordSource {
                 let bar = what.and_then(|w| progress_bar(len, true, w));
                 Ok(Box::new(Tracked { reader, bar, n: 0 }))
             }
-            Self::Log(cfg, _) => self.log_records(cfg, None, what),
+            Self::Log(cfg, _) => Ok(Self::log_records(cfg, None, what)?.1),
         }
     }
 
@@ -429,42 +436,51 @@ impl RecordSource {
     /// newest snapshot kept beside it before the window instead of its
     /// first record.
     pub fn window(&self, start: Option<Start>, what: Option<&'static str>) -> Result<Records> {
-        let records = match self {
-            Self::File(_) => self.records_with_progress(what)?,
-            Self::Log(cfg, _) => self.log_records(cfg, start, what)?,
-        };
-        match start {
-            Some(start) => window(records, start),
-            None => Ok(records),
+        match (self, start) {
+            (_, None) => self.records_with_progress(what),
+            (Self::File(_), Some(start)) => window(self.records_with_progress(what)?, start),
+            (Self::Log(cfg, _), Some(start)) => {
+                let (engine, records) = Self::log_records(cfg, Some(start), what)?;
+                window_after(
+                    engine.unwrap_or_else(|| Engine::new(Policy::default())),
+                    records,
+                    start,
+                )
+            }
         }
     }
 
+    /// A configured log's records from the state [`start_state`] finds
+    /// (that state, if any, and the records after it). Without a window,
+    /// the state goes into the records as snapshot records, for readers
+    /// that build their own engine.
     fn log_records(
-        &self,
         cfg: &crate::config::Config,
         start: Option<Start>,
         what: Option<&'static str>,
-    ) -> Result<Records> {
+    ) -> Result<(Option<Engine>, Records)> {
         let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
-        let records = rt.block_on(async {
+        let (mut engine, mut records) = rt.block_on(async {
             let log = crate::service::open_log(cfg).await?;
             let (engine, from) = match start_state(&log, start).await? {
                 Some((engine, seq)) => (Some(engine), seq + 1),
                 None => (None, 1),
             };
-            let mut records = log_records(&log, from, None).await?;
-            if let Some(engine) = engine {
+            anyhow::Ok((engine, log_records(&log, from, None).await?))
+        })?;
+        if start.is_none() {
+            if let Some(engine) = engine.take() {
                 let parts = lockstep_engine::replay::snapshot_parts(&engine);
                 records.splice(1..1, parts.into_iter().map(Record::Snapshot));
             }
-            anyhow::Ok(records)
-        })?;
+        }
         let bar = what.and_then(|w| progress_bar(records.len() as u64, false, w));
-        Ok(Box::new(Counted {
+        let records: Records = Box::new(Counted {
             inner: records.into_iter(),
             bar,
             n: 0,
-        }))
+        });
+        Ok((engine, records))
     }
 }
 

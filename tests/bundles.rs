@@ -26,6 +26,14 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// `lockstep ARGS` exits 2 and says `why` on stderr.
+fn refused(args: &[&str], why: &str) {
+    let out = lockstep(args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.contains(why), "{args:?}: {stderr}");
+}
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -171,13 +179,7 @@ fn a_window_by_time_starts_at_the_first_event_at_or_after_it() {
     assert_eq!(text(&a.stdout), text(&b.stdout));
     assert!(!a.stdout.is_empty());
     // A time that is neither is named.
-    let bad = lockstep(&["replay", p, "--since", "yesterday-ish"]);
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(
-        text(&bad.stderr).contains("neither a time"),
-        "{}",
-        text(&bad.stderr)
-    );
+    refused(&["replay", p, "--since", "yesterday-ish"], "neither a time");
 }
 
 /// A Slurm node with transitions in the second half of a log.
@@ -271,31 +273,22 @@ fn an_altered_or_misplaced_snapshot_is_refused_with_the_reason() {
     let mut altered = bundle.into_bytes();
     altered[at] = if altered[at] == b'A' { b'B' } else { b'A' };
     std::fs::write(&out, &altered).unwrap();
-    let r = lockstep(&["replay", o, "--verify"]);
-    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
-    assert!(
-        text(&r.stderr).contains("the snapshot of seq 199 hashes to"),
-        "{}",
-        text(&r.stderr)
+    refused(
+        &["replay", o, "--verify"],
+        "the snapshot of seq 199 hashes to",
     );
     // A what-if replay needs the log from its start.
     let export = lockstep(&["export", "--log", p, "--from", "200", o]);
     assert!(export.status.success());
     let policy = tmp("policy.json");
     std::fs::write(&policy, text(&lockstep(&["policy", "default"]).stdout)).unwrap();
-    let w = lockstep(&["replay", o, "--policy", policy.to_str().unwrap()]);
-    assert_eq!(w.status.code(), Some(2), "{}", text(&w.stderr));
-    assert!(
-        text(&w.stderr).contains("needs the log from its first record"),
-        "{}",
-        text(&w.stderr)
+    refused(
+        &["replay", o, "--policy", policy.to_str().unwrap()],
+        "needs the log from its first record",
     );
     // A window past the end of the log.
-    let e = lockstep(&["export", "--log", p, "--from", "100000", o]);
-    assert_eq!(e.status.code(), Some(2));
-    assert!(
-        text(&e.stderr).contains("before the window's start at seq 100000"),
-        "{}",
-        text(&e.stderr)
+    refused(
+        &["export", "--log", p, "--from", "100000", o],
+        "before the window's start at seq 100000",
     );
 }
