@@ -72,14 +72,34 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# ---- background work ------------------------------------------------------------
+# Its exit status is kept in a file, not by the shell: bash may forget the
+# status of a child that ended long before it is waited for ("wait: pid N is
+# not a child of this shell"), and `wait PID` then fails for work that passed.
+declare -A bg_pids=()
+# background NAME CMD...: runs CMD in the background; its status goes to
+# $logs/NAME.rc once it ends.
+background() {
+  local name=$1; shift
+  (
+    "$@" && rc=0 || rc=$?
+    echo "$rc" >"$logs/$name.rc.tmp" && mv "$logs/$name.rc.tmp" "$logs/$name.rc"
+  ) &
+  bg_pids[$name]=$!
+}
+# joined NAME: waits until NAME has ended; 0 when it passed.
+joined() {
+  local rc=$logs/$1.rc
+  while [[ ! -e $rc ]] && kill -0 "${bg_pids[$1]}" 2>/dev/null; do sleep 1; done
+  [[ -e $rc && $(<"$rc") == 0 ]]
+}
+
 # ---- background builds ----------------------------------------------------------
 # Slurm 24.11 and 26.05 run from Debian roots cached under
 # ~/.cache/lockstep/slurm (debootstrap, about a minute each on a fresh
 # machine; nothing when cached).
-root_pids=()
 for v in 24.11 26.05; do
-  deploy/local/slurm/root.sh "$v" >"$logs/slurm-root-$v.log" 2>&1 &
-  root_pids+=("$!")
+  background "slurm-root-$v" deploy/local/slurm/root.sh "$v" >"$logs/slurm-root-$v.log" 2>&1
 done
 # Kubernetes from the Go module proxy, cached under ~/.cache/lockstep/kube
 # (nothing when cached), under nice so that compiling and testing lockstep
@@ -94,8 +114,7 @@ done
 kube_build=$!
 
 # mdbook for the book (docs/): built once into ~/.cache/lockstep, under nice.
-nice scripts/ensure-mdbook.sh >"$logs/mdbook.log" 2>&1 &
-mdbook_pid=$!
+background mdbook nice scripts/ensure-mdbook.sh >"$logs/mdbook.log" 2>&1
 
 # Waits for background work to leave `stamp` (or fail): 0 when it did.
 await() {
@@ -165,11 +184,11 @@ run() {
 }
 
 # The real node's tests, in the background, once the node is built.
-(
+real_node_tests() {
   if ! await "$logs/kube-node.ok" "$kube_build"; then
     echo "FAILED: building the Kubernetes node or helm (deploy/local/kube/build.sh node helm)" >"$logs/real-node.log"
     tail -n 30 "$logs/kube-node.log" >>"$logs/real-node.log" 2>/dev/null || true
-    exit 1
+    return 1
   fi
   echo "real node: started at $(elapsed)" >"$logs/real-node.log"
   rc=0
@@ -180,12 +199,12 @@ run() {
   fi
   quiet=1
   run "$logs/real-node.log" "${real_node[@]}" || rc=1
-  exit $rc
-) &
-real_node_pid=$!
+  return $rc
+}
+background real-node real_node_tests
 
 step "the book: mdbook build docs, every relative link and anchor (scripts/book.sh)"
-if wait "$mdbook_pid" && scripts/book.sh 2>&1 | tee "$logs/book.log"; then
+if joined mdbook && scripts/book.sh 2>&1 | tee "$logs/book.log"; then
   :
 else
   cat "$logs/mdbook.log" >&2
@@ -201,9 +220,8 @@ run "$logs/no-kube.log" "${no_kube[@]}" || failed+=("no-kube group")
 
 step "Debian roots for Slurm 24.11 and 26.05"
 roots_ok=1
-for i in "${!root_pids[@]}"; do
-  if ! wait "${root_pids[$i]}"; then
-    v=$([[ $i == 0 ]] && echo 24.11 || echo 26.05)
+for v in 24.11 26.05; do
+  if ! joined "slurm-root-$v"; then
     tail -n 30 "$logs/slurm-root-$v.log" >&2
     echo "building the Debian root of Slurm $v failed" >&2
     roots_ok=0
@@ -223,12 +241,12 @@ fi
 # nothing takes longer than the rest of this script). In the background
 # beside the control-plane tests, which mostly wait on the API server and
 # Slurm: its incremental rebuild after a change takes minutes here.
-fuzz_pid=
+fuzzing=0
 fuzz_cache=${LOCKSTEP_FUZZ_TARGET_DIR:-$HOME/.cache/lockstep/fuzz-target}/release
 if cargo afl --version >/dev/null 2>&1 && [[ -x $fuzz_cache/slurm_rest ]]; then
   echo "fuzz: started at $(elapsed)" >"$logs/fuzz.log"
-  LOCKSTEP_FUZZ_OUT=$(mktemp -d /tmp/lockstep-fuzz.XXXXXX) fuzz/run.sh all 30 >>"$logs/fuzz.log" 2>&1 &
-  fuzz_pid=$!
+  background fuzz env LOCKSTEP_FUZZ_OUT="$(mktemp -d /tmp/lockstep-fuzz.XXXXXX)" fuzz/run.sh all 30 >>"$logs/fuzz.log" 2>&1
+  fuzzing=1
 else
   echo "not run: no cached fuzz build in $fuzz_cache (fuzz/run.sh TARGET SECONDS builds it)" >"$logs/fuzz.log"
 fi
@@ -247,20 +265,21 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || failed+=("clippy")
 
 step "fuzz: each target for 30 s (started in the background)"
-if [[ -n $fuzz_pid ]]; then
-  wait "$fuzz_pid" || failed+=("fuzz")
+if ((fuzzing)); then
+  joined fuzz || failed+=("fuzz")
 fi
 cat "$logs/fuzz.log"
 
 step "the real node: ${real_node[*]} (started in the background)"
-wait "$real_node_pid" || failed+=("real-node group")
+joined real-node || failed+=("real-node group")
 grep -E 'built in|done in' "$logs/kube-node.log" 2>/dev/null || true
 cat "$logs/real-node.log"
 wait "$kube_build" || true
 
 step "summary"
-cat "$logs"/units.log "$logs"/no-kube.log "$logs"/slurm.log "$logs"/control-plane.log \
-  "$logs"/real-node.log 2>/dev/null | grep -E '^test result:' \
+# A group that did not run has no log: not a reason to stop before the names of the failures.
+{ cat "$logs"/units.log "$logs"/no-kube.log "$logs"/slurm.log "$logs"/control-plane.log \
+  "$logs"/real-node.log 2>/dev/null || true; } | { grep -E '^test result:' || true; } \
   | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed\n", p, f}'
 echo "took $(elapsed); logs in $logs"
 if ((${#failed[@]})); then
