@@ -366,13 +366,6 @@ fn window_after(engine: Engine, records: Records, start: Start) -> Result<Record
     Ok(Box::new(head.chain(records)))
 }
 
-/// Reads a policy file (JSON).
-pub fn read_policy(path: &std::path::Path) -> Result<Policy> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading policy {}", path.display()))?;
-    Policy::from_json(&text).with_context(|| format!("in policy {}", path.display()))
-}
-
 /// Where a replay, an audit or a history reads its records: a log file, or
 /// the event log of a configuration (embedded or NATS) or a NATS URL.
 pub enum RecordSource {
@@ -461,7 +454,7 @@ impl RecordSource {
     ) -> Result<(Option<Engine>, Records)> {
         let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
         let (mut engine, mut records) = rt.block_on(async {
-            let log = crate::service::open_log(cfg).await?;
+            let log = crate::storage::open_log(cfg).await?;
             let (engine, from) = match start_state(&log, start).await? {
                 Some((engine, seq)) => (Some(engine), seq + 1),
                 None => (None, 1),

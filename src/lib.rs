@@ -11,4 +11,5 @@ pub mod outfile;
 pub mod policies;
 pub mod render;
 pub mod service;
+pub mod storage;
 pub mod telemetry;

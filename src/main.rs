@@ -273,7 +273,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             from,
             since,
         } => {
-            let policy = policy.as_deref().map(commands::read_policy).transpose()?;
+            let policy = policy.as_deref().map(Policy::from_file).transpose()?;
             let opts = ReplayOptions {
                 json,
                 all_events,
@@ -340,7 +340,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Check { file }) => {
-            let policy = commands::read_policy(&file)?;
+            let policy = Policy::from_file(&file)?;
             println!("{}", serde_json::to_string_pretty(&policy)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -363,7 +363,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // Refused at start, by field, on every replica: not only once
             // this one leads and appends it to the log.
             if let Some(path) = &cfg.policy_file {
-                commands::read_policy(path)?;
+                Policy::from_file(path)?;
             }
             lockstep::telemetry::init_logging(cfg.telemetry.log_format);
             if !cfg.service.transparent_huge_pages {
@@ -416,7 +416,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn audit(node: &str, log: Option<String>, config: Option<&Path>, json: bool) -> Result<ExitCode> {
     if let (Some(cfg), false) = (&config, json) {
         let cfg = load_config(Some(cfg))?;
-        if let Ok(store) = lockstep::service::open_store(&cfg, std::time::Duration::ZERO) {
+        if let Ok(store) = lockstep::storage::open_store(&cfg, std::time::Duration::ZERO) {
             let transitions = store.transitions(node)?;
             println!(
                 "audit index of slurm node {node}: {} transitions",
@@ -566,7 +566,7 @@ fn export(
 }
 
 fn inspect(cfg: &lockstep::config::Config, node: Option<&str>) -> Result<ExitCode> {
-    let store = lockstep::service::open_store(cfg, std::time::Duration::ZERO)?;
+    let store = lockstep::storage::open_store(cfg, std::time::Duration::ZERO)?;
     match store.read_checkpoint(|r| lockstep_engine::Engine::restore_from(r)) {
         Ok(Some((seq, engine))) => {
             let engine = engine.context("restoring the checkpoint")?;
@@ -764,10 +764,7 @@ fn policy_diff(
             };
             return Ok((what, policy));
         }
-        Ok((
-            format!("file {arg}"),
-            commands::read_policy(Path::new(arg))?,
-        ))
+        Ok((format!("file {arg}"), Policy::from_file(Path::new(arg))?))
     };
     let (what_a, pa) = resolve(a)?;
     let (what_b, pb) = resolve(b)?;
@@ -788,7 +785,7 @@ fn policy_rollback(seq: u64, config: &Path, by: Option<String>) -> Result<ExitCo
     let cfg = load_config(Some(config))?;
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let log = lockstep::service::open_log(&cfg).await.with_context(|| {
+        let log = lockstep::storage::open_log(&cfg).await.with_context(|| {
             match cfg.log.nats_url {
                 Some(_) => "the rollback goes into the configured event log".to_owned(),
                 None => "the embedded log has one user at a time: is `lockstep run` running with this configuration? Stop it first".to_owned(),

@@ -300,46 +300,6 @@ pub fn record_leader(leader: bool) {
     gauge!("lockstep_leader").set(if leader { 1.0 } else { 0.0 });
 }
 
-/// Every action kind, for counters that must exist before their first
-/// increment (an alert on failures needs the series while there are none).
-pub const ACTION_KINDS: [ActionKind; 14] = [
-    ActionKind::SlurmDrain,
-    ActionKind::SlurmResume,
-    ActionKind::SlurmDown,
-    ActionKind::SlurmSetFeatures,
-    ActionKind::SlurmSetTopology,
-    ActionKind::KubeSetPodCondition,
-    ActionKind::KubeTaintNode,
-    ActionKind::KubeUntaintNode,
-    ActionKind::KubeLabelPod,
-    ActionKind::KubeDeletePod,
-    ActionKind::KubeScale,
-    ActionKind::SlurmReserve,
-    ActionKind::SlurmUnreserve,
-    ActionKind::KubeSetNodeCondition,
-];
-
-/// Fails to compile when a kind is added and not listed in [`ACTION_KINDS`].
-#[allow(dead_code)]
-const fn every_kind_is_listed(k: ActionKind) -> usize {
-    match k {
-        ActionKind::SlurmDrain
-        | ActionKind::SlurmResume
-        | ActionKind::SlurmDown
-        | ActionKind::SlurmSetFeatures
-        | ActionKind::SlurmSetTopology
-        | ActionKind::KubeSetPodCondition
-        | ActionKind::KubeTaintNode
-        | ActionKind::KubeUntaintNode
-        | ActionKind::KubeLabelPod
-        | ActionKind::KubeDeletePod
-        | ActionKind::KubeScale
-        | ActionKind::SlurmReserve
-        | ActionKind::SlurmUnreserve
-        | ActionKind::KubeSetNodeCondition => ACTION_KINDS.len(),
-    }
-}
-
 /// Outcome results, as `lockstep_action_outcomes_total{result}` names them.
 pub const OUTCOME_RESULTS: [&str; 5] = [
     "succeeded",
@@ -416,7 +376,7 @@ impl SyncMetrics {
     /// Creates the counters an alert reads at 0, so that their series exist
     /// before the first failure.
     pub fn initialize() {
-        for kind in ACTION_KINDS {
+        for kind in ActionKind::ALL {
             for result in OUTCOME_RESULTS {
                 counter!("lockstep_action_outcomes_total", "kind" => kind.name(), "result" => result)
                     .increment(0);
@@ -611,7 +571,7 @@ impl SyncMetrics {
                 *n as f64,
             ));
         }
-        for kind in ACTION_KINDS {
+        for kind in ActionKind::ALL {
             let n = stats.in_flight.get(kind.name()).copied().unwrap_or(0);
             set.push((
                 "lockstep_actions_in_flight",

@@ -635,7 +635,8 @@ fn completions_are_scripts_for_each_shell() {
 fn big_log(name: &str, events: usize) -> PathBuf {
     use lockstep_schemas::log::{Format, LogWriter};
     let path = tmp(name);
-    let mut g = lockstep_benches::Generator::new(lockstep_benches::Shape::plain(40, 4), 7);
+    let mut g =
+        lockstep_testkit::gen::Generator::new(lockstep_testkit::gen::Shape::plain(40, 4), 7);
     g.steady_state(events);
     let file = std::fs::File::create(&path).unwrap();
     let mut w = LogWriter::new(

@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lockstep_benches::{Generator, Rng, Shape};
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::Policy;
 use lockstep_store::log::EVENTS_STREAM;
 use lockstep_store::{EventLog, Store, StreamLimits};
+use lockstep_testkit::gen::{Generator, Rng, Shape};
 use lockstep_testkit::{free_port, soak, temp_dir, NatsCluster, NatsServer};
 
 struct Service {

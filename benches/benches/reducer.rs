@@ -8,11 +8,11 @@
 #![allow(missing_docs)]
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use lockstep_benches::{Generator, Shape};
 use lockstep_engine::replay::Replay;
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::log::{Format, LogReader, LogWriter};
 use lockstep_schemas::{Policy, Record};
+use lockstep_testkit::gen::{Generator, Shape};
 
 // The same allocator as the `lockstep` binary.
 #[global_allocator]

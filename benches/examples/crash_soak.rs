@@ -31,8 +31,8 @@ use std::io::{Read, Seek};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use lockstep_benches::Rng;
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::gen::Rng;
 use lockstep_testkit::soak::{self, Feeder, Instance, Reference, Setup, SlurmForActions};
 use lockstep_testkit::{NatsCluster, NatsServer};
 

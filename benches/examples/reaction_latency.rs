@@ -353,7 +353,7 @@ async fn main() {
     // A random pause before each drain: without it every trial would start
     // right after the poll that saw the previous resume, in lockstep with
     // the poller, and measure a full poll interval each time.
-    let mut rng = lockstep_benches::Rng::new(42);
+    let mut rng = lockstep_testkit::gen::Rng::new(42);
     let mut jitter = move || Duration::from_millis(rng.below(a.poll_ms.max(1)));
     let mut drain = Vec::with_capacity(a.trials);
     eprintln!(

@@ -15,11 +15,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use lockstep_benches::{Generator, Shape};
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{Event, Policy};
 use lockstep_store::snapshots::SnapshotInfo;
 use lockstep_store::{Commit, EventLog, Store};
+use lockstep_testkit::gen::{Generator, Shape};
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;

@@ -42,8 +42,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lockstep_benches::{Generator, Shape};
 use lockstep_store::{EventLog, StreamLimits};
+use lockstep_testkit::gen::{Generator, Shape};
 use lockstep_testkit::{free_port, temp_dir, NatsServer};
 
 fn lockstep_bin() -> PathBuf {

@@ -3,169 +3,39 @@
 //! observed state decides, never the event alone) and every node whose timer
 //! is due.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::io::{Read, Write};
 
-use lockstep_schemas::{
-    Action, ConditionStatus, Domain, Event, EventId, EventRecord, IssuedAction, KubeNode, KubePod,
-    KubeScaleTarget, OutcomeResult, Policy, Removal, SlurmJob, SlurmNode, SlurmPartition, Target,
-};
+use lockstep_schemas::{EventRecord, Phase, Policy, Target};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::drain::{self, Cause, Ownership, SlurmSide};
-use crate::flights::{Aspect, AspectRef, Flights, Key, Owner, OwnerOf};
-use crate::health::{self, min_wake};
+use crate::cause::Cause;
+use crate::drain::{Ownership, SlurmSide};
+use crate::flights::Flights;
+use crate::health;
 use crate::maintenance;
-use crate::model::{
-    domain_index, pod_key, slurm_name_of_pod, KubeEntry, Model, Origin, PodEntry, Seen,
-};
-use crate::retired::{self, Retired};
-use crate::scaling::{self, PodFacts, ScaleCtl, ScaleIn, Victim, VictimKind};
-use crate::slot::{Flight, Issue, Step};
+use crate::model::Model;
+use crate::retired::Retired;
+use crate::scaling;
 use crate::sorted;
-use crate::stale::{self, ObjectKey, Tombstones};
-use crate::timers::{Timers, Wake, WakeOf};
-use crate::topology;
-use crate::units::{after_s, ms};
-use lockstep_schemas::{Phase, Rule, Transition};
+use crate::stale::Tombstones;
+use crate::timers::{Timers, Wake};
+
+use crate::ctx::Ctx;
+pub use crate::ctx::Output;
+use crate::node::NodeCtl;
 
 // The loop's parts, children of this module so that they share the
 // engine's private state without widening it.
-/// Wakes for Kubernetes nodes: their taints.
-mod kube;
-/// Wakes for maintenance: reservations and drain conditions.
-mod maint;
 /// Applying a record to the model, and which wakes it raises.
 mod observe;
 /// Action outcomes into their slots.
 mod outcome;
-/// The scaling wake: every scale target.
-mod scale;
-/// Wakes for Slurm nodes: causes, drain, topology, what the pod shows.
-mod slurm;
+/// The router of wakes: each to the policy it belongs to.
+mod route;
 /// `Engine::stats`: counts for metrics, read-only.
 mod stats;
-
-/// What applying records produced. Reuse one across calls; [`Output::clear`]
-/// between batches.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Output {
-    /// State transitions, in order.
-    pub transitions: Vec<Transition>,
-    /// Actions issued, in order.
-    pub actions: Vec<IssuedAction>,
-}
-
-impl Output {
-    /// Empties both lists, keeping their capacity.
-    pub fn clear(&mut self) {
-        self.transitions.clear();
-        self.actions.clear();
-    }
-}
-
-/// The phase of a node and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Status {
-    phase: Phase,
-    rule: Rule,
-    cause: Option<Cause>,
-}
-
-impl Default for Status {
-    fn default() -> Self {
-        Self {
-            phase: Phase::Unknown,
-            rule: Rule::Observed,
-            cause: None,
-        }
-    }
-}
-
-/// Per Slurm node: its status, the causes in force with their origins, and
-/// damping history.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct NodeCtl {
-    status: Status,
-    causes: Vec<(Cause, Origin)>,
-    /// Kubernetes -> Slurm health damping: when the node's health spells
-    /// began and when the last one ended (`health::Damping`).
-    #[serde(flatten)]
-    health: health::Damping,
-    /// Slurm -> Kubernetes health damping, boxed and only while not at its
-    /// default (most nodes are healthy, and each saves 64 bytes); encoded
-    /// as the damping itself was when it was kept inline.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    slurm_health: Option<Box<health::SlurmHealth>>,
-    /// When and by which event the last cause cleared (resume hysteresis,
-    /// and the cause of the resume in the audit trail).
-    /// Boxed: a node keeps one only once a drain of it has ended, and every
-    /// node without one saves 32 bytes.
-    cleared: Option<Box<Origin>>,
-    /// Why the node's topology label cannot be used, while it cannot.
-    topology_issue: Option<String>,
-    /// lockstep changed the node's state (drain, down, resume) while Slurm
-    /// did not show its previous change yet: what the model holds of the
-    /// node predates both, so none of it counts as the new change seen until
-    /// Slurm reports the node in an observation after this sequence (the
-    /// change's outcome moves it to the outcome's). Without it, a drain sent
-    /// right after a resume "shows" in the drain the resume lifted, and a
-    /// job that started in between is not seen before a scale-in removes
-    /// the pod.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    fresh_after: Option<u64>,
-}
-
-impl NodeCtl {
-    /// Whether lockstep shows the node unhealthy in Kubernetes.
-    fn slurm_health_shown(&self) -> bool {
-        self.slurm_health.as_ref().is_some_and(|h| h.shown)
-    }
-
-    /// Runs `f` on the node's health damping, kept boxed only while it is
-    /// not at its default.
-    fn with_slurm_health<R>(&mut self, f: impl FnOnce(&mut health::SlurmHealth) -> R) -> R {
-        match &mut self.slurm_health {
-            Some(h) => {
-                let r = f(h);
-                if h.is_default() {
-                    self.slurm_health = None;
-                }
-                r
-            }
-            None => {
-                let mut h = health::SlurmHealth::default();
-                let r = f(&mut h);
-                if !h.is_default() {
-                    self.slurm_health = Some(Box::new(h));
-                }
-                r
-            }
-        }
-    }
-}
-
-/// The record being applied: the one way its sequence, its time (the
-/// engine's clock, which never goes back) and its event reach the rules.
-struct Ctx<'a> {
-    seq: u64,
-    now_ms: u64,
-    event: &'a EventId,
-}
-
-impl<'a> Ctx<'a> {
-    /// An action `rule` wants because of this record.
-    fn issue(&self, rule: Rule) -> Issue<'a> {
-        Issue {
-            seq: self.seq,
-            now_ms: self.now_ms,
-            cause: self.event,
-            rule: rule.name(),
-        }
-    }
-}
 
 /// The reducer.
 ///
@@ -198,12 +68,9 @@ pub struct Engine {
     /// not: cleaned up, and drains under old prefixes still owned.
     #[serde(default, skip_serializing_if = "Retired::is_empty")]
     retired: Retired,
-    /// Kubernetes node -> the maintenance reservation Slurm confirmed last
-    /// (the `SlurmReserve` that succeeded; gone once a `SlurmUnreserve`
-    /// did). Kept apart from the node's entry: a reservation outlives the
-    /// Node object, and is removed after it.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    reservations: BTreeMap<String, Action>,
+    /// Maintenance's reservations, by Kubernetes node.
+    #[serde(default, skip_serializing_if = "maintenance::Reservations::is_empty")]
+    reservations: maintenance::Reservations,
     /// `--policy` replays: ignore `PolicyChanged` records.
     #[serde(skip)]
     pinned: bool,
@@ -222,18 +89,54 @@ struct Scratch {
     names: Vec<String>,
 }
 
-/// Feeds what is written to a SHA-256: [`Engine::hash`] without the
-/// snapshot's bytes in memory.
-struct HashWriter(Sha256);
+/// How lockstep tells its own drains under `policy`, and under the earlier
+/// policies `retired` remembers.
+fn ownership<'a>(policy: &'a Policy, retired: &'a Retired) -> Ownership<'a> {
+    Ownership {
+        prefix: &policy.drain.reason_prefix,
+        earlier_prefixes: &retired.prefixes,
+        slurm_user: policy.drain.slurm_user.as_deref(),
+    }
+}
 
-impl Write for HashWriter {
+/// Whether what Slurm shows of node `name` is about to change: the effect of
+/// lockstep's last drain, down or resume of it does not show yet.
+fn slurm_unseen(
+    ctl: &FxHashMap<String, NodeCtl>,
+    flights: &Flights,
+    model: &Model,
+    own: &Ownership<'_>,
+    name: &str,
+) -> bool {
+    if ctl.get(name).is_some_and(|c| c.fresh_after.is_some()) {
+        return true;
+    }
+    let Some(action) = flights.state_action(name) else {
+        return false;
+    };
+    model
+        .slurm_nodes
+        .get(name)
+        .is_some_and(|n| SlurmSide::of(&n.obs, own).see(Some(action), &n.obs).unseen)
+}
+
+/// Writes to `inner` and feeds what it wrote to a SHA-256: [`Engine::hash`]
+/// without the snapshot's bytes in memory (`inner` a sink), or of the
+/// snapshot being written.
+struct HashingWriter<W> {
+    inner: W,
+    sha: Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
+        let n = self.inner.write(buf)?;
+        self.sha.update(&buf[..n]);
+        Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        self.inner.flush()
     }
 }
 
@@ -285,7 +188,7 @@ impl Engine {
             scaling: scaling::Book::default(),
             tombstones: Tombstones::default(),
             retired: Retired::default(),
-            reservations: BTreeMap::new(),
+            reservations: maintenance::Reservations::default(),
             pinned: false,
             dirty: Vec::new(),
             scratch: Scratch::default(),
@@ -324,27 +227,7 @@ impl Engine {
     }
 
     fn ownership(&self) -> Ownership<'_> {
-        Ownership {
-            prefix: &self.policy.drain.reason_prefix,
-            earlier_prefixes: &self.retired.prefixes,
-            slurm_user: self.policy.drain.slurm_user.as_deref(),
-        }
-    }
-
-    /// Whether what Slurm shows of node `name` is about to change: the effect
-    /// of lockstep's last drain, down or resume of it does not show yet.
-    fn slurm_unseen(&self, name: &str) -> bool {
-        if self.ctl.get(name).is_some_and(|c| c.fresh_after.is_some()) {
-            return true;
-        }
-        let Some(action) = self.flights.state_action(name) else {
-            return false;
-        };
-        self.model.slurm_nodes.get(name).is_some_and(|n| {
-            SlurmSide::of(&n.obs, &self.ownership())
-                .see(Some(action), &n.obs)
-                .unseen
-        })
+        ownership(&self.policy, &self.retired)
     }
 
     /// Sequence of the last applied record (0 before the first).
@@ -446,16 +329,25 @@ impl Engine {
         e.tombstones.rebuild();
         e.timers.rebuild();
         e.flights.rebuild();
-        e.rebuild_busy();
+        e.scaling.rebuild_busy(&e.model, &e.policy);
         Ok(e)
     }
 
     /// SHA-256 of the snapshot, in hex: equal on every machine for the same log.
     pub fn hash(&self) -> String {
-        let mut sha = HashWriter(Sha256::new());
-        self.snapshot_to(&mut sha)
-            .expect("engine state always encodes");
-        hex(&sha.0.finalize())
+        self.snapshot_hashed_to(std::io::sink())
+            .expect("engine state always encodes")
+    }
+
+    /// [`Engine::snapshot_to`], returning the [`Engine::hash`] of what it
+    /// wrote: a checkpoint and its hash from one encoding.
+    pub fn snapshot_hashed_to(&self, w: impl Write) -> Result<String, rmp_serde::encode::Error> {
+        let mut hashing = HashingWriter {
+            inner: w,
+            sha: Sha256::new(),
+        };
+        self.snapshot_to(&mut hashing)?;
+        Ok(hex(&hashing.sha.finalize()))
     }
 
     /// Applies one record.
@@ -483,34 +375,10 @@ impl Engine {
         while let Some(wake) = self.timers.pop_due(ctx.now_ms) {
             self.dirty.push(wake);
         }
-        if self.dirty.is_empty() {
-            return;
-        }
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
-        for wake in &dirty {
-            match wake {
-                Wake::Slurm(n) => self.eval_slurm(n, &ctx, out),
-                Wake::Kube(n) => self.eval_kube(n, &ctx, out),
-                Wake::Scale => self.eval_scaling(&ctx, out),
-                Wake::Maint(n) => self.eval_maintenance(n, &ctx, out),
-            }
-        }
+        self.route(|_| true, &ctx, out);
         // Kubernetes nodes whose Slurm nodes changed what lockstep shows of
         // them while being evaluated just now.
-        let mut later = std::mem::take(&mut self.dirty);
-        later.sort_unstable();
-        later.dedup();
-        for wake in &later {
-            match wake {
-                Wake::Kube(n) => self.eval_kube(n, &ctx, out),
-                Wake::Maint(n) => self.eval_maintenance(n, &ctx, out),
-                Wake::Slurm(_) | Wake::Scale => {}
-            }
-        }
-        dirty.clear();
-        self.dirty = dirty;
+        self.route(|w| matches!(w, Wake::Kube(_) | Wake::Maint(_)), &ctx, out);
     }
 }
 
@@ -540,5 +408,8 @@ mod tests {
         let back =
             Engine::restore_from(std::io::BufReader::new(streamed.as_slice())).expect("restores");
         assert_eq!(back.hash(), e.hash());
+        let mut hashed = Vec::new();
+        let hash = e.snapshot_hashed_to(&mut hashed).expect("encodes");
+        assert_eq!((hashed, hash), (streamed, e.hash()));
     }
 }

@@ -38,10 +38,10 @@ use lockstep_schemas::{
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::health::min_wake;
 use crate::model::pod_key;
 use crate::slot::{Flight, Issue, Slot, Step};
 use crate::sorted;
+use crate::timers::min_wake;
 use crate::units::after_ms;
 
 /// What of its owner a slot acts on.
@@ -79,6 +79,47 @@ pub(crate) enum AspectRef<'a> {
 }
 
 impl Aspect {
+    /// The slot a target names: its owner, the owner's name and the aspect;
+    /// the one place an action's target is read as a slot. `None` for a
+    /// scale target (one slot per target, [`Key::Scale`]) and for a
+    /// reservation (named by Slurm, kept on the slot of the Kubernetes node
+    /// it was made for).
+    pub fn of_target(target: &Target) -> Option<(Owner, String, Aspect)> {
+        Some(match target {
+            Target::SlurmNodeState { node } => (Owner::SlurmNode, node.clone(), Self::State),
+            Target::SlurmNodeFeatures { node } => (Owner::SlurmNode, node.clone(), Self::Features),
+            Target::SlurmNodeTopology { node } => (Owner::SlurmNode, node.clone(), Self::Topology),
+            Target::PodCondition {
+                namespace,
+                pod,
+                condition,
+            } => (
+                Owner::Pod,
+                pod_key(namespace, pod),
+                Self::Condition(condition.clone()),
+            ),
+            Target::PodLabel {
+                namespace,
+                pod,
+                key,
+            } => (
+                Owner::Pod,
+                pod_key(namespace, pod),
+                Self::Label(key.clone()),
+            ),
+            Target::Pod { namespace, pod } => (Owner::Pod, pod_key(namespace, pod), Self::Delete),
+            Target::NodeTaint { node, key } => {
+                (Owner::KubeNode, node.clone(), Self::Taint(key.clone()))
+            }
+            Target::NodeCondition { node, condition } => (
+                Owner::KubeNode,
+                node.clone(),
+                Self::Condition(condition.clone()),
+            ),
+            Target::SlurmReservation { .. } | Target::Scale { .. } => return None,
+        })
+    }
+
     /// A Kubernetes node's aspects that maintenance acts on: its
     /// reservation and its drain conditions.
     pub fn is_maintenance(&self) -> bool {
@@ -401,56 +442,24 @@ impl Flights {
     /// (`None`s for a scale target).
     #[allow(clippy::type_complexity)]
     fn locate(&self, o: &ActionOutcome) -> Option<(Option<Owner>, Option<String>, Aspect)> {
-        let named = |owner, name: String, aspect| Some((Some(owner), Some(name), aspect));
-        match &o.target {
-            Target::SlurmNodeState { node } => named(Owner::SlurmNode, node.clone(), Aspect::State),
-            Target::SlurmNodeFeatures { node } => {
-                named(Owner::SlurmNode, node.clone(), Aspect::Features)
-            }
-            Target::SlurmNodeTopology { node } => {
-                named(Owner::SlurmNode, node.clone(), Aspect::Topology)
-            }
-            Target::PodCondition {
-                namespace,
-                pod,
-                condition,
-            } => named(
-                Owner::Pod,
-                pod_key(namespace, pod),
-                Aspect::Condition(condition.clone()),
-            ),
-            Target::PodLabel {
-                namespace,
-                pod,
-                key,
-            } => named(
-                Owner::Pod,
-                pod_key(namespace, pod),
-                Aspect::Label(key.clone()),
-            ),
-            Target::Pod { namespace, pod } => {
-                named(Owner::Pod, pod_key(namespace, pod), Aspect::Delete)
-            }
-            Target::NodeTaint { node, key } => {
-                named(Owner::KubeNode, node.clone(), Aspect::Taint(key.clone()))
-            }
-            Target::NodeCondition { node, condition } => named(
-                Owner::KubeNode,
-                node.clone(),
-                Aspect::Condition(condition.clone()),
-            ),
+        match Aspect::of_target(&o.target) {
+            Some((owner, name, aspect)) => Some((Some(owner), Some(name), aspect)),
             // A reservation's slot is its Kubernetes node's: found by the
             // action it holds.
-            Target::SlurmReservation { .. } => {
+            None if matches!(o.target, Target::SlurmReservation { .. }) => {
                 let (node, _) = self.kube.iter().find(|(_, slots)| {
                     slots.iter().any(|(a, e)| {
                         *a == Aspect::Reservation
                             && e.slot.current.as_ref().is_some_and(|c| c.id == o.action_id)
                     })
                 })?;
-                named(Owner::KubeNode, node.clone(), Aspect::Reservation)
+                Some((
+                    Some(Owner::KubeNode),
+                    Some(node.clone()),
+                    Aspect::Reservation,
+                ))
             }
-            Target::Scale { .. } => Some((None, None, Aspect::State)),
+            None => Some((None, None, Aspect::State)),
         }
     }
 

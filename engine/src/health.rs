@@ -46,37 +46,10 @@ use std::collections::VecDeque;
 use lockstep_schemas::{ConditionStatus, HealthPolicy, Rule};
 use serde::{Deserialize, Serialize};
 
-use crate::drain::Cause;
+use crate::cause::{Cause, HealthCause};
 use crate::model::NodeView;
+use crate::timers::min_wake;
 use crate::units::{after_ms, after_s, ms};
-
-/// Rows 4-6: why the health policy wants a Slurm node out.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum HealthCause {
-    NotReady,
-    NodeCondition(String),
-    /// The Kubernetes node under it was deleted.
-    KubeNodeGone,
-}
-
-impl HealthCause {
-    pub fn rule(&self) -> Rule {
-        match self {
-            Self::NotReady => Rule::NotReady,
-            Self::NodeCondition(_) => Rule::NodeCondition,
-            Self::KubeNodeGone => Rule::KubeNodeGone,
-        }
-    }
-
-    /// What follows the reason prefix, for the Kubernetes node `kube`.
-    pub fn describe(&self, kube: &str) -> String {
-        match self {
-            Self::NotReady => format!("kubernetes node {kube} not ready"),
-            Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
-            Self::KubeNodeGone => format!("kubernetes node {kube} deleted"),
-        }
-    }
-}
 
 /// The cluster-wide rate bounds of health damping.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,9 +243,149 @@ impl Damping {
     }
 }
 
-/// Keeps the earliest of two wake-up times.
-pub(crate) fn min_wake(wake: &mut Option<u64>, at: u64) {
-    *wake = Some(wake.map_or(at, |w| w.min(at)));
+/// One Slurm node's health damping, both directions: kept on the node's
+/// entry in the engine (flattened, so that its fields are encoded where they
+/// were before they were grouped here), read and changed only through
+/// [`Gate`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NodeHealth {
+    /// Kubernetes -> Slurm: when its health spells began and when the last
+    /// one ended.
+    #[serde(flatten)]
+    damping: Damping,
+    /// Slurm -> Kubernetes, boxed and only while not at its default (most
+    /// nodes are healthy, and each saves 64 bytes); encoded as the damping
+    /// itself was when it was kept inline.
+    #[serde(
+        default,
+        rename = "slurm_health",
+        skip_serializing_if = "Option::is_none"
+    )]
+    slurm: Option<Box<SlurmHealth>>,
+}
+
+impl NodeHealth {
+    /// Whether lockstep shows the node unhealthy in Kubernetes.
+    pub fn shown(&self) -> bool {
+        self.slurm.as_ref().is_some_and(|h| h.shown)
+    }
+
+    /// See [`Damping::upgrade`].
+    pub fn upgrade(&mut self, last_cleared_ms: Option<u64>) {
+        self.damping.upgrade(last_cleared_ms);
+    }
+
+    /// Runs `f` on the Slurm -> Kubernetes damping, kept boxed only while it
+    /// is not at its default.
+    fn with_slurm<R>(&mut self, f: impl FnOnce(&mut SlurmHealth) -> R) -> R {
+        match &mut self.slurm {
+            Some(h) => {
+                let r = f(h);
+                if h.is_default() {
+                    self.slurm = None;
+                }
+                r
+            }
+            None => {
+                let mut h = SlurmHealth::default();
+                let r = f(&mut h);
+                if !h.is_default() {
+                    self.slurm = Some(Box::new(h));
+                }
+                r
+            }
+        }
+    }
+}
+
+/// The one gate of health damping between what the drain policy wants of a
+/// node and the action: it counts a health cause turning on or off (never
+/// lockstep's own writes), holds a resume, bounds new health drains
+/// cluster-wide, and decides what lockstep shows of Slurm's health in
+/// Kubernetes.
+pub(crate) struct Gate<'a> {
+    pub cluster: &'a mut Cluster,
+    pub node: &'a mut NodeHealth,
+    pub policy: &'a HealthPolicy,
+    pub now_ms: u64,
+}
+
+impl Gate<'_> {
+    /// One evaluation of the node's causes: whether a health cause was in
+    /// force before and is now. A spell begins or ends.
+    pub fn follow(&mut self, had_health: bool, has_health: bool) {
+        let (now, policy) = (self.now_ms, self.policy);
+        self.node
+            .damping
+            .follow(had_health, has_health, now, policy);
+    }
+
+    /// Whether the resume of lockstep's drain waits, and until when.
+    pub fn resume_hold(&self) -> Option<(Rule, u64)> {
+        self.node.damping.resume_hold(self.now_ms, self.policy)
+    }
+
+    /// Whether a new health drain may be sent now (`health.rate_limited`):
+    /// `Err` with the log time a place frees when the cluster-wide bound is
+    /// reached.
+    pub fn admit(&mut self) -> Result<(), u64> {
+        let max = self.policy.drains_per_minute_max;
+        match rate_limited(&mut self.cluster.drains, self.now_ms, max) {
+            Some(at) => Err(at),
+            None => Ok(()),
+        }
+    }
+
+    /// A new health drain was sent (its first attempt, as its slot reports):
+    /// it counts against the cluster-wide bound.
+    pub fn sent(&mut self) {
+        let max = self.policy.drains_per_minute_max as usize;
+        record(&mut self.cluster.drains, self.now_ms, 60_000, max);
+    }
+
+    /// Health spells within the flap window, for the audit trail.
+    pub fn spells(&self) -> usize {
+        self.node.damping.spells()
+    }
+
+    /// Slurm -> Kubernetes: whether lockstep shows the node unhealthy,
+    /// damped ([`slurm_health_step`]). `unhealthy`: Slurm reports it so.
+    /// Sets `wake` to when to look again.
+    pub fn show(
+        &mut self,
+        view: &NodeView<'_>,
+        unhealthy: bool,
+        slurm_visible: bool,
+        wake: &mut Option<u64>,
+    ) {
+        let now = self.now_ms;
+        // What Kubernetes already shows for a node Slurm still reports
+        // unhealthy (set before a restart or an upgrade) is kept, not
+        // flipped to healthy for the length of a grace period.
+        let hc = self.policy.slurm_health_condition.as_str();
+        let pod_shows = !hc.is_empty()
+            && view.pod.is_some_and(|p| {
+                p.obs
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == hc && c.status == ConditionStatus::False)
+            });
+        if unhealthy && pod_shows && !self.node.shown() {
+            self.node.with_slurm(|h| {
+                h.shown = true;
+                h.unhealthy_since.get_or_insert(now);
+            });
+        }
+        if slurm_visible {
+            let (policy, marks) = (self.policy, &mut self.cluster.marks);
+            if let Some(at) = self
+                .node
+                .with_slurm(|h| slurm_health_step(h, unhealthy, now, policy, marks))
+            {
+                min_wake(wake, at);
+            }
+        }
+    }
 }
 
 /// Log times of recent health drains, newest last, bounded by `bound`.

@@ -22,13 +22,129 @@
 //! [`CONDITION_REASON`], or write one where lockstep's drain is the news:
 //! the Kubernetes API leaves the coordination of writers to them.
 
+use std::collections::BTreeMap;
+
 use lockstep_schemas::{
-    Action, ConditionStatus, KubeNode, Maintenance, MaintenancePolicy, PodCondition, DRAINED,
-    DRAIN_IN_PROGRESS,
+    Action, ConditionStatus, KubeNode, Maintenance, MaintenancePolicy, PodCondition, Policy, Rule,
+    DRAINED, DRAIN_IN_PROGRESS,
 };
+use serde::{Deserialize, Serialize};
+
+use crate::ctx::{Ctx, Output};
+use crate::drain::{Ownership, SlurmSide};
+use crate::flights::{AspectRef, Flights, Key};
+use crate::model::Model;
 
 /// The reason of the drain conditions lockstep sets.
 pub(crate) const CONDITION_REASON: &str = "LockstepSlurmDrain";
+
+/// Maintenance's state: Kubernetes node -> the reservation Slurm confirmed
+/// last (the `SlurmReserve` that succeeded; gone once a `SlurmUnreserve`
+/// did). Kept apart from the node's entry: a reservation outlives the Node
+/// object, and is removed after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Reservations(BTreeMap<String, Action>);
+
+impl Reservations {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether Slurm holds a reservation lockstep made for `kube`.
+    pub fn holds(&self, kube: &str) -> bool {
+        self.0.contains_key(kube)
+    }
+
+    /// The Kubernetes nodes with a reservation.
+    pub fn nodes(&self) -> impl Iterator<Item = &String> {
+        self.0.keys()
+    }
+
+    /// Slurm confirmed a reservation action for `kube` (it succeeded, or was
+    /// done already): `action` is the one in flight, `None` when no
+    /// reservation is in flight (an unreserve, or an outcome without one).
+    pub fn confirmed(&mut self, kube: String, action: Option<Action>) {
+        match action {
+            Some(a @ Action::SlurmReserve { .. }) => {
+                self.0.insert(kube, a);
+            }
+            _ => {
+                self.0.remove(&kube);
+            }
+        }
+    }
+
+    /// Re-evaluates one Kubernetes node (rows 1, 2, 4-6): its reservation,
+    /// and the drain conditions lockstep shows. `names`: a buffer. Returns
+    /// when to look again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn evaluate(
+        &self,
+        kube: &str,
+        model: &Model,
+        policy: &Policy,
+        own: &Ownership<'_>,
+        flights: &mut Flights,
+        names: &mut Vec<String>,
+        ctx: &Ctx<'_>,
+        out: &mut Output,
+    ) -> Option<u64> {
+        let mp = &policy.maintenance;
+        let node = model.kube_nodes.get(kube).map(|e| &e.obs);
+        names.clear();
+        if node.is_some() {
+            model.slurm_nodes_on(kube, policy, names);
+            names.retain(|n| model.slurm_nodes.contains_key(n));
+            names.sort();
+        }
+        let now = ctx.now_ms;
+        let reserved = self.0.get(kube);
+        let (want, mut wake) = reservation(kube, node, mp, names, reserved, now);
+        let reservation = reservation_step(want, reserved);
+        let rule = match &reservation {
+            Some(Action::SlurmUnreserve { .. }) => Rule::Release,
+            _ => Rule::Reserve,
+        };
+        // Rows 4-6: how lockstep's drain of the node's Slurm nodes stands.
+        let conditions = match node.filter(|_| mp.enabled && mp.node_conditions) {
+            Some(node) => {
+                let progress = DrainProgress::of(names.iter().map(|n| {
+                    let s = &model.slurm_nodes[n].obs;
+                    let runs = model.jobs_on(n) > 0 || crate::scaling::slurm_busy(s);
+                    (SlurmSide::of(s, own).owned_out(), runs)
+                }));
+                drain_conditions(node, progress)
+            }
+            None if mp.enabled && mp.node_conditions => {
+                [DRAIN_IN_PROGRESS, DRAINED].map(|t| (t, None))
+            }
+            None => [("", None), ("", None)],
+        };
+        let key = Key::Kube(kube, AspectRef::Reservation);
+        flights.bring(
+            key,
+            reservation,
+            &ctx.issue(rule),
+            &policy.actions,
+            &mut out.actions,
+            &mut wake,
+        );
+        for (t, want) in conditions.into_iter().filter(|(t, _)| !t.is_empty()) {
+            let key = Key::Kube(kube, AspectRef::Condition(t));
+            let issue = ctx.issue(Rule::DrainConditions);
+            flights.bring(
+                key,
+                want,
+                &issue,
+                &policy.actions,
+                &mut out.actions,
+                &mut wake,
+            );
+        }
+        wake
+    }
+}
 
 /// Where an announced maintenance stands at a log time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +191,7 @@ pub(crate) fn drain_window(
     let m = announced(node, policy)?;
     let (stage, next) = stage(m, now);
     if let Some(at) = next {
-        crate::health::min_wake(wake, at);
+        crate::timers::min_wake(wake, at);
     }
     let ready = node.is_some_and(|n| n.ready == ConditionStatus::True);
     let holds = match stage {

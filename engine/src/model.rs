@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lockstep_schemas::{
     Domain, EventId, KubeNode, KubePod, KubeScaleTarget, MappingMode, Policy, ScaleTargetRef,
-    SlurmBaseState, SlurmJob, SlurmNode, SlurmPartition,
+    SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmPartition,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -237,7 +237,7 @@ fn hold(
 
 /// Counts a pending job's node demand in (or out of) its partition's total.
 fn demand(pending: &mut FxHashMap<String, u64>, unscalable: &[String], job: &SlurmJob, add: bool) {
-    if !crate::scaling::scalable(job, unscalable) {
+    if !scalable(job, unscalable) {
         return;
     }
     let n = u64::from(job.node_count.max(1));
@@ -477,4 +477,50 @@ pub(crate) fn slurm_relevant_change(a: &SlurmNode, b: &SlurmNode) -> bool {
         || a.features != b.features
         || a.topology != b.topology
         || a.partitions != b.partitions
+}
+
+/// Whether a pending job is demand that more nodes can meet.
+pub(crate) fn scalable(job: &SlurmJob, unscalable_reasons: &[String]) -> bool {
+    job.state == SlurmJobState::Pending
+        && !job
+            .pending_reason
+            .as_deref()
+            .is_some_and(|r| unscalable_reasons.iter().any(|u| r.starts_with(u.as_str())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_reasons_that_nodes_cannot_fix_do_not_count() {
+        let reasons: Vec<String> = ["Dependency", "JobHeld", "QOS"].map(str::to_owned).to_vec();
+        let job = |state: SlurmJobState, reason: Option<&str>| SlurmJob {
+            job_id: 1,
+            state,
+            partition: "p".into(),
+            nodes: vec![],
+            node_count: 1,
+            pending_reason: reason.map(str::to_owned),
+            version: 0,
+        };
+        assert!(scalable(
+            &job(SlurmJobState::Pending, Some("Resources")),
+            &reasons
+        ));
+        assert!(scalable(&job(SlurmJobState::Pending, None), &reasons));
+        assert!(!scalable(
+            &job(SlurmJobState::Pending, Some("Dependency")),
+            &reasons
+        ));
+        assert!(!scalable(
+            &job(SlurmJobState::Pending, Some("JobHeldUser")),
+            &reasons
+        ));
+        assert!(!scalable(
+            &job(SlurmJobState::Pending, Some("QOSMaxJobsPerUserLimit")),
+            &reasons
+        ));
+        assert!(!scalable(&job(SlurmJobState::Running, None), &reasons));
+    }
 }

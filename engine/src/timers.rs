@@ -167,6 +167,11 @@ impl Timers {
     }
 }
 
+/// Keeps the earliest of two wake-up times.
+pub(crate) fn min_wake(wake: &mut Option<u64>, at: u64) {
+    *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,12 @@
 //! the topology stay as they are (absent there means "not seen yet", not
 //! "not set").
 
-use lockstep_schemas::{valid_topology_token, Action, KubeNode, SlurmNode, TopologyPolicy};
+use lockstep_schemas::{
+    valid_topology_token, Action, KubeNode, Rule, SlurmNode, TopologyPolicy, Transition,
+};
+
+use crate::ctx::{Ctx, Output};
+use crate::node::NodeCtl;
 
 /// The feature list lockstep wants, or `None` when the node already has it
 /// (or lockstep cannot see the Kubernetes node's labels).
@@ -144,6 +149,37 @@ pub(crate) fn wants(
         TopologyWant::Invalid(why) => (None, Some(why)),
     };
     (features, topology, invalid)
+}
+
+/// A transition when the unit label becomes unusable or usable again
+/// (`topology` row 3).
+pub(crate) fn report_issue(
+    ctl: &mut NodeCtl,
+    name: &str,
+    invalid: Option<String>,
+    ctx: &Ctx<'_>,
+    out: &mut Output,
+) {
+    if invalid != ctl.topology_issue {
+        let (rule, detail) = match &invalid {
+            Some(why) => (
+                Rule::TopologyInvalid,
+                format!("{why}; slurm's topology is left as it is"),
+            ),
+            None => (Rule::Topology, "topology label usable again".to_owned()),
+        };
+        out.transitions.push(Transition {
+            seq: ctx.seq,
+            time_ms: ctx.now_ms,
+            node: name.to_owned(),
+            from: ctl.status.phase,
+            to: ctl.status.phase,
+            rule,
+            cause: ctx.event.clone(),
+            detail,
+        });
+        ctl.topology_issue = invalid;
+    }
 }
 
 #[cfg(test)]

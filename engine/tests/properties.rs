@@ -564,6 +564,52 @@ proptest! {
         }
     }
 
+    /// The relevance filter (`model::slurm_relevant_change`) and the busy
+    /// count are all that decide whether a new observation of a Slurm node
+    /// is evaluated; so no rule may read a difference of base state they
+    /// both ignore, or its decision would depend on whether something else
+    /// woke the node. Replacing, in every observation, a base state by
+    /// another of its class (not DOWN and not busy: IDLE, ERROR, FUTURE,
+    /// UNKNOWN; busy: ALLOCATED, MIXED) must change no decision. A rule that
+    /// starts reading a base state the filter does not compare fails here.
+    #[test]
+    fn no_rule_reads_a_base_state_the_relevance_filter_ignores(
+        ops in prop::collection::vec(op(), 1..120),
+        idle_as in 0..3usize,
+    ) {
+        let recs = build_log(&ops);
+        let idle_as = [SlurmBaseState::Error, SlurmBaseState::Future, SlurmBaseState::Unknown]
+            [idle_as]
+            .clone();
+        let remapped: Vec<EventRecord> = recs
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                if let Event::SlurmNode(n) = &mut r.envelope.event {
+                    n.state = match &n.state {
+                        SlurmBaseState::Idle => idle_as.clone(),
+                        SlurmBaseState::Allocated => SlurmBaseState::Mixed,
+                        SlurmBaseState::Mixed => SlurmBaseState::Allocated,
+                        other => other.clone(),
+                    };
+                }
+                r
+            })
+            .collect();
+        let (a, b) = (run_once(&recs), run_once(&remapped));
+        // The details name the state Slurm shows; the decisions must not
+        // differ.
+        let decided = |r: &Run| -> Vec<_> {
+            r.transitions
+                .iter()
+                .map(|t| (t.seq, t.node.clone(), t.from, t.to, t.rule, t.cause.clone()))
+                .collect()
+        };
+        prop_assert_eq!(decided(&a), decided(&b));
+        prop_assert_eq!(&a.actions, &b.actions);
+        prop_assert_eq!(&a.phases, &b.phases);
+    }
+
     #[test]
     fn same_log_same_everything_at_any_batch_split_and_across_restarts(
         ops in prop::collection::vec(op(), 1..120),

@@ -166,6 +166,25 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
+    /// Every kind, in declaration order: for what must exist for each kind
+    /// before its first action (a metric series an alert reads at 0).
+    pub const ALL: [ActionKind; 14] = [
+        Self::SlurmDrain,
+        Self::SlurmResume,
+        Self::SlurmDown,
+        Self::SlurmSetFeatures,
+        Self::SlurmSetTopology,
+        Self::KubeSetPodCondition,
+        Self::KubeTaintNode,
+        Self::KubeUntaintNode,
+        Self::KubeLabelPod,
+        Self::KubeDeletePod,
+        Self::KubeScale,
+        Self::SlurmReserve,
+        Self::SlurmUnreserve,
+        Self::KubeSetNodeCondition,
+    ];
+
     /// A static name, usable as a metric label.
     pub const fn name(self) -> &'static str {
         match self {
@@ -438,7 +457,7 @@ impl Action {
                 key,
                 value,
             } => {
-                let (what, key) = match key.strip_prefix("annotation:") {
+                let (what, key) = match key.strip_prefix(crate::event::ANNOTATION_PREFIX) {
                     Some(a) => ("annotation", a),
                     None => ("label", key.as_str()),
                 };
@@ -528,6 +547,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn all_lists_every_kind_once_with_a_distinct_name() {
+        // A kind missing from ALL fails to compile here.
+        let index = |k: ActionKind| ActionKind::ALL.iter().position(|x| *x == k);
+        for k in ActionKind::ALL {
+            let covered = match k {
+                ActionKind::SlurmDrain => index(ActionKind::SlurmDrain),
+                ActionKind::SlurmResume => index(ActionKind::SlurmResume),
+                ActionKind::SlurmDown => index(ActionKind::SlurmDown),
+                ActionKind::SlurmSetFeatures => index(ActionKind::SlurmSetFeatures),
+                ActionKind::SlurmSetTopology => index(ActionKind::SlurmSetTopology),
+                ActionKind::KubeSetPodCondition => index(ActionKind::KubeSetPodCondition),
+                ActionKind::KubeTaintNode => index(ActionKind::KubeTaintNode),
+                ActionKind::KubeUntaintNode => index(ActionKind::KubeUntaintNode),
+                ActionKind::KubeLabelPod => index(ActionKind::KubeLabelPod),
+                ActionKind::KubeDeletePod => index(ActionKind::KubeDeletePod),
+                ActionKind::KubeScale => index(ActionKind::KubeScale),
+                ActionKind::SlurmReserve => index(ActionKind::SlurmReserve),
+                ActionKind::SlurmUnreserve => index(ActionKind::SlurmUnreserve),
+                ActionKind::KubeSetNodeCondition => index(ActionKind::KubeSetNodeCondition),
+            };
+            assert!(covered.is_some());
+        }
+        let mut names: Vec<&str> = ActionKind::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ActionKind::ALL.len());
+    }
+
+    #[test]
     fn every_kind_goes_to_the_side_it_names() {
         use ActionKind::*;
         // (kind, connector), one kind a line: the name says the side.
@@ -547,6 +595,12 @@ mod tests {
             (KubeScale, Connector::Kubernetes),
             (KubeSetNodeCondition, Connector::Kubernetes),
         ];
+        for kind in ActionKind::ALL {
+            assert!(
+                cases.iter().any(|(k, _)| *k == kind),
+                "{kind} is not in the table"
+            );
+        }
         for (kind, connector) in cases {
             assert_eq!(kind.connector(), connector, "{kind}");
             let prefix = match connector {

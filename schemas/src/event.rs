@@ -734,6 +734,16 @@ pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 /// The node lifecycle condition saying a node's drain is complete.
 pub const DRAINED: &str = "Drained";
 
+/// Prefix of a label key (in [`KubeNode::labels`], [`KubePod::labels`] and
+/// the key of a `KubeLabelPod` action) that names an annotation instead of
+/// a label: `annotation:<key>`.
+pub const ANNOTATION_PREFIX: &str = "annotation:";
+
+/// The pod deletion cost annotation as a label key: a ReplicaSet removes the
+/// pods with the lowest `controller.kubernetes.io/pod-deletion-cost` first
+/// (see `Removal::DeletionCost`).
+pub const POD_DELETION_COST: &str = "annotation:controller.kubernetes.io/pod-deletion-cost";
+
 /// Maintenance of a Kubernetes node, as announced by its node lifecycle
 /// conditions (Kubernetes v1.37, feature gate `NodeLifecycleConditions`):
 /// `MaintenancePlanned=True` with the window `START/END` (RFC 3339, END

@@ -24,14 +24,14 @@ pub use event::{
     ActionOutcome, ConditionStatus, Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget,
     Maintenance, NodeCondition, OutcomeResult, OwnerRef, PodCondition, PodPhase, ScaleTargetRef,
     SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint,
-    TaintEffect, DRAINED, DRAIN_IN_PROGRESS,
+    TaintEffect, ANNOTATION_PREFIX, DRAINED, DRAIN_IN_PROGRESS, POD_DELETION_COST,
 };
 pub use log::{EventRecord, Record};
 pub use ownership::{set_down_by_user, Ownership, ReasonOwnership, SLURM_NOT_RESPONDING_SUFFIX};
 pub use policy::{
     valid_topology_token, ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, LabelFeature,
-    MaintenancePolicy, Mapping, MappingMode, Policy, PolicyError, Removal, ScaleRule,
-    ScalingPolicy, TaintSpec, TopologyPolicy, COUNT_MAX, DURATION_S_MAX,
+    MaintenancePolicy, Mapping, MappingMode, Policy, PolicyError, PolicyFileError, Removal,
+    ScaleRule, ScalingPolicy, TaintSpec, TopologyPolicy, COUNT_MAX, DURATION_S_MAX,
 };
 pub use transition::{Phase, Rule, Transition};
 

@@ -6,6 +6,7 @@
 //! fields are rejected so a typo is an error, not a silently ignored setting.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -554,6 +555,40 @@ pub enum PolicyError {
     },
 }
 
+/// Errors from reading a policy file: which file, and what is wrong with it
+/// (the cause, as the error's source). Not retryable as such: a file that
+/// does not read or parse stays so until someone changes it.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    /// The file cannot be read (missing, unreadable, not UTF-8).
+    #[error("reading policy file {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why it does not read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file reads but is not a valid policy.
+    #[error("in policy file {}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with the document.
+        #[source]
+        source: PolicyError,
+    },
+}
+
+impl PolicyFileError {
+    /// The file at fault.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Read { path, .. } | Self::Invalid { path, .. } => path,
+        }
+    }
+}
+
 /// The longest duration any `*_s` field may hold: 100 years, in seconds.
 /// Log time is ms since the Unix epoch in a u64; a duration up to this bound,
 /// in ms, added to any log time of the next thousands of years, cannot
@@ -577,6 +612,27 @@ impl Policy {
         let policy: Policy = serde_json::from_str(text).map_err(PolicyError::Invalid)?;
         policy.validate()?;
         Ok(policy)
+    }
+
+    /// Reads a policy file (JSON) and checks its values: what every reader
+    /// of a policy file (the CLI, `lockstep run`) goes through.
+    pub fn from_file(path: &Path) -> Result<Self, PolicyFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_file_text(path, &text)
+    }
+
+    /// The policy in `text`, the content of the policy file at `path` (which
+    /// the error names), for a reader that already holds the text: the
+    /// service reads the file once per change, to compare it with the last
+    /// content it saw, and parses that.
+    pub fn from_file_text(path: &Path, text: &str) -> Result<Self, PolicyFileError> {
+        Self::from_json(text).map_err(|source| PolicyFileError::Invalid {
+            path: path.to_owned(),
+            source,
+        })
     }
 
     /// Checks values serde cannot. Every policy that is loaded (a policy
@@ -1054,5 +1110,45 @@ mod tests {
             serde_json::from_str::<Policy>(&serde_json::to_string(&d).unwrap()).unwrap(),
             d
         );
+    }
+
+    #[test]
+    fn a_policy_file_error_names_the_file_and_what_is_wrong() {
+        use std::error::Error as _;
+        let dir = std::env::temp_dir().join(format!("lockstep-policy-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.json");
+        let err = Policy::from_file(&missing).unwrap_err();
+        assert!(matches!(err, PolicyFileError::Read { .. }), "{err:?}");
+        assert_eq!(err.path(), missing);
+        assert_eq!(
+            err.to_string(),
+            format!("reading policy file {}", missing.display())
+        );
+
+        let list = dir.join("list.json");
+        std::fs::write(&list, "[{}, {}]").unwrap();
+        let err = Policy::from_file(&list).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("in policy file {}", list.display())
+        );
+        assert_eq!(
+            err.source().unwrap().to_string(),
+            "invalid policy: (document): expected a map of named fields, found a list"
+        );
+
+        let good = dir.join("good.json");
+        std::fs::write(&good, r#"{"health": {"not_ready_grace_s": 5}}"#).unwrap();
+        let text = std::fs::read_to_string(&good).unwrap();
+        assert_eq!(
+            Policy::from_file(&good).unwrap(),
+            Policy::from_file_text(&good, &text).unwrap()
+        );
+        assert_eq!(
+            Policy::from_file(&good).unwrap().health.not_ready_grace_s,
+            5
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

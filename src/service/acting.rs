@@ -3,7 +3,7 @@
 //! that stops as a whole when the leadership does, so that nothing observes
 //! or acts past it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,16 +49,14 @@ impl Acting {
         log: &EventLog,
         quiet: Quiet,
     ) -> Result<Self> {
-        // The policy the connectors start with (what they watch follows it).
-        let policy = match &cfg.policy_file {
-            Some(path) => read_policy(path)?,
-            None => engine.policy().clone(),
-        };
         let mut tasks = JoinSet::new();
-        // Which drains are lockstep's own is the engine's (the log's
-        // policy, with the prefixes of earlier ones), never the file's.
-        let started =
-            connectors::start(cfg, &policy, engine.reason_ownership(), log, &mut tasks).await?;
+        // The connectors start from the engine's policy (the log's), never
+        // from the file: what they watch, and which drains are lockstep's
+        // own (with the prefixes of earlier policies), follow the log's
+        // `PolicyChanged` records as the engine does. A file that differs
+        // from the log is appended by the watcher below, and the connectors
+        // follow it once it is applied.
+        let started = connectors::start(cfg, engine, log, &mut tasks).await?;
         tasks.spawn(tick_when_quiet(
             log.clone(),
             cfg.service.tick_interval_ms,
@@ -163,11 +161,6 @@ impl Acting {
     }
 }
 
-/// Reads and checks the policy file.
-fn read_policy(path: &Path) -> Result<Policy> {
-    crate::commands::read_policy(path)
-}
-
 /// Appends a `Tick` when the log has been quiet for `interval_ms` and the
 /// engine has a timer due: its timers fire at most `interval_ms` late, and
 /// a log with nothing waiting on time gets no records that say nothing
@@ -194,37 +187,40 @@ async fn tick_when_quiet(log: EventLog, interval_ms: u64, quiet: Quiet) {
 
 /// Appends `PolicyChanged` when the policy file's content changes (and once
 /// at start). An invalid file is reported and ignored: the last good policy
-/// stays in force.
+/// stays in force. The file is read once a poll; a changed content is
+/// parsed from what was read, so the policy appended is the content compared.
 async fn watch_policy(log: EventLog, path: PathBuf, poll_ms: u64) {
     let mut last: Option<String> = None;
     loop {
         match std::fs::read_to_string(&path) {
-            Ok(text) if last.as_deref() != Some(text.as_str()) => match read_policy(&path) {
-                Ok(policy) => {
-                    // The file it came from, for `lockstep policy history`.
-                    let detail = lockstep_schemas::SourceDetail {
-                        file: path.display().to_string(),
-                        ..Default::default()
-                    };
-                    let env = Envelope::with_detail(
-                        Source::Lockstep,
-                        now_ms(),
-                        Event::PolicyChanged(Box::new(policy)),
-                        detail,
-                    );
-                    match log.append(&env).await {
-                        Ok(a) => {
-                            info!(file = %path.display(), seq = a.seq, "policy change appended to the log");
-                            last = Some(text);
+            Ok(text) if last.as_deref() != Some(text.as_str()) => {
+                match Policy::from_file_text(&path, &text) {
+                    Ok(policy) => {
+                        // The file it came from, for `lockstep policy history`.
+                        let detail = lockstep_schemas::SourceDetail {
+                            file: path.display().to_string(),
+                            ..Default::default()
+                        };
+                        let env = Envelope::with_detail(
+                            Source::Lockstep,
+                            now_ms(),
+                            Event::PolicyChanged(Box::new(policy)),
+                            detail,
+                        );
+                        match log.append(&env).await {
+                            Ok(a) => {
+                                info!(file = %path.display(), seq = a.seq, "policy change appended to the log");
+                                last = Some(text);
+                            }
+                            Err(e) => warn!(error = %e, "appending the policy failed; will retry"),
                         }
-                        Err(e) => warn!(error = %e, "appending the policy failed; will retry"),
+                    }
+                    Err(e) => {
+                        error!(file = %path.display(), error = format!("{:#}", anyhow::Error::new(e)), "policy file rejected; keeping the policy in force");
+                        last = Some(text);
                     }
                 }
-                Err(e) => {
-                    error!(file = %path.display(), error = format!("{e:#}"), "policy file rejected; keeping the policy in force");
-                    last = Some(text);
-                }
-            },
+            }
             Ok(_) => {}
             Err(e) => warn!(file = %path.display(), error = %e, "cannot read the policy file"),
         }

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use lockstep_connectors::backoff::{retry, Backoff};
 use lockstep_connectors::clock::now_ms;
 use lockstep_connectors::{kube, slurm, Observation};
+use lockstep_engine::Engine;
 use lockstep_schemas::{Connector, Envelope, Event, IssuedAction, Policy, ReasonOwnership, Source};
 use lockstep_store::EventLog;
 use tokio::sync::{mpsc, watch};
@@ -122,16 +123,17 @@ pub(super) struct Started {
 }
 
 /// Starts the configured connectors: observers append to the log,
-/// actuators take dispatched actions and append their outcomes. What the
-/// Kubernetes observer watches starts from `policy`; what the Slurm
-/// actuator takes for lockstep's own starts from `ownership`.
+/// actuators take dispatched actions and append their outcomes. They start
+/// from what the engine holds, never from a policy file: what the
+/// Kubernetes observer watches from the engine's policy, what the Slurm
+/// actuator takes for lockstep's own from its reason ownership.
 pub(super) async fn start(
     cfg: &Config,
-    policy: &Policy,
-    ownership: ReasonOwnership,
+    engine: &Engine,
     log: &EventLog,
     tasks: &mut JoinSet<()>,
 ) -> Result<Started> {
+    let (policy, ownership) = (engine.policy(), engine.reason_ownership());
     let mut started = Started {
         actuators: Actuators::default(),
         watched: None,

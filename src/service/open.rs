@@ -14,21 +14,6 @@ use tracing::{error, info};
 use crate::config::Config;
 use crate::telemetry::{self, Health};
 
-/// Opens the configured log.
-pub async fn open_log(cfg: &Config) -> Result<EventLog> {
-    match &cfg.log.nats_url {
-        Some(url) => EventLog::connect_nats(url, &cfg.stream_limits())
-            .await
-            .with_context(|| format!("connecting to the event log at {url}")),
-        None => {
-            let dir = cfg.data_dir.join("log");
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            EventLog::open_embedded(&dir)
-                .with_context(|| format!("opening the embedded log in {}", dir.display()))
-        }
-    }
-}
-
 /// Opens the configured log, waiting (with bounded backoff) while it does
 /// not answer: a NATS cluster without a majority of its servers has no
 /// JetStream to create or find the streams. Why it waits is on `/readyz`
@@ -41,7 +26,7 @@ pub(super) async fn open_log_when_available(
     let mut backoff = Backoff::new(500, cfg.service.retry_backoff_max_ms);
     let opening = retry(
         &mut backoff,
-        || open_log(cfg),
+        || crate::storage::open_log(cfg),
         |error, retry_in| {
             let retryable = error
                 .downcast_ref::<lockstep_store::log::Error>()
@@ -76,22 +61,10 @@ pub(super) async fn open_log_when_available(
     Ok(Some(log))
 }
 
-/// How long `run` waits for the store's lock: a lockstep killed just before
-/// this one started releases it within tens of milliseconds.
+/// How long `run` waits for the store's lock
+/// ([`crate::storage::open_store`]): a lockstep killed just before this one
+/// started releases it within tens of milliseconds.
 pub const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
-
-/// Opens the store, waiting up to `wait` for another process's lock (the
-/// service: [`STORE_LOCK_WAIT`]; commands that read the store: none).
-pub fn open_store(cfg: &Config, wait: Duration) -> Result<Store> {
-    let dir = cfg.data_dir.join("store");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Store::open_waiting(&dir, wait).with_context(|| {
-        format!(
-            "opening the store in {} (is another lockstep running on it?)",
-            dir.display()
-        )
-    })
-}
 
 /// A store without a checkpoint, or whose checkpoint the log no longer
 /// continues (its retention discarded the records after it), starts from the

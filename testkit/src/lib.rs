@@ -6,15 +6,19 @@
 //!   `deploy/local/kube/up.sh`, kubectl against it, and the objects the
 //!   tests create;
 //! - [`net`]: free loopback ports and a TCP proxy a test can cut;
+//! - [`gen`]: synthetic logs of a cluster (the benchmarks measure them, the
+//!   tests replay and serve them);
 //! - `soak` (feature `soak`): the crash and fault harness that drives
 //!   `lockstep run` processes and checks what they leave behind;
 //! - here: temporary directories, the repository root, waits, and actions
 //!   as the reducer would issue them.
 //!
-//! It is only ever a dev-dependency: no crate that ships depends on it, so
-//! nothing here may be needed to run lockstep. It starts real servers and
+//! No crate that ships depends on it (the tests, and the benchmark programs
+//! of lockstep-benches, which does not ship), so nothing here may be needed
+//! to run lockstep. It starts real servers and
 //! fails loudly when one is missing, never skips.
 
+pub mod gen;
 pub mod kube;
 pub mod nats;
 pub mod net;

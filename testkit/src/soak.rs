@@ -25,10 +25,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockstep_benches::{Generator, Shape};
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{Envelope, Event, Policy, Source};
 use lockstep_store::{EventLog, Store, StreamLimits};
+
+use crate::gen::{Generator, Shape};
 
 /// Synthetic Slurm nodes (one pod each, four per Kubernetes node).
 pub const SLURM_NODES: usize = 40;

@@ -11,23 +11,17 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, Preconditions};
 use kube::Client;
 use lockstep_schemas::{
     Action, ActionOutcome, IssuedAction, OutcomeResult, PodCondition, ScaleTargetRef, Taint,
-    TaintEffect,
 };
-use serde_json::json;
 use tokio::sync::watch;
 
 use super::discover::discover;
 use super::error::{Error, Result};
-use super::reduce::{
-    condition_status, condition_status_str, taint_effect_str, ScaleKind, ANNOTATION_PREFIX,
-};
-
-/// The field manager lockstep's writes are recorded under.
-pub const FIELD_MANAGER: &str = "lockstep";
+use super::spec::ScaleKind;
+use super::wire::{self, read_condition, read_taint, MetaKey};
 
 /// Bounds of the actuator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,20 +187,11 @@ impl Actuator {
             Action::KubeSetNodeCondition { node, condition } => {
                 self.set_node_condition(node, condition).await
             }
-            Action::SlurmDrain { .. }
-            | Action::SlurmResume { .. }
-            | Action::SlurmDown { .. }
-            | Action::SlurmSetFeatures { .. }
-            | Action::SlurmSetTopology { .. }
-            | Action::SlurmReserve { .. }
-            | Action::SlurmUnreserve { .. } => Err(Error::NotKubernetes(action.kind().name())),
-        }
-    }
-
-    fn params() -> PatchParams {
-        PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
+            // Every other action is Slurm's (the dispatcher routes by
+            // `ActionKind::connector`): refused, as the Slurm actuator
+            // refuses what is not its own, so that a new Slurm action does
+            // not touch this one.
+            other => Err(Error::NotKubernetes(other.kind().name())),
         }
     }
 
@@ -225,13 +210,19 @@ impl Actuator {
             .and_then(|s| s.conditions.as_deref())
             .unwrap_or_default()
             .iter()
-            .find(|c| c.type_ == want.type_);
-        let current =
-            current.map(|c| (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()));
-        let Some(patch) = condition_patch(current, want) else {
+            .find(|c| c.type_ == want.type_)
+            .map(|c| {
+                read_condition(
+                    &c.type_,
+                    &c.status,
+                    c.reason.as_deref(),
+                    c.message.as_deref(),
+                )
+            });
+        let Some(patch) = condition_patch(current.as_ref(), want) else {
             return Ok(Done::Already);
         };
-        api.patch_status(name, &Self::params(), &Patch::Strategic(patch))
+        api.patch_status(name, &wire::patch_params(), &Patch::Strategic(patch))
             .await
             .map_err(|e| Error::from_kube(format!("patch status of pod {namespace}/{name}"), e))?;
         Ok(Done::Changed)
@@ -250,11 +241,18 @@ impl Actuator {
             .unwrap_or_default()
             .iter()
             .find(|c| c.type_ == want.type_)
-            .map(|c| (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()));
-        let Some(patch) = condition_patch(current, want) else {
+            .map(|c| {
+                read_condition(
+                    &c.type_,
+                    &c.status,
+                    c.reason.as_deref(),
+                    c.message.as_deref(),
+                )
+            });
+        let Some(patch) = condition_patch(current.as_ref(), want) else {
             return Ok(Done::Already);
         };
-        api.patch_status(name, &Self::params(), &Patch::Strategic(patch))
+        api.patch_status(name, &wire::patch_params(), &Patch::Strategic(patch))
             .await
             .map_err(|e| Error::from_kube(format!("patch status of node {name}"), e))?;
         Ok(Done::Changed)
@@ -282,11 +280,11 @@ impl Actuator {
             let Some(new_taints) = edit(taints) else {
                 return Ok(Done::Already);
             };
-            let patch = json!({
-                "metadata": {"resourceVersion": n.metadata.resource_version},
-                "spec": {"taints": new_taints},
-            });
-            match api.patch(node, &Self::params(), &Patch::Merge(patch)).await {
+            let patch = wire::taints_patch(n.metadata.resource_version.as_deref(), new_taints);
+            match api
+                .patch(node, &wire::patch_params(), &Patch::Merge(patch))
+                .await
+            {
                 Ok(_) => return Ok(Done::Changed),
                 Err(kube::Error::Api(s))
                     if s.code == 409 && attempt < self.config.conflict_attempts_max =>
@@ -314,26 +312,12 @@ impl Actuator {
             .get(name)
             .await
             .map_err(|e| Error::from_kube(format!("get pod {namespace}/{name}"), e))?;
-        let (field, key, current) = match key.strip_prefix(ANNOTATION_PREFIX) {
-            Some(annotation) => (
-                "annotations",
-                annotation,
-                pod.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(annotation)),
-            ),
-            None => (
-                "labels",
-                key,
-                pod.metadata.labels.as_ref().and_then(|l| l.get(key)),
-            ),
-        };
-        if current.map(String::as_str) == value {
+        let key = MetaKey::parse(key);
+        if key.get(&pod.metadata).map(String::as_str) == value {
             return Ok(Done::Already);
         }
-        let patch = json!({"metadata": {field: {key: value}}});
-        api.patch(name, &Self::params(), &Patch::Merge(patch))
+        let patch = key.patch(value);
+        api.patch(name, &wire::patch_params(), &Patch::Merge(patch))
             .await
             .map_err(|e| Error::from_kube(format!("label pod {namespace}/{name}"), e))?;
         Ok(Done::Changed)
@@ -397,42 +381,28 @@ impl Actuator {
         if current.and_then(|r| u32::try_from(r).ok()) == Some(replicas) {
             return Ok(Done::Already);
         }
-        let patch = json!({"spec": {"replicas": replicas}});
-        api.patch_scale(&target.name, &Self::params(), &Patch::Merge(patch))
+        let patch = wire::scale_patch(replicas);
+        api.patch_scale(&target.name, &wire::patch_params(), &Patch::Merge(patch))
             .await
             .map_err(|e| Error::from_kube(format!("scale {target}"), e))?;
         Ok(Done::Changed)
     }
 }
 
-/// The strategic merge patch that makes a condition (current: status,
-/// reason, message) what is wanted, or `None` when it already is. Conditions
-/// merge by type: the others, and the fields of this one not sent (its
-/// `lastTransitionTime` when the status stays), are kept.
+/// The strategic merge patch ([`wire::condition_patch`]) that makes a
+/// condition (as currently read back, of the same type) what is wanted, or
+/// `None` when it already is. Its `lastTransitionTime` is sent only when the
+/// status changes.
 fn condition_patch(
-    current: Option<(&str, Option<&str>, Option<&str>)>,
+    current: Option<&PodCondition>,
     want: &PodCondition,
 ) -> Option<serde_json::Value> {
-    let status_changes =
-        current.is_none_or(|(status, _, _)| condition_status(status) != want.status);
-    if let Some((_, reason, message)) = current {
-        if !status_changes
-            && reason.unwrap_or_default() == want.reason
-            && message.unwrap_or_default() == want.message
-        {
-            return None;
-        }
+    if current == Some(want) {
+        return None;
     }
-    let mut condition = json!({
-        "type": want.type_,
-        "status": condition_status_str(want.status),
-        "reason": want.reason,
-        "message": want.message,
-    });
-    if status_changes {
-        condition["lastTransitionTime"] = json!(rfc3339_now());
-    }
-    Some(json!({"status": {"conditions": [condition]}}))
+    let status_changes = current.is_none_or(|c| c.status != want.status);
+    let now = status_changes.then(rfc3339_now);
+    Some(wire::condition_patch(want, now.as_deref()))
 }
 
 fn failed(e: &Error) -> OutcomeResult {
@@ -448,10 +418,9 @@ fn taint_node(
     taints: &[k8s_openapi::api::core::v1::Taint],
     taint: &Taint,
 ) -> Option<serde_json::Value> {
-    let effect = taint_effect_str(taint.effect);
     let same_key: Vec<_> = taints.iter().filter(|t| t.key == taint.key).collect();
     if let [only] = same_key.as_slice() {
-        if only.effect == effect && only.value.as_deref().unwrap_or_default() == taint.value {
+        if read_taint(only).as_ref() == Some(taint) {
             return None;
         }
     }
@@ -460,16 +429,7 @@ fn taint_node(
         .filter(|t| t.key != taint.key)
         .map(|t| serde_json::to_value(t).expect("taints serialize"))
         .collect();
-    let mut new = json!({"key": taint.key, "effect": effect});
-    if !taint.value.is_empty() {
-        new["value"] = json!(taint.value);
-    }
-    // As `kubectl taint` does: NoExecute taints carry the time they were
-    // added, which tolerationSeconds count from.
-    if taint.effect == TaintEffect::NoExecute {
-        new["timeAdded"] = json!(rfc3339_now());
-    }
-    out.push(new);
+    out.push(wire::taint_entry(taint, &rfc3339_now()));
     Some(serde_json::Value::Array(out))
 }
 
@@ -505,6 +465,8 @@ fn rfc3339_now() -> String {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Taint as KTaint;
+    use lockstep_schemas::{ActionKind, ConditionStatus, Connector, TaintEffect};
+    use serde_json::json;
 
     fn kt(key: &str, value: Option<&str>, effect: &str) -> KTaint {
         KTaint {
@@ -567,6 +529,122 @@ mod tests {
             untaint_node(&[ours], "lockstep.io/x").unwrap(),
             serde_json::Value::Null
         );
+    }
+
+    /// An action of `kind`. A kind added without one here fails to compile.
+    fn one_of(kind: ActionKind) -> Action {
+        let node = || "n1".to_owned();
+        let (namespace, pod) = ("slurm".to_owned(), "c1".to_owned());
+        let condition = PodCondition {
+            type_: "SlurmNodeDrained".to_owned(),
+            status: ConditionStatus::True,
+            reason: "LockstepDrain".to_owned(),
+            message: String::new(),
+        };
+        match kind {
+            ActionKind::SlurmDrain => Action::SlurmDrain {
+                node: node(),
+                reason: "r".to_owned(),
+            },
+            ActionKind::SlurmResume => Action::SlurmResume { node: node() },
+            ActionKind::SlurmDown => Action::SlurmDown {
+                node: node(),
+                reason: "r".to_owned(),
+            },
+            ActionKind::SlurmSetFeatures => Action::SlurmSetFeatures {
+                node: node(),
+                features: vec!["gpu".to_owned()],
+            },
+            ActionKind::SlurmSetTopology => Action::SlurmSetTopology {
+                node: node(),
+                topology: "blocks:b1".to_owned(),
+            },
+            ActionKind::SlurmReserve => Action::SlurmReserve {
+                name: "lockstep_maint_k1".to_owned(),
+                nodes: vec![node()],
+                start_ms: 0,
+                end_ms: None,
+                users: "root".to_owned(),
+            },
+            ActionKind::SlurmUnreserve => Action::SlurmUnreserve {
+                name: "lockstep_maint_k1".to_owned(),
+            },
+            ActionKind::KubeSetPodCondition => Action::KubeSetPodCondition {
+                namespace,
+                pod,
+                condition,
+            },
+            ActionKind::KubeTaintNode => Action::KubeTaintNode {
+                node: node(),
+                taint: lt("lockstep.io/x", "", TaintEffect::NoSchedule),
+            },
+            ActionKind::KubeUntaintNode => Action::KubeUntaintNode {
+                node: node(),
+                key: "lockstep.io/x".to_owned(),
+            },
+            ActionKind::KubeLabelPod => Action::KubeLabelPod {
+                namespace,
+                pod,
+                key: "lockstep.io/busy".to_owned(),
+                value: None,
+            },
+            ActionKind::KubeDeletePod => Action::KubeDeletePod {
+                namespace,
+                pod,
+                uid: "u1".to_owned(),
+            },
+            ActionKind::KubeScale => Action::KubeScale {
+                target: ScaleTargetRef {
+                    group: "apps".to_owned(),
+                    kind: "StatefulSet".to_owned(),
+                    namespace,
+                    name: "compute".to_owned(),
+                },
+                replicas: 2,
+            },
+            ActionKind::KubeSetNodeCondition => Action::KubeSetNodeCondition {
+                node: node(),
+                condition,
+            },
+        }
+    }
+
+    /// Every Kubernetes action is carried out (here: tried, on an API server
+    /// that does not answer), every other one refused as not this
+    /// actuator's, whatever kinds are added on the Slurm side.
+    #[tokio::test]
+    async fn only_the_actions_of_other_connectors_are_refused() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let act = Actuator::new(
+            config,
+            Vec::new(),
+            ActuatorConfig {
+                connect_timeout_ms: 500,
+                request_timeout_ms: 500,
+                action_timeout_ms: 2_000,
+                conflict_attempts_max: 1,
+            },
+        )
+        .unwrap();
+        for kind in ActionKind::ALL {
+            let outcome = act
+                .execute(&lockstep_testkit::issued(1, one_of(kind)))
+                .await;
+            assert_eq!(outcome.kind, kind);
+            let OutcomeResult::Failed { retryable, error } = &outcome.result else {
+                panic!("{kind}: {outcome:?}");
+            };
+            let refused = error.starts_with("not a kubernetes action");
+            assert_eq!(
+                refused,
+                kind.connector() != Connector::Kubernetes,
+                "{kind}: {error}"
+            );
+            if refused {
+                assert!(!retryable, "{kind}");
+                assert_eq!(error, &format!("not a kubernetes action: {}", kind.name()));
+            }
+        }
     }
 
     #[test]

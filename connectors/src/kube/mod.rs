@@ -12,6 +12,8 @@
 //!   envelopes ([`Observation::into_envelope`]) and appends them to the log.
 //! - [`Actuator`]: executes the `Kube*` actions idempotently and reports an
 //!   [`ActionOutcome`](lockstep_schemas::ActionOutcome) for each.
+//! - [`wire`]: the names and shapes the actuator writes and the reducer
+//!   reads back, in one place so that the two cannot drift apart.
 //!
 //! It must never decide anything (that is the reducer's job, from the log
 //! alone), never block without a bound, and never let a Kubernetes type
@@ -25,11 +27,13 @@ mod observer;
 pub mod reduce;
 mod spec;
 mod tracker;
+pub mod wire;
 
 pub use crate::observation::Observation;
-pub use actuator::{Actuator, ActuatorConfig, FIELD_MANAGER};
+pub use actuator::{Actuator, ActuatorConfig};
 pub use discover::discover;
 pub use error::{Error, Result};
 pub use lease::{Leadership, LeaseConfig};
 pub use observer::{load_config, Observer, ObserverConfig};
 pub use spec::{scale_kinds, ChangedWatches, ObserveSpec, ScaleKind};
+pub use wire::FIELD_MANAGER;

@@ -13,87 +13,18 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::DynamicObject;
 use lockstep_schemas::{
     ConditionStatus, KubeNode, KubePod, KubeScaleTarget, Maintenance, NodeCondition, OwnerRef,
-    PodCondition, PodPhase, ScaleTargetRef, Taint, TaintEffect,
+    PodCondition, PodPhase, ScaleTargetRef, Taint,
 };
 
 pub use super::spec::{ObserveSpec, ScaleKind};
-
-/// Prefix of a `node_labels` entry that names an annotation instead of a label.
-pub const ANNOTATION_PREFIX: &str = "annotation:";
-
-/// The pod deletion cost annotation as a `pod_labels` key: a ReplicaSet
-/// removes the pods with the lowest cost first (see `Removal::DeletionCost`).
-pub const POD_DELETION_COST: &str = "annotation:controller.kubernetes.io/pod-deletion-cost";
-
-/// The annotation that announces a maintenance window on clusters without
-/// node lifecycle conditions: `START/END` in RFC 3339 (`START/`: no end yet).
-pub const MAINTENANCE_WINDOW_ANNOTATION: &str = "lockstep.dev/maintenance-window";
-
-/// Node lifecycle condition (Kubernetes v1.37, `NodeLifecycleConditions`):
-/// maintenance is planned; lockstep reads its window from the message.
-pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
-
-/// Node lifecycle condition: maintenance is under way.
-pub const MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
-
-/// Node lifecycle conditions lockstep sets from the progress of its drain.
-pub const DRAIN_CONDITIONS: [&str; 2] = [
-    lockstep_schemas::DRAIN_IN_PROGRESS,
-    lockstep_schemas::DRAINED,
-];
-
-/// The label a StatefulSet (or a Slinky NodeSet) puts the pod's revision in.
-pub const REVISION_LABEL: &str = "controller-revision-hash";
-
-/// The condition the eviction API and the scheduler's preemption put on a pod.
-pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
-
-/// Taint keys and pod label keys with this prefix are lockstep's, and are
-/// always observed: what lockstep set under a name an earlier policy used
-/// (a busy label since renamed or turned off) stays visible, so lockstep
-/// can remove it.
-pub const LOCKSTEP_TAINT_PREFIX: &str = "lockstep.io/";
+use super::wire::{
+    self, condition_status, read_condition, read_taint, taint_effect_str, MetaKey,
+    DISRUPTION_TARGET, LOCKSTEP_TAINT_PREFIX, MAINTENANCE_IN_PROGRESS, MAINTENANCE_PLANNED,
+    MAINTENANCE_WINDOW_ANNOTATION, READY, REVISION_LABEL,
+};
 
 /// Node label keys observed by default: the ones topology policies read.
 pub const DEFAULT_NODE_LABELS: &[&str] = &["topology.kubernetes.io/zone"];
-
-/// Parses a Kubernetes condition status; anything but `True`/`False` is
-/// `Unknown`.
-pub fn condition_status(s: &str) -> ConditionStatus {
-    match s {
-        "True" => ConditionStatus::True,
-        "False" => ConditionStatus::False,
-        _ => ConditionStatus::Unknown,
-    }
-}
-
-/// The Kubernetes spelling of a condition status.
-pub const fn condition_status_str(s: ConditionStatus) -> &'static str {
-    match s {
-        ConditionStatus::True => "True",
-        ConditionStatus::False => "False",
-        ConditionStatus::Unknown => "Unknown",
-    }
-}
-
-/// Parses a taint effect; `None` for a value Kubernetes does not define.
-pub fn taint_effect(s: &str) -> Option<TaintEffect> {
-    match s {
-        "NoSchedule" => Some(TaintEffect::NoSchedule),
-        "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
-        "NoExecute" => Some(TaintEffect::NoExecute),
-        _ => None,
-    }
-}
-
-/// The Kubernetes spelling of a taint effect.
-pub const fn taint_effect_str(e: TaintEffect) -> &'static str {
-    match e {
-        TaintEffect::NoSchedule => "NoSchedule",
-        TaintEffect::PreferNoSchedule => "PreferNoSchedule",
-        TaintEffect::NoExecute => "NoExecute",
-    }
-}
 
 /// `metadata.resourceVersion` as a number: the etcd revision of the object's
 /// last write. Kubernetes calls it opaque; an API server that does not give
@@ -113,39 +44,6 @@ fn pod_phase(s: Option<&str>) -> PodPhase {
     }
 }
 
-/// The pod condition types lockstep itself wrote (its field manager owns
-/// them in `managedFields`): always reported, whatever the policy names now,
-/// so that a condition set under a name a later policy dropped is still seen
-/// and retired (the condition analogue of labels under `lockstep.io/`).
-fn written_by_lockstep(pod: &Pod) -> Vec<String> {
-    let mut types = Vec::new();
-    for entry in pod.metadata.managed_fields.iter().flatten() {
-        if entry.manager.as_deref() != Some(super::actuator::FIELD_MANAGER)
-            || entry.subresource.as_deref() != Some("status")
-        {
-            continue;
-        }
-        let Some(fields) = &entry.fields_v1 else {
-            continue;
-        };
-        let conditions = fields.0.get("f:status").and_then(|s| s.get("f:conditions"));
-        let Some(keys) = conditions.and_then(serde_json::Value::as_object) else {
-            continue;
-        };
-        for key in keys.keys() {
-            let Some(k) = key.strip_prefix("k:") else {
-                continue;
-            };
-            if let Ok(serde_json::Value::Object(o)) = serde_json::from_str(k) {
-                if let Some(t) = o.get("type").and_then(serde_json::Value::as_str) {
-                    types.push(t.to_owned());
-                }
-            }
-        }
-    }
-    types
-}
-
 /// A node's observation, or `None` if it has no name.
 pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
     let name = node.metadata.name.clone().filter(|n| !n.is_empty())?;
@@ -156,7 +54,7 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         .unwrap_or_default();
     let ready = conditions
         .iter()
-        .find(|c| c.type_ == "Ready")
+        .find(|c| c.type_ == READY)
         .map_or(ConditionStatus::Unknown, |c| condition_status(&c.status));
     let mut watched: Vec<NodeCondition> = conditions
         .iter()
@@ -172,15 +70,7 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
 
     let mut labels = BTreeMap::new();
     for key in &spec.node_labels {
-        let value = match key.strip_prefix(ANNOTATION_PREFIX) {
-            Some(annotation) => node
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(annotation)),
-            None => node.metadata.labels.as_ref().and_then(|l| l.get(key)),
-        };
-        if let Some(v) = value {
+        if let Some(v) = MetaKey::parse(key).get(&node.metadata) {
             labels.insert(key.clone(), v.clone());
         }
     }
@@ -191,13 +81,7 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         .unwrap_or_default()
         .iter()
         .filter(|t| spec.taint_observed(&t.key))
-        .filter_map(|t| {
-            Some(Taint {
-                key: t.key.clone(),
-                value: t.value.clone().unwrap_or_default(),
-                effect: taint_effect(&t.effect)?,
-            })
-        })
+        .filter_map(read_taint)
         .collect();
     taints.sort_by(|a, b| {
         (a.key.as_str(), taint_effect_str(a.effect), a.value.as_str()).cmp(&(
@@ -238,14 +122,10 @@ fn maintenance(
         conditions
             .iter()
             .find(|c| c.type_ == t)
-            .filter(|c| c.status == "True")
+            .filter(|c| condition_status(&c.status) == ConditionStatus::True)
     };
     let in_progress = is_true(MAINTENANCE_IN_PROGRESS).is_some();
-    let annotated = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(MAINTENANCE_WINDOW_ANNOTATION));
+    let annotated = MetaKey::Annotation(MAINTENANCE_WINDOW_ANNOTATION).get(&node.metadata);
     let window = match annotated {
         Some(text) => match parse_window(text) {
             Ok(w) => Some(w),
@@ -321,23 +201,30 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
     let conditions = status
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
-    let disruption_target = conditions
-        .iter()
-        .any(|c| c.type_ == DISRUPTION_TARGET && c.status == "True");
-    let ready = conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    let written = written_by_lockstep(pod);
+    let is_true = |type_: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == type_ && condition_status(&c.status) == ConditionStatus::True)
+    };
+    let disruption_target = is_true(DISRUPTION_TARGET);
+    let ready = is_true(READY);
+    // The conditions lockstep wrote are always reported, whatever the
+    // policy names now, so that one set under a name a later policy dropped
+    // is still seen and retired (the condition analogue of labels under
+    // `lockstep.io/`).
+    let written = wire::conditions_written_by_lockstep(meta);
     let mut managed: Vec<PodCondition> = conditions
         .iter()
         .filter(|c| {
             spec.pod_conditions.binary_search(&c.type_).is_ok() || written.contains(&c.type_)
         })
-        .map(|c| PodCondition {
-            type_: c.type_.clone(),
-            status: condition_status(&c.status),
-            reason: c.reason.clone().unwrap_or_default(),
-            message: c.message.clone().unwrap_or_default(),
+        .map(|c| {
+            read_condition(
+                &c.type_,
+                &c.status,
+                c.reason.as_deref(),
+                c.message.as_deref(),
+            )
         })
         .collect();
     managed.sort_by(|a, b| a.type_.cmp(&b.type_));
@@ -347,13 +234,7 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
     let labels: BTreeMap<String, String> = spec
         .pod_labels
         .iter()
-        .filter_map(|k| {
-            let value = match k.strip_prefix(ANNOTATION_PREFIX) {
-                Some(annotation) => meta.annotations.as_ref()?.get(annotation),
-                None => all_labels?.get(k),
-            };
-            Some((k.clone(), value?.clone()))
-        })
+        .filter_map(|k| Some((k.clone(), MetaKey::parse(k).get(meta)?.clone())))
         .chain(
             all_labels
                 .into_iter()
@@ -436,7 +317,7 @@ pub fn scale_target(obj: &DynamicObject, kind: &ScaleKind) -> Option<KubeScaleTa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_schemas::Policy;
+    use lockstep_schemas::{Policy, TaintEffect, POD_DELETION_COST};
     use serde_json::{json, Value};
 
     fn spec() -> ObserveSpec {

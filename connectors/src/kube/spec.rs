@@ -10,7 +10,7 @@
 use kube::api::ApiResource;
 use lockstep_schemas::{Policy, Removal, ScaleTargetRef};
 
-use super::reduce::{DRAIN_CONDITIONS, LOCKSTEP_TAINT_PREFIX, POD_DELETION_COST};
+use super::wire::{DRAIN_CONDITIONS, LOCKSTEP_TAINT_PREFIX, POD_DELETION_COST};
 
 /// A kind of object with a scale subresource that lockstep watches and scales.
 ///

@@ -1,6 +1,21 @@
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use lockstep_schemas::{
+    ConditionStatus, Domain, Event, KubeNode, KubePod, KubeScaleTarget, Policy, SlurmJob,
+    SlurmNode, SlurmPartition,
+};
+use rustc_hash::FxHashMap;
+
+use super::Engine;
+use crate::cause::Cause;
+use crate::ctx::Ctx;
+use crate::drain::{Ownership, SlurmSide};
+use crate::flights::{Aspect, Owner};
 use crate::model::Regain;
+use crate::model::{domain_index, pod_key, slurm_name_of_pod, KubeEntry, Origin, PodEntry, Seen};
+use crate::retired;
+use crate::scaling;
+use crate::stale::{self, ObjectKey};
+use crate::timers::{Wake, WakeOf};
+use crate::units::{after_s, ms};
 
 impl Engine {
     /// Marks a Slurm node and the Kubernetes node under it for evaluation.
@@ -47,7 +62,7 @@ impl Engine {
             self.dirty.extend(kube.iter().cloned().map(Wake::Maint));
         }
         self.dirty.extend(kube.into_iter().map(Wake::Kube));
-        let mut maint: Vec<String> = self.reservations.keys().cloned().collect();
+        let mut maint: Vec<String> = self.reservations.nodes().cloned().collect();
         maint.extend(self.flights.owners(Owner::KubeNode, Aspect::is_maintenance));
         maint.extend(self.timers.maint_names().map(str::to_owned));
         self.dirty.extend(maint.into_iter().map(Wake::Maint));
@@ -350,8 +365,7 @@ impl Engine {
                 );
                 if self.model.jobs_on(&node.name) == 0 {
                     self.scaling
-                        .idle_since
-                        .insert(node.name.clone(), ctx.now_ms);
+                        .follow_idle(&node.name, &self.model, ctx.now_ms);
                 }
                 self.update_busy(&node.name);
                 self.touch_slurm(&node.name);
@@ -491,7 +505,7 @@ impl Engine {
             }
         }
         self.model.rebuild_indexes(&self.policy);
-        self.rebuild_busy();
+        self.scaling.rebuild_busy(&self.model, &self.policy);
         self.touch_all();
         self.scaling_needs_scan(ctx);
     }
@@ -556,7 +570,7 @@ impl Engine {
         };
         if !ctl.causes.iter().any(|(c, _)| c.is_pod_loss()) {
             ctl.causes.push((
-                Cause::Drain(crate::drain::DrainCause::PodMissing),
+                Cause::Drain(crate::cause::DrainCause::PodMissing),
                 Origin {
                     ms: ctx.now_ms,
                     seq: ctx.seq,
@@ -642,11 +656,7 @@ impl Engine {
         let now_ms = ctx.now_ms;
         let label = !self.policy.scaling.busy_label.is_empty();
         for node in flipped.drain(..) {
-            if self.model.jobs_on(&node) == 0 {
-                self.scaling.idle_since.insert(node.clone(), now_ms);
-            } else {
-                self.scaling.idle_since.remove(&node);
-            }
+            self.scaling.follow_idle(&node, &self.model, now_ms);
             self.update_busy(&node);
             self.touch_drain_progress(&node);
             if label {
@@ -655,46 +665,9 @@ impl Engine {
         }
     }
 
-    /// Keeps `busy_nodes` and the per-rule busy counts current. Without
-    /// scale targets there is nothing to keep: the set is rebuilt when a
-    /// policy brings some.
+    /// Scaling's busy count of `node` follows the model.
     pub(super) fn update_busy(&mut self, node: &str) {
-        if self.policy.scaling.targets.is_empty() {
-            return;
-        }
-        let busy = self.model.jobs_on(node) > 0
-            || self
-                .model
-                .slurm_nodes
-                .get(node)
-                .is_some_and(|n| scaling::slurm_busy(&n.obs));
-        if busy == self.scaling.busy_nodes.contains(node) {
-            return;
-        }
-        if busy {
-            self.scaling.busy_nodes.insert(node.to_owned());
-        } else {
-            self.scaling.busy_nodes.remove(node);
-        }
-        let rule = self.scaling.rule_of.get(node).copied();
-        if let Some(count) = rule.and_then(|r| self.scaling.busy.get_mut(r)) {
-            *count = if busy {
-                *count + 1
-            } else {
-                count.saturating_sub(1)
-            };
-        }
-    }
-
-    /// Rebuilds the busy set from the model. Busy: running a job (whether
-    /// Slurm's node list has the node yet or not) or finishing one.
-    pub(super) fn rebuild_busy(&mut self) {
-        self.scaling.busy_nodes.clear();
-        let mut names: Vec<String> = self.model.slurm_nodes.keys().cloned().collect();
-        names.extend(self.model.nodes_with_jobs());
-        for n in names {
-            self.update_busy(&n);
-        }
+        self.scaling.follow_busy(node, &self.model, &self.policy);
     }
 
     /// Something scaling reads beyond job counts changed: the next

@@ -1,5 +1,10 @@
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use lockstep_schemas::{Action, OutcomeResult, Target};
+
+use super::Engine;
+use crate::ctx::Ctx;
+use crate::flights::{Aspect, Owner, OwnerOf};
+use crate::model::slurm_name_of_pod;
+use crate::timers::Wake;
 
 impl Engine {
     /// Records an actuator's outcome in the slot of its target, and has the
@@ -49,14 +54,7 @@ impl Engine {
                         OutcomeResult::Succeeded | OutcomeResult::AlreadyDone
                     )
                 {
-                    match reservation {
-                        Some(a @ Action::SlurmReserve { .. }) => {
-                            self.reservations.insert(node.clone(), a);
-                        }
-                        _ => {
-                            self.reservations.remove(&node);
-                        }
-                    }
+                    self.reservations.confirmed(node.clone(), reservation);
                 }
                 self.dirty.push(Wake::Maint(node));
             }

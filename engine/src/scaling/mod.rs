@@ -40,26 +40,19 @@ use std::collections::BTreeMap;
 
 use lockstep_schemas::{
     Action, ConditionStatus, KubePod, Policy, Removal, ScaleRule, ScaleTargetRef, SlurmBaseState,
-    SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag,
+    SlurmNode, SlurmNodeFlag,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
+pub(crate) use crate::cause::VictimKind;
 use crate::model::{slurm_name_of_pod, Model};
 use crate::units::{after_ms, ms};
 
+mod evaluate;
 mod plan;
+pub(crate) use evaluate::Cx;
 pub(crate) use plan::{lowering_allowed, plan_scale_in, ScaleIn, ScaleInPlan};
-
-/// Why a node is being taken out by scaling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum VictimKind {
-    /// Scale-in: the pod goes and the replica count drops.
-    ScaleIn,
-    /// Rolling replacement: the pod goes and its controller recreates it at
-    /// the new revision.
-    Replace,
-}
 
 /// A node on its way out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -330,15 +323,6 @@ pub(crate) fn cost_want(pod: &KubePod, marked: bool) -> Option<Action> {
         key: COST_LABEL.to_owned(),
         value,
     })
-}
-
-/// Whether a pending job is demand that more nodes can meet.
-pub(crate) fn scalable(job: &SlurmJob, unscalable_reasons: &[String]) -> bool {
-    job.state == SlurmJobState::Pending
-        && !job
-            .pending_reason
-            .as_deref()
-            .is_some_and(|r| unscalable_reasons.iter().any(|u| r.starts_with(u.as_str())))
 }
 
 /// Busy from Slurm's side: a job holds it or is finishing on it.

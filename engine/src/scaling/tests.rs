@@ -464,35 +464,3 @@ fn victims_idle_first_then_fewest_jobs_then_newest() {
         ]
     );
 }
-
-#[test]
-fn pending_reasons_that_nodes_cannot_fix_do_not_count() {
-    let reasons: Vec<String> = ["Dependency", "JobHeld", "QOS"].map(str::to_owned).to_vec();
-    let job = |state: SlurmJobState, reason: Option<&str>| SlurmJob {
-        job_id: 1,
-        state,
-        partition: "p".into(),
-        nodes: vec![],
-        node_count: 1,
-        pending_reason: reason.map(str::to_owned),
-        version: 0,
-    };
-    assert!(scalable(
-        &job(SlurmJobState::Pending, Some("Resources")),
-        &reasons
-    ));
-    assert!(scalable(&job(SlurmJobState::Pending, None), &reasons));
-    assert!(!scalable(
-        &job(SlurmJobState::Pending, Some("Dependency")),
-        &reasons
-    ));
-    assert!(!scalable(
-        &job(SlurmJobState::Pending, Some("JobHeldUser")),
-        &reasons
-    ));
-    assert!(!scalable(
-        &job(SlurmJobState::Pending, Some("QOSMaxJobsPerUserLimit")),
-        &reasons
-    ));
-    assert!(!scalable(&job(SlurmJobState::Running, None), &reasons));
-}

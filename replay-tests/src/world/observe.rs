@@ -90,7 +90,7 @@ struct Spec {
 const LOCKSTEP_TAINT_PREFIX: &str = "lockstep.io/";
 
 /// A label key with this prefix names an annotation.
-pub(crate) const ANNOTATION_PREFIX: &str = "annotation:";
+pub(crate) use lockstep_schemas::ANNOTATION_PREFIX;
 const REVISION_LABEL_KIND: &str = "StatefulSet";
 
 impl Spec {

@@ -1,14 +1,53 @@
-#[allow(clippy::wildcard_imports)]
-use super::*;
+//! Scaling's stateful half: its [`Book`] evaluated against the model, one
+//! entry point ([`Book::evaluate`]) that brings every scale target's
+//! actions and says which Slurm nodes it touched and when to look again;
+//! and the busy and idle bookkeeping the fast path reads between scans.
 
-use lockstep_schemas::{KubeScaleTarget, ScaleRule};
+use std::collections::BTreeMap;
+
+use lockstep_schemas::{
+    Action, ActionPolicy, KubeScaleTarget, Phase, Policy, Removal, Rule, ScaleRule, Transition,
+};
+
+use super::{PodFacts, ScaleCtl, ScaleIn, Victim, VictimKind};
+use crate::ctx::{Ctx, Output};
+use crate::flights::{Aspect, AspectRef, Flights, Key, Owner};
+use crate::model::Model;
+use crate::slot::{Issue, Step};
+use crate::timers::min_wake;
+use crate::units::{after_s, ms};
+
+/// What scaling reads and writes of the rest of the engine while it
+/// evaluates.
+pub(crate) struct Cx<'a, 'r> {
+    pub model: &'a Model,
+    pub policy: &'a Policy,
+    pub flights: &'a mut Flights,
+    /// The phase lockstep holds of a Slurm node.
+    pub phase: &'a dyn Fn(&str) -> Phase,
+    /// Whether what Slurm shows of a node is about to change: lockstep's
+    /// last drain, down or resume of it does not show yet.
+    pub unseen: &'a dyn Fn(&Flights, &str) -> bool,
+    pub ctx: &'a Ctx<'r>,
+    pub out: &'a mut Output,
+}
+
+/// What an evaluation did that the engine acts on.
+#[derive(Debug, Default)]
+pub(crate) struct Evaluated {
+    /// Slurm nodes whose victim status changed: the engine evaluates them
+    /// in the same record.
+    pub touched: Vec<String>,
+    /// When scaling looks again.
+    pub wake: Option<u64>,
+}
 
 /// A scale target's evaluation after its scale-in plan: what the plan
 /// wants, and the target's pods as `(Slurm node, pod key, UID)`.
 struct Planned {
     current: u32,
     desired: u32,
-    plan: scaling::ScaleInPlan,
+    plan: super::ScaleInPlan,
     /// Scale-in victims whose pods are still there.
     present: Vec<String>,
     live: Vec<(String, String, String)>,
@@ -24,72 +63,49 @@ struct Looked {
     added_victims: bool,
 }
 
-impl Engine {
+impl super::Book {
     /// Re-evaluates every scale target: desired replicas, scale-up, picking,
     /// draining and deleting victims, lowering replicas, rolling replacement.
-    pub(super) fn eval_scaling(&mut self, ctx: &Ctx<'_>, out: &mut Output) {
-        let now = ctx.now_ms;
-        let rules = self.policy.scaling.targets.clone();
+    pub fn evaluate(&mut self, cx: &mut Cx<'_, '_>) -> Evaluated {
+        let now = cx.ctx.now_ms;
+        let policy = cx.policy;
+        let rules = &policy.scaling.targets;
+        let mut done = Evaluated::default();
         // Victims of targets no longer scaled are dropped (their drains lift).
         let stale: Vec<String> = self
-            .scaling
             .victims
             .iter()
             .filter(|(_, v)| !rules.iter().any(|r| r.target == v.target))
             .map(|(n, _)| n.clone())
             .collect();
         for n in stale {
-            self.drop_victim(&n, now);
-            self.touch_slurm(&n);
+            self.drop_victim(&n, cx.flights, policy, now);
+            done.touched.push(n);
         }
         let mut wake: Option<u64> = None;
         let mut added_victims = false;
-        let scan_all =
-            std::mem::take(&mut self.scaling.scan_needed) || self.scaling.busy.len() != rules.len();
+        let scan_all = std::mem::take(&mut self.scan_needed) || self.busy.len() != rules.len();
         if scan_all {
-            self.scaling.busy = vec![0; rules.len()];
-            self.scaling.rollout = vec![true; rules.len()];
-            self.scaling.rule_of.clear();
+            self.busy = vec![0; rules.len()];
+            self.rollout = vec![true; rules.len()];
+            self.rule_of.clear();
         }
         for (index, rule) in rules.iter().enumerate() {
-            let Some(target) = self
-                .model
-                .scale_targets
-                .get(&rule.target)
-                .map(|t| t.obs.clone())
-            else {
+            let Some(target) = cx.model.scale_targets.get(&rule.target).map(|t| &t.obs) else {
                 continue;
             };
-            if !scan_all && self.scale_fast(index, rule, &target, ctx, &mut wake, out) {
+            if !scan_all && self.scale_fast(index, rule, target, cx, &mut wake) {
                 continue;
             }
-            let looked = self.scale_target(index, rule, &target, ctx, &mut wake, out);
+            let looked = self.scale_target(index, rule, target, cx, &mut wake);
             added_victims |= looked.added_victims;
-            for n in looked.touched {
-                self.touch_slurm(&n);
-            }
+            done.touched.extend(looked.touched);
         }
-        // The nodes touched above are evaluated in this same record.
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
-        for w in &dirty {
-            match w {
-                Wake::Slurm(n) => self.eval_slurm(n, ctx, out),
-                Wake::Kube(n) => self.eval_kube(n, ctx, out),
-                Wake::Maint(n) => self.eval_maintenance(n, ctx, out),
-                Wake::Scale => {}
-            }
-        }
-        dirty.clear();
-        self.dirty = dirty;
         if added_victims {
-            min_wake(
-                &mut wake,
-                after_s(now, self.policy.scaling.evaluate_every_s),
-            );
+            min_wake(&mut wake, after_s(now, policy.scaling.evaluate_every_s));
         }
-        self.timers.set(WakeOf::Scale, wake);
+        done.wake = wake;
+        done
     }
 
     /// The fast path: nothing but job counts changed since the last scan, no
@@ -100,23 +116,16 @@ impl Engine {
         index: usize,
         rule: &ScaleRule,
         target: &KubeScaleTarget,
-        ctx: &Ctx<'_>,
+        cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
-        out: &mut Output,
     ) -> bool {
-        if self.scaling.rollout[index]
-            || self
-                .scaling
-                .victims
-                .values()
-                .any(|v| v.target == rule.target)
-        {
+        if self.rollout[index] || self.victims.values().any(|v| v.target == rule.target) {
             return false;
         }
         let current = target.replicas;
-        let pending = self.model.pending_nodes(&rule.partition);
-        let desired = scaling::desired(
-            self.scaling.busy[index],
+        let pending = cx.model.pending_nodes(&rule.partition);
+        let desired = super::desired(
+            self.busy[index],
             pending,
             rule.min_replicas,
             rule.max_replicas,
@@ -124,7 +133,7 @@ impl Engine {
         if desired < current {
             return false;
         }
-        let ctl = self.scaling.targets.entry(rule.target.clone()).or_default();
+        let ctl = self.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
         ctl.blocked = None;
         let counts = Replicas {
@@ -132,9 +141,7 @@ impl Engine {
             desired,
             lower_to: None,
         };
-        let flights = &mut self.flights;
-        let policy = &self.policy.actions;
-        reconcile_replicas(ctl, flights, rule, counts, ctx, policy, wake, out);
+        reconcile_replicas(ctl, rule, counts, cx, wake);
         true
     }
 
@@ -146,51 +153,48 @@ impl Engine {
         index: usize,
         rule: &ScaleRule,
         target: &KubeScaleTarget,
-        ctx: &Ctx<'_>,
+        cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
-        out: &mut Output,
     ) -> Looked {
         let mut looked = Looked::default();
-        let planned = self.plan_target(index, rule, target, ctx, wake, &mut looked, out);
-        let now = ctx.now_ms;
+        let planned = self.plan_target(index, rule, target, cx, wake, &mut looked);
+        let now = cx.ctx.now_ms;
         // Victims: drop the ones no longer wanted, add the new ones.
         for node in &planned.present {
             if !planned.plan.victims.contains(node) {
-                self.drop_victim(node, now);
+                self.drop_victim(node, cx.flights, cx.policy, now);
                 looked.touched.push(node.clone());
             }
         }
         let mut picked = false;
         for node in &planned.plan.victims {
-            if self.scaling.victims.contains_key(node) {
+            if self.victims.contains_key(node) {
                 continue;
             }
             let Some((_, key, uid)) = planned.live.iter().find(|(s, _, _)| s == node) else {
                 continue;
             };
-            self.add_victim(node, rule, VictimKind::ScaleIn, key, uid);
+            self.add_victim(node, rule, VictimKind::ScaleIn, key, uid, cx.flights);
             looked.touched.push(node.clone());
             picked = true;
             looked.added_victims = true;
         }
         let ctl = self
-            .scaling
             .targets
             .get_mut(&rule.target)
             .expect("made by the plan");
         if picked {
             ctl.last_down_ms = Some(now);
         }
-        self.delete_victim_pods(rule, &planned.plan, ctx, wake, out);
-        self.mark_deletion_cost(&planned, ctx, wake, out);
-        if self.model.slurm_visible && self.model.kube_visible {
-            self.pick_replacements(rule, target, &planned.live, &mut looked);
+        self.delete_victim_pods(rule, &planned.plan, cx, wake);
+        self.mark_deletion_cost(&planned, cx, wake);
+        if cx.model.slurm_visible && cx.model.kube_visible {
+            self.pick_replacements(rule, target, &planned.live, cx, &mut looked);
         }
-        self.report_blocked(rule, &planned, ctx, out);
+        self.report_blocked(rule, &planned, cx);
         // The replica count: up at once (after the cooldown); down as the
         // plan says, never below the demand of this moment.
         let ctl = self
-            .scaling
             .targets
             .get_mut(&rule.target)
             .expect("made by the plan");
@@ -199,9 +203,7 @@ impl Engine {
             desired: planned.desired,
             lower_to: planned.plan.lower_to,
         };
-        let flights = &mut self.flights;
-        let policy = &self.policy.actions;
-        reconcile_replicas(ctl, flights, rule, counts, ctx, policy, wake, out);
+        reconcile_replicas(ctl, rule, counts, cx, wake);
         looked
     }
 
@@ -214,22 +216,23 @@ impl Engine {
         index: usize,
         rule: &ScaleRule,
         target: &KubeScaleTarget,
-        ctx: &Ctx<'_>,
+        cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
         looked: &mut Looked,
-        out: &mut Output,
     ) -> Planned {
-        let now = ctx.now_ms;
+        let now = cx.ctx.now_ms;
         let current = target.replicas;
-        let visible = self.model.slurm_visible && self.model.kube_visible;
-        let removal = self.policy.scaling.removal_of(&rule.target);
-        let (pods, idle_at) = scaling::pod_facts(
-            &self.model,
-            &self.policy,
+        let visible = cx.model.slurm_visible && cx.model.kube_visible;
+        let removal = cx.policy.scaling.removal_of(&rule.target);
+        let (model, policy) = (cx.model, cx.policy);
+        let flights: &Flights = cx.flights;
+        let (pods, idle_at) = super::pod_facts(
+            model,
+            policy,
             rule,
-            &self.scaling.idle_since,
-            &self.scaling.victims,
-            |slurm| self.slurm_unseen(slurm),
+            &self.idle_since,
+            &self.victims,
+            |slurm| (cx.unseen)(flights, slurm),
             now,
         );
         // Busy Slurm nodes, each once even while two pods claim it (a
@@ -240,41 +243,42 @@ impl Engine {
             .map(|p| p.slurm)
             .collect::<std::collections::BTreeSet<_>>()
             .len() as u32;
-        self.scaling.busy[index] = busy;
+        self.busy[index] = busy;
         for p in &pods {
-            if !self.scaling.rule_of.contains_key(p.slurm) {
-                self.scaling.rule_of.insert(p.slurm.to_owned(), index);
+            if !self.rule_of.contains_key(p.slurm) {
+                self.rule_of.insert(p.slurm.to_owned(), index);
             }
         }
-        self.scaling.rollout[index] = target
+        self.rollout[index] = target
             .update_revision
             .as_deref()
             .is_some_and(|rev| pods.iter().any(|p| p.revision.is_some_and(|r| r != rev)));
-        let pending = self.model.pending_nodes(&rule.partition);
-        let desired = scaling::desired(busy, pending, rule.min_replicas, rule.max_replicas);
-        let ctl = self.scaling.targets.entry(rule.target.clone()).or_default();
+        let pending = cx.model.pending_nodes(&rule.partition);
+        let desired = super::desired(busy, pending, rule.min_replicas, rule.max_replicas);
+        let ctl = self.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
         let down_ready_at = ctl
             .last_down_ms
             .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
 
         let mut book = Victims {
-            victims: &mut self.scaling.victims,
-            flights: &mut self.flights,
+            victims: &mut self.victims,
+            flights: &mut *cx.flights,
             rule,
             pods: &pods,
             now,
-            timeout_ms: ms(self.policy.actions.timeout_s),
+            timeout_ms: ms(cx.policy.actions.timeout_s),
         };
-        let policy = &self.policy.actions;
-        book.settle_replacements(visible, ctx, policy, wake, looked, out);
+        let ctx = cx.ctx;
+        let out = &mut *cx.out;
+        book.settle_replacements(visible, ctx, &policy.actions, wake, looked, out);
         let counted = removal == Some(Removal::DeletePod) && desired < current;
         let (present, gone) = book.settle_scale_in(counted, current, looked);
         let may_pick = now >= down_ready_at;
         if desired < current && visible && !may_pick {
             min_wake(wake, down_ready_at);
         }
-        let mut plan = scaling::plan_scale_in(&ScaleIn {
+        let mut plan = super::plan_scale_in(&ScaleIn {
             removal,
             target: &rule.target,
             current,
@@ -292,7 +296,7 @@ impl Engine {
         }
         if let Some(to) = plan.lower_to {
             if let Err(why) =
-                scaling::lowering_allowed(removal, &rule.target, &pods, current, to, visible)
+                super::lowering_allowed(removal, &rule.target, &pods, current, to, visible)
             {
                 plan.lower_to = None;
                 plan.blocked = Some((None, why));
@@ -312,18 +316,25 @@ impl Engine {
 
     /// A victim no longer wanted: its pod's deletion, if in flight, is
     /// parked.
-    fn drop_victim(&mut self, node: &str, now: u64) {
-        if let Some(v) = self.scaling.victims.remove(node) {
-            let timeout_ms = ms(self.policy.actions.timeout_s);
-            self.flights
-                .park(Owner::Pod, &v.pod_key, Aspect::is_delete, now, timeout_ms);
+    fn drop_victim(&mut self, node: &str, flights: &mut Flights, policy: &Policy, now: u64) {
+        if let Some(v) = self.victims.remove(node) {
+            let timeout_ms = ms(policy.actions.timeout_s);
+            flights.park(Owner::Pod, &v.pod_key, Aspect::is_delete, now, timeout_ms);
         }
     }
 
     /// A new victim: it takes back a deletion of its pod still in flight.
-    fn add_victim(&mut self, node: &str, rule: &ScaleRule, kind: VictimKind, key: &str, uid: &str) {
-        self.flights.adopt(Owner::Pod, key, Aspect::is_delete);
-        self.scaling.victims.insert(
+    fn add_victim(
+        &mut self,
+        node: &str,
+        rule: &ScaleRule,
+        kind: VictimKind,
+        key: &str,
+        uid: &str,
+        flights: &mut Flights,
+    ) {
+        flights.adopt(Owner::Pod, key, Aspect::is_delete);
+        self.victims.insert(
             node.to_owned(),
             Victim {
                 target: rule.target.clone(),
@@ -339,13 +350,11 @@ impl Engine {
     fn delete_victim_pods(
         &mut self,
         rule: &ScaleRule,
-        plan: &scaling::ScaleInPlan,
-        ctx: &Ctx<'_>,
+        plan: &super::ScaleInPlan,
+        cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
-        out: &mut Output,
     ) {
         for v in self
-            .scaling
             .victims
             .values()
             .filter(|v| v.target == rule.target && v.kind == VictimKind::ScaleIn)
@@ -361,11 +370,11 @@ impl Engine {
                     uid: v.uid.clone(),
                 }
             });
-            let issue = ctx.issue(Rule::DeletePod);
+            let issue = cx.ctx.issue(Rule::DeletePod);
             let key = Key::Pod(&v.pod_key, AspectRef::Delete);
-            let policy = &self.policy.actions;
-            self.flights
-                .bring(key, want, &issue, policy, &mut out.actions, wake);
+            let policy = &cx.policy.actions;
+            cx.flights
+                .bring(key, want, &issue, policy, &mut cx.out.actions, wake);
         }
     }
 
@@ -374,22 +383,21 @@ impl Engine {
     fn mark_deletion_cost(
         &mut self,
         planned: &Planned,
-        ctx: &Ctx<'_>,
+        cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
-        out: &mut Output,
     ) {
-        let cost_key = scaling::COST_LABEL;
+        let cost_key = super::COST_LABEL;
         for (_, key, _) in &planned.live {
-            let Some(entry) = self.model.pods.get(key) else {
+            let Some(entry) = cx.model.pods.get(key) else {
                 continue;
             };
             let marked = planned.plan.mark.contains(key);
-            let want = scaling::cost_want(&entry.obs, marked);
-            let issue = ctx.issue(Rule::DeletionCost);
+            let want = super::cost_want(&entry.obs, marked);
+            let issue = cx.ctx.issue(Rule::DeletionCost);
             let key = Key::Pod(key, AspectRef::Label(cost_key));
-            let policy = &self.policy.actions;
-            self.flights
-                .bring(key, want, &issue, policy, &mut out.actions, wake);
+            let policy = &cx.policy.actions;
+            cx.flights
+                .bring(key, want, &issue, policy, &mut cx.out.actions, wake);
         }
     }
 
@@ -400,20 +408,20 @@ impl Engine {
         rule: &ScaleRule,
         target: &KubeScaleTarget,
         live: &[(String, String, String)],
+        cx: &mut Cx<'_, '_>,
         looked: &mut Looked,
     ) {
         let Some(rev) = &target.update_revision else {
             return;
         };
         let replacing = self
-            .scaling
             .victims
             .values()
             .filter(|v| v.target == rule.target && v.kind == VictimKind::Replace)
             .count() as u32;
         let room = rule.max_unavailable.saturating_sub(replacing) as usize;
         let mut old: Vec<(u32, String, String, String)> = Vec::new();
-        for (key, entry) in &self.model.pods {
+        for (key, entry) in &cx.model.pods {
             let p = &entry.obs;
             if p.revision.as_ref().is_none_or(|r| r == rev) {
                 continue;
@@ -424,18 +432,18 @@ impl Engine {
                 continue;
             };
             let (slurm, _, uid) = &live[at];
-            if self.scaling.victims.contains_key(slurm)
+            if self.victims.contains_key(slurm)
                 || p.deleting
-                || !self.model.slurm_nodes.contains_key(slurm)
+                || !cx.model.slurm_nodes.contains_key(slurm)
             {
                 continue;
             }
-            let jobs = self.model.jobs_on(slurm);
+            let jobs = cx.model.jobs_on(slurm);
             old.push((jobs, slurm.clone(), key.clone(), uid.clone()));
         }
-        old.sort_by(|a, b| scaling::victim_order((a.0, &a.1), (b.0, &b.1)));
+        old.sort_by(|a, b| super::victim_order((a.0, &a.1), (b.0, &b.1)));
         for (_, slurm, key, uid) in old.into_iter().take(room) {
-            self.add_victim(&slurm, rule, VictimKind::Replace, &key, &uid);
+            self.add_victim(&slurm, rule, VictimKind::Replace, &key, &uid, cx.flights);
             looked.touched.push(slurm);
             looked.added_victims = true;
         }
@@ -443,13 +451,7 @@ impl Engine {
 
     /// Why scale-in stops short, once per change, in the audit trail
     /// (`scaling.blocked`).
-    fn report_blocked(
-        &mut self,
-        rule: &ScaleRule,
-        planned: &Planned,
-        ctx: &Ctx<'_>,
-        out: &mut Output,
-    ) {
+    fn report_blocked(&mut self, rule: &ScaleRule, planned: &Planned, cx: &mut Cx<'_, '_>) {
         let (current, desired) = (planned.current, planned.desired);
         let blocked = planned
             .plan
@@ -464,7 +466,6 @@ impl Engine {
                 (node.clone(), detail)
             });
         let ctl = self
-            .scaling
             .targets
             .get_mut(&rule.target)
             .expect("made by the plan");
@@ -476,20 +477,71 @@ impl Engine {
             return;
         };
         let node = node.unwrap_or_else(|| rule.target.to_string());
-        let phase = self
-            .ctl
-            .get(&node)
-            .map_or(Phase::Unknown, |c| c.status.phase);
-        out.transitions.push(Transition {
-            seq: ctx.seq,
-            time_ms: ctx.now_ms,
+        let phase = (cx.phase)(&node);
+        cx.out.transitions.push(Transition {
+            seq: cx.ctx.seq,
+            time_ms: cx.ctx.now_ms,
             node,
             from: phase,
             to: phase,
             rule: Rule::ScaleInBlocked,
-            cause: ctx.event.clone(),
+            cause: cx.ctx.event.clone(),
             detail,
         });
+    }
+}
+
+/// The busy and idle bookkeeping, kept current as observations arrive.
+impl super::Book {
+    /// A Slurm node whose jobs may have gone from none to some or back, or
+    /// newly listed: its idle clock runs from `now` while it runs no job.
+    pub fn follow_idle(&mut self, node: &str, model: &Model, now: u64) {
+        if model.jobs_on(node) == 0 {
+            self.idle_since.insert(node.to_owned(), now);
+        } else {
+            self.idle_since.remove(node);
+        }
+    }
+
+    /// Keeps the busy set and the per-rule busy counts current for `node`.
+    /// Without scale targets there is nothing to keep: the set is rebuilt
+    /// when a policy brings some.
+    pub fn follow_busy(&mut self, node: &str, model: &Model, policy: &Policy) {
+        if policy.scaling.targets.is_empty() {
+            return;
+        }
+        let busy = model.jobs_on(node) > 0
+            || model
+                .slurm_nodes
+                .get(node)
+                .is_some_and(|n| super::slurm_busy(&n.obs));
+        if busy == self.busy_nodes.contains(node) {
+            return;
+        }
+        if busy {
+            self.busy_nodes.insert(node.to_owned());
+        } else {
+            self.busy_nodes.remove(node);
+        }
+        let rule = self.rule_of.get(node).copied();
+        if let Some(count) = rule.and_then(|r| self.busy.get_mut(r)) {
+            *count = if busy {
+                *count + 1
+            } else {
+                count.saturating_sub(1)
+            };
+        }
+    }
+
+    /// Rebuilds the busy set from the model. Busy: running a job (whether
+    /// Slurm's node list has the node yet or not) or finishing one.
+    pub fn rebuild_busy(&mut self, model: &Model, policy: &Policy) {
+        self.busy_nodes.clear();
+        let mut names: Vec<String> = model.slurm_nodes.keys().cloned().collect();
+        names.extend(model.nodes_with_jobs());
+        for n in names {
+            self.follow_busy(&n, model, policy);
+        }
     }
 }
 
@@ -540,7 +592,7 @@ impl<'p> Victims<'_, 'p> {
         &mut self,
         visible: bool,
         ctx: &Ctx<'_>,
-        policy: &lockstep_schemas::ActionPolicy,
+        policy: &ActionPolicy,
         wake: &mut Option<u64>,
         looked: &mut Looked,
         out: &mut Output,
@@ -611,7 +663,7 @@ impl<'p> Victims<'_, 'p> {
 /// A scale target's replica count now, what demand wants, and how far the
 /// scale-in plan found it safe to lower it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Replicas {
+struct Replicas {
     current: u32,
     desired: u32,
     lower_to: Option<u32>,
@@ -620,21 +672,18 @@ pub(super) struct Replicas {
 /// The replica count a scale target should have now: up to `desired` at
 /// once (after the cooldown), down to `lower_to` (what the scale-in plan
 /// found safe), never below `desired`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn reconcile_replicas(
+fn reconcile_replicas(
     ctl: &mut ScaleCtl,
-    flights: &mut Flights,
-    rule: &lockstep_schemas::ScaleRule,
+    rule: &ScaleRule,
     Replicas {
         current,
         desired,
         lower_to,
     }: Replicas,
-    ctx: &Ctx<'_>,
-    policy: &lockstep_schemas::ActionPolicy,
+    cx: &mut Cx<'_, '_>,
     wake: &mut Option<u64>,
-    out: &mut Output,
 ) {
+    let ctx = cx.ctx;
     let now = ctx.now_ms;
     let up_ready_at = ctl
         .last_up_ms
@@ -662,19 +711,20 @@ pub(super) fn reconcile_replicas(
         cause: ctx.event,
         rule: if up { Rule::ScaleUp } else { Rule::ScaleDown }.name(),
     };
-    let before = out.actions.len();
     let key = Key::Scale(&rule.target);
-    flights.bring(key, want, &issue, policy, &mut out.actions, wake);
-    if out.actions[before..]
-        .iter()
-        .any(|a| matches!(a.action, Action::KubeScale { replicas, .. } if replicas > current))
-    {
+    let policy = &cx.policy.actions;
+    let step = cx
+        .flights
+        .bring(key, want, &issue, policy, &mut cx.out.actions, wake);
+    // The cooldown runs from the scale-up sent (a slot sends what it was
+    // asked for, first attempt or retry).
+    if up && matches!(step, Step::Sent { .. }) {
         ctl.last_up_ms = Some(now);
     }
 }
 
 /// Deletes a pod, only if its UID is still the one scaling looked at.
-pub(super) fn delete_action(pod: &PodFacts<'_>) -> Action {
+fn delete_action(pod: &PodFacts<'_>) -> Action {
     let (namespace, name) = pod
         .key
         .split_once('/')

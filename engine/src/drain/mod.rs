@@ -36,114 +36,17 @@
 //! DOWN whose reason ends in ` : Not responding` is slurmctld's (24.11 and
 //! later append that to the reason lockstep set), never lockstep's.
 
+mod decide;
+pub(crate) use decide::{decide, Node};
+
 use lockstep_schemas::{
     Action, DrainPolicy, HealthAction, KubePod, MappingMode, Phase, Policy, SlurmBaseState,
     SlurmNode, SlurmNodeFlag,
 };
-use serde::{Deserialize, Serialize};
 
-use crate::health::HealthCause;
+use crate::cause::{Cause, DrainCause};
 use crate::model::NodeView;
-use crate::scaling::VictimKind;
 use lockstep_schemas::Rule;
-
-/// Rows 1-4: why the drain policy wants a Slurm node out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum DrainCause {
-    Cordoned,
-    PodDeleting,
-    PodEvicted,
-    PodMissing,
-}
-
-impl DrainCause {
-    pub fn rule(self) -> Rule {
-        match self {
-            Self::Cordoned => Rule::Cordoned,
-            Self::PodDeleting => Rule::PodDeleting,
-            Self::PodEvicted => Rule::PodEvicted,
-            Self::PodMissing => Rule::PodMissing,
-        }
-    }
-
-    /// The slurmd pod is being lost or is gone (rows 2-4).
-    pub fn is_pod_loss(self) -> bool {
-        self != Self::Cordoned
-    }
-
-    fn describe(self, view: &NodeView<'_>) -> String {
-        let pod = view.pod_key.unwrap_or("?");
-        match self {
-            Self::Cordoned => {
-                let kube = view.kube_name.unwrap_or("?");
-                format!("kubernetes node {kube} cordoned")
-            }
-            Self::PodDeleting => format!("pod {pod} being deleted"),
-            Self::PodEvicted => format!("pod {pod} evicted"),
-            Self::PodMissing => "slurmd pod gone, waiting for its replacement".to_owned(),
-        }
-    }
-}
-
-/// A reason lockstep wants a Slurm node out of service, as the policy that
-/// raises it says it. The order of the cause table: drain, maintenance,
-/// health, scaling.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Cause {
-    /// Rows 1-4 here.
-    Drain(DrainCause),
-    /// `maintenance` row 3: the Kubernetes node's window, as announced.
-    Maintenance(String),
-    /// `health` rows 4-6.
-    Health(HealthCause),
-    /// `scaling`: picked to be scaled in, or its pod replaced.
-    Scaling(VictimKind),
-}
-
-impl Cause {
-    pub fn rule(&self) -> Rule {
-        match self {
-            Self::Drain(d) => d.rule(),
-            Self::Maintenance(_) => Rule::Maintenance,
-            Self::Health(h) => h.rule(),
-            Self::Scaling(VictimKind::ScaleIn) => Rule::ScaleIn,
-            Self::Scaling(VictimKind::Replace) => Rule::Replace,
-        }
-    }
-
-    /// The slurmd pod is being lost or is gone (rows 2-4).
-    pub fn is_pod_loss(&self) -> bool {
-        matches!(self, Self::Drain(d) if d.is_pod_loss())
-    }
-
-    /// Health causes are rate-bounded and damped; drain causes are operator
-    /// intent and act at once.
-    pub fn is_health(&self) -> bool {
-        matches!(self, Self::Health(_))
-    }
-
-    /// Causes whose drain must say so in its reason, even when Slurm already
-    /// shows a drain lockstep made for an earlier cause: whoever reads the
-    /// reason of a node whose host is gone must not read "cordoned".
-    pub fn names_itself(&self) -> bool {
-        matches!(self, Self::Health(HealthCause::KubeNodeGone))
-    }
-
-    /// What to write after the reason prefix. Stable for a given cause, so an
-    /// unchanged cause never rewrites the Slurm reason.
-    pub fn describe(&self, view: &NodeView<'_>) -> String {
-        match self {
-            Self::Drain(d) => d.describe(view),
-            Self::Maintenance(window) => format!("maintenance {window}"),
-            Self::Health(h) => h.describe(view.kube_name.unwrap_or("?")),
-            Self::Scaling(VictimKind::ScaleIn) => "scale-in".to_owned(),
-            Self::Scaling(VictimKind::Replace) => {
-                let pod = view.pod_key.unwrap_or("?");
-                format!("pod {pod} replaced by a new revision")
-            }
-        }
-    }
-}
 
 /// Rows 1-4 of the table. `had_pod_loss`: a pod loss (rows 2-4) was among
 /// the causes in force before.
@@ -395,6 +298,7 @@ pub(crate) fn unhealthy_reason(node: &SlurmNode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cause::{HealthCause, VictimKind};
     use crate::model::PodEntry;
     use lockstep_schemas::PodPhase;
 
