@@ -279,12 +279,7 @@ fn kill_minus_9_at_random_points_then_restart_reaches_the_clean_replay_state() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     // The NATS client spawns on drop: keep the runtime's context entered.
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
+    let log = nats_log(&rt, &nats.url());
     let service = Service::new(Some(&nats.url()));
     let all = events(seed, 3_000);
     let mut feed = all.iter();
@@ -383,18 +378,86 @@ fn kill_minus_9_at_random_points_then_restart_reaches_the_clean_replay_state() {
     assert!(text.contains("-> draining [drain.cordon]"), "{text}");
 }
 
+/// A new leader takes over the actions it finds in flight (folded while it
+/// caught up, never published) off its apply loop, and the cordons that
+/// arrive as it starts to lead issue actions of their own, which queue
+/// behind the take-over: every action is published once, in issue order,
+/// and the ledger holds each as dispatched once.
+#[test]
+fn a_new_leader_publishes_what_it_took_over_and_what_it_issued_meanwhile_once_in_order() {
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let log = nats_log(&rt, &nats.url());
+    let mut g = Generator::new(Shape::plain(6_000, 1), 7);
+    let in_flight = g.cordon_all();
+    assert!(in_flight >= 6_000, "every cordon drains: {in_flight}");
+    let records: Vec<_> = g.into_records().into_iter().map(|r| r.envelope).collect();
+    // The cordons of the last thousand nodes arrive once it leads.
+    let (first, rest) = records.split_at(records.len() - 1_000);
+    let append = |envelopes: &[lockstep_schemas::Envelope]| {
+        for chunk in envelopes.chunks(512) {
+            for a in rt.block_on(futures::future::join_all(
+                chunk.iter().map(|e| log.append(e)),
+            )) {
+                a.unwrap();
+            }
+        }
+    };
+    append(first);
+    let service = Service::new(Some(&nats.url()));
+    let child = service.start();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !service.log().contains("in_flight=") {
+        assert!(Instant::now() < deadline, "never led:\n{}", service.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    append(rest);
+    let head = rt.block_on(log.head()).unwrap();
+    service.wait_applied(head);
+    let (_, issued) = rt.block_on(clean_replay(&log));
+    // Stopping abandons what is not yet published (the next leader takes
+    // it over): wait until all of it is.
+    while rt.block_on(log.actions()).unwrap().len() < issued.len() {
+        assert!(
+            Instant::now() < deadline,
+            "not all published:\n{}",
+            service.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    service.stop(child);
+    // With what its own ticks made it issue since.
+    let (_, clean_ids) = rt.block_on(clean_replay(&log));
+    assert!(
+        service
+            .log()
+            .contains("actions of earlier leaderships published"),
+        "{}",
+        service.log()
+    );
+    let ledger = service.store().ledger().unwrap();
+    assert!(
+        ledger.iter().all(|e| e.dispatched == 1),
+        "each action dispatched once"
+    );
+    let published = rt.block_on(log.actions()).unwrap();
+    let ids: BTreeSet<String> = published.iter().map(|a| a.id.0.clone()).collect();
+    assert_eq!(ids.len(), published.len(), "an action was published twice");
+    assert_eq!(ids, clean_ids);
+    assert!(
+        published.windows(2).all(|w| w[0].seq <= w[1].seq),
+        "published in issue order"
+    );
+}
+
 #[test]
 fn a_damaged_checkpoint_is_rebuilt_from_the_log() {
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     // The NATS client spawns on drop: keep the runtime's context entered.
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
+    let log = nats_log(&rt, &nats.url());
     let service = Service::new(Some(&nats.url()));
     for e in events(7, 500) {
         rt.block_on(log.append(&e)).unwrap();
@@ -725,10 +788,13 @@ fn connect(
     rt: &tokio::runtime::Runtime,
     url: &str,
 ) -> (EventLog, async_nats::jetstream::stream::Stream) {
-    let log = rt
-        .block_on(EventLog::connect_nats(url, &StreamLimits::default()))
-        .unwrap();
-    (log, rt.block_on(events_stream(url)))
+    (nats_log(rt, url), rt.block_on(events_stream(url)))
+}
+
+/// The log on the nats-server at `url`, with the default limits.
+fn nats_log(rt: &tokio::runtime::Runtime, url: &str) -> EventLog {
+    rt.block_on(EventLog::connect_nats(url, &StreamLimits::default()))
+        .unwrap()
 }
 
 /// The log's stream, for what lockstep never does to it (deleting records).

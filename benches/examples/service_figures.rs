@@ -29,6 +29,16 @@
 //! of the last `window` records (from the newest snapshot before them)
 //! against the replay of the whole log.
 //!
+//! With `--pauses [nodes]` first (50,000), the apply loop's pauses: a log
+//! that brings up that many Slurm nodes (one per Kubernetes node, scaling
+//! and topology on) and cordons every node, its actions never carried out,
+//! is applied by a fresh instance, which then takes over every action in
+//! flight as it starts to lead, while unchanged relists arrive at 1,000 a
+//! second; then the same instance, restarted, writing a checkpoint every
+//! 3 s under the same stream. The figures are the gaps between two
+//! advances of `/status`'s `applied_seq` (sampled every 2 ms), p99 and
+//! max, over 30 s of each.
+//!
 //! With `--cluster` first, only the publish -> apply figure, on one
 //! nats-server and then on a three-server JetStream cluster
 //! (`deploy/local/nats/up.sh`) with the streams replicated three times,
@@ -189,16 +199,32 @@ fn logged(log: &Path, what: &str, key: &str) -> Vec<String> {
 const CHECKPOINT_EVERY: usize = 50_000;
 
 fn config(dir: &Path, nats: &str, port: u16) -> PathBuf {
+    config_with(dir, nats, port, 30_000)
+}
+
+fn config_with(dir: &Path, nats: &str, port: u16, checkpoint_every_ms: u64) -> PathBuf {
     let path = dir.join("lockstep.toml");
     let replicas = if nats.contains(',') { 3 } else { 1 };
     std::fs::write(
         &path,
         format!(
-            "data_dir = \"data\"\n[log]\nnats_url = \"{nats}\"\nreplicas = {replicas}\nmax_bytes = -1\n[service]\nbatch_max = 4096\ntick_interval_ms = 60000\ncheckpoint_every_records = {CHECKPOINT_EVERY}\ncheckpoint_every_ms = 30000\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
+            "data_dir = \"data\"\n[log]\nnats_url = \"{nats}\"\nreplicas = {replicas}\nmax_bytes = -1\n[service]\nbatch_max = 4096\ntick_interval_ms = 60000\ncheckpoint_every_records = {CHECKPOINT_EVERY}\ncheckpoint_every_ms = {checkpoint_every_ms}\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n"
         ),
     )
     .unwrap();
     path
+}
+
+/// A log on the nats-server at `url` whose streams keep everything.
+fn unbounded_log(rt: &tokio::runtime::Runtime, url: &str) -> EventLog {
+    rt.block_on(EventLog::connect_nats(
+        url,
+        &StreamLimits {
+            max_bytes: -1,
+            ..StreamLimits::default()
+        },
+    ))
+    .unwrap()
 }
 
 async fn publish(log: &EventLog, records: &[lockstep_schemas::EventRecord]) -> Duration {
@@ -236,6 +262,11 @@ fn main() {
         let (nodes, events, window) = (n(50_000), n(10_000_000), n(3_600_000));
         return long_log(nodes, events, window);
     }
+    if args.peek().is_some_and(|a| a == "--pauses") {
+        args.next();
+        let nodes = args.next().map_or(50_000, |a| a.parse().expect("nodes"));
+        return pauses(nodes);
+    }
     if args.peek().is_some_and(|a| a == "--memory") {
         args.next();
         let nodes = args
@@ -256,15 +287,7 @@ fn main() {
 
     // 1. Publish -> apply, and restarts, on a log of `events` records.
     let nats = NatsServer::start();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits {
-                max_bytes: -1,
-                ..StreamLimits::default()
-            },
-        ))
-        .unwrap();
+    let log = unbounded_log(&rt, &nats.url());
     eprintln!("generating {events} events over 10,000 slurm nodes ...");
     let mut g = Generator::new(Shape::plain(10_000, 4), 42);
     g.steady_state(events.saturating_sub(g.records().len()));
@@ -340,15 +363,7 @@ fn main() {
 /// applying the log, and the peak of each life, checkpoints included.
 fn memory(rt: &tokio::runtime::Runtime, memory_nodes: usize) {
     let nats = NatsServer::start();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits {
-                max_bytes: -1,
-                ..StreamLimits::default()
-            },
-        ))
-        .unwrap();
+    let log = unbounded_log(rt, &nats.url());
     let shape = Shape {
         slurm_nodes: memory_nodes,
         per_kube_node: 10,
@@ -727,4 +742,146 @@ fn measure(
     );
     stop(&mut child);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--pauses`: the apply loop's longest pauses during a take-over and
+/// during checkpoints.
+fn pauses(nodes: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let nats = NatsServer::start();
+    let log = unbounded_log(&rt, &nats.url());
+    let shape = Shape {
+        slurm_nodes: nodes,
+        per_kube_node: 1,
+        pending_jobs: 0,
+        scaling_and_topology: true,
+    };
+    let mut g = Generator::new(shape, 11);
+    let in_flight = g.cordon_all();
+    let records = g.into_records();
+    let relists: Vec<lockstep_schemas::Envelope> = records
+        .iter()
+        .filter(|r| matches!(r.envelope.event, lockstep_schemas::Event::SlurmNode(_)))
+        .map(|r| r.envelope.clone())
+        .collect();
+    eprintln!(
+        "publishing {} records: {nodes} slurm nodes brought up and cordoned, {in_flight} actions in flight at the end ...",
+        records.len()
+    );
+    rt.block_on(publish(&log, &records));
+    let head = rt.block_on(log.head()).unwrap();
+    let dir = temp_dir("apply-pauses");
+    let port = free_port();
+    let logfile = dir.join("lockstep.log");
+
+    // 1. A fresh instance folds the log, then leads and takes over.
+    let cfg = config_with(&dir, &nats.url(), port, 3_600_000);
+    let mut child = start_logged(&cfg, &logfile);
+    wait_applied(port, head, Duration::from_secs(600));
+    let take_over = under_stream(&rt, &log, &relists, port, Duration::from_secs(30));
+    let took = logged(
+        &logfile,
+        "actions of earlier leaderships published",
+        "took_ms",
+    );
+    let published = logged(
+        &logfile,
+        "actions of earlier leaderships published",
+        "unpublished",
+    );
+    println!(
+        "take-over of {in_flight} actions in flight at {nodes} nodes ({} published{}): apply loop's gaps p99 {:.0} ms, max {:.0} ms over {} advances",
+        published.first().map_or("?", String::as_str),
+        took.first().map_or(String::new(), |t| format!(" in {t} ms, off the loop")),
+        take_over.0,
+        take_over.1,
+        take_over.2,
+    );
+    stop(&mut child);
+
+    // 2. Restarted, writing a checkpoint every 3 s.
+    let cfg = config_with(&dir, &nats.url(), port, 3_000);
+    let before = logged(&logfile, "checkpoint written", "took_ms").len();
+    let mut child = start_logged(&cfg, &logfile);
+    let head = rt.block_on(log.head()).unwrap();
+    wait_applied(port, head, Duration::from_secs(600));
+    let checkpoints = under_stream(&rt, &log, &relists, port, Duration::from_secs(30));
+    stop(&mut child);
+    let written = logged(&logfile, "checkpoint written", "took_ms");
+    println!(
+        "checkpoints at {nodes} nodes ({} written, each {} ms): apply loop's gaps p99 {:.0} ms, max {:.0} ms over {} advances",
+        written.len().saturating_sub(before),
+        written.get(before + 1).map_or("?", String::as_str),
+        checkpoints.0,
+        checkpoints.1,
+        checkpoints.2,
+    );
+    drop(nats);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Appends `relists` round robin at 1,000 a second for `span` while sampling
+/// `/status` every 2 ms; returns the gaps between two advances of
+/// `applied_seq` (p99 ms, max ms, how many).
+fn under_stream(
+    rt: &tokio::runtime::Runtime,
+    log: &EventLog,
+    relists: &[lockstep_schemas::Envelope],
+    port: u16,
+    span: Duration,
+) -> (f64, f64, usize) {
+    let feed = {
+        let (log, relists) = (log.clone(), relists.to_vec());
+        rt.spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(10));
+            let mut i = 0;
+            loop {
+                every.tick().await;
+                // Observed now: the same content at another time is another
+                // record (an envelope's id covers its time).
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as u64;
+                let fresh: Vec<_> = (0..10)
+                    .map(|k| {
+                        let e = &relists[(i + k) % relists.len()];
+                        lockstep_schemas::Envelope::new(e.source, now_ms, e.event.clone())
+                    })
+                    .collect();
+                let appends = fresh.iter().map(|e| log.append(e));
+                for a in futures::future::join_all(appends).await {
+                    a.expect("append");
+                }
+                i += 10;
+            }
+        })
+    };
+    let started = Instant::now();
+    let (mut last, mut since) = (None, Instant::now());
+    let mut gaps = Vec::new();
+    while started.elapsed() < span {
+        if let Some((_, applied)) = status(port) {
+            if last != Some(applied) {
+                let now = Instant::now();
+                if last.is_some() {
+                    gaps.push((now - since).as_secs_f64() * 1e3);
+                }
+                (last, since) = (Some(applied), now);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        !feed.is_finished(),
+        "the feed stopped: {:?}",
+        rt.block_on(feed)
+    );
+    feed.abort();
+    gaps.sort_by(f64::total_cmp);
+    let p99 = gaps
+        .get((gaps.len() * 99 / 100).min(gaps.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(f64::NAN);
+    (p99, gaps.last().copied().unwrap_or(f64::NAN), gaps.len())
 }

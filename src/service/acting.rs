@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use lockstep_connectors::clock::now_ms;
 use lockstep_engine::Engine;
 use lockstep_schemas::{ActionId, Envelope, Event, IssuedAction, Policy, Source};
 use lockstep_store::{EventLog, Store};
-use tokio::task::JoinSet;
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
 use tracing::{error, info, warn};
 
 use super::connectors::{self, Actuators, SlurmOwnership, Watched};
@@ -28,6 +29,16 @@ pub(super) struct Acting {
     /// What the Slurm actuator takes for lockstep's own, if there is one.
     slurm_ownership: Option<SlurmOwnership>,
     tasks: JoinSet<()>,
+    /// The take-over of earlier leaderships' actions while it runs: it
+    /// publishes them off the apply loop, and the actions of the batches
+    /// applied meanwhile queue behind them, in issue order.
+    behind: Option<TakeOver>,
+}
+
+/// A running take-over and the queue of the actions issued since it began.
+struct TakeOver {
+    queue: mpsc::UnboundedSender<Vec<IssuedAction>>,
+    task: JoinHandle<Result<()>>,
 }
 
 /// When the log was last written to, and when the engine next needs a
@@ -65,81 +76,59 @@ impl Acting {
         if let Some(path) = cfg.policy_file.clone() {
             tasks.spawn(watch_policy(log.clone(), path, cfg.service.policy_poll_ms));
         }
-        let acting = Self {
+        let (queue, queued) = mpsc::unbounded_channel();
+        let task = tokio::spawn(take_over(
+            Earlier::of(cfg, engine),
+            store.clone(),
+            log.clone(),
+            started.actuators.clone(),
+            queued,
+        ));
+        Ok(Self {
             actuators: started.actuators,
             watched: started.watched,
             slurm_ownership: started.slurm_ownership,
             tasks,
-        };
-        acting.take_over(cfg, engine, store, log).await?;
-        Ok(acting)
-    }
-
-    /// Publishes what the reducer issued that this instance never
-    /// dispatched and that has no outcome: actions of batches committed but
-    /// not published before a crash, and, on a follower that just took over,
-    /// actions of its predecessor's last moments. All of them are published,
-    /// so that the action stream records everything the reducer issued
-    /// (replay --verify); a NATS stream deduplicates ids within its window
-    /// only, so older ones are taken to have been published by the leader of
-    /// their time. Of what this call is first to publish, only the actions
-    /// still in flight are carried out.
-    async fn take_over(
-        &self,
-        cfg: &Config,
-        engine: &Engine,
-        store: &Store,
-        log: &EventLog,
-    ) -> Result<()> {
-        let horizon = match cfg.log.nats_url {
-            Some(_) => now_ms().saturating_sub(cfg.log.duplicate_window_s * 1000 * 9 / 10),
-            None => 0,
-        };
-        // Borrowed, not copied: a new leader may find a hundred thousand
-        // actions in flight.
-        let in_flight: std::collections::HashSet<&ActionId> = engine.pending_ids().collect();
-        info!(
-            applied_seq = engine.last_seq(),
-            in_flight = in_flight.len(),
-            "acting"
-        );
-        // Page by page: however many actions wait, memory holds one page
-        // of them and of their publication.
-        let (mut unpublished, mut too_old) = (0usize, 0usize);
-        let mut after: Option<IssuedAction> = None;
-        loop {
-            let page = store.undispatched(after.as_ref(), DISPATCH_PAGE)?;
-            let Some(last) = page.last().cloned() else {
-                break;
-            };
-            let (recent, old): (Vec<_>, Vec<_>) =
-                page.into_iter().partition(|a| a.time_ms >= horizon);
-            store.forget_undispatched(&old)?;
-            too_old += old.len();
-            unpublished += recent.len();
-            dispatch(store, log, &self.actuators, &recent, |a| {
-                in_flight.contains(&a.id)
-            })
-            .await?;
-            after = Some(last);
-        }
-        info!(
-            unpublished,
-            too_old_to_publish = too_old,
-            "actions of earlier leaderships published"
-        );
-        Ok(())
+            behind: Some(TakeOver { queue, task }),
+        })
     }
 
     /// Publishes the actions of a batch and carries out those this instance
-    /// was first to publish.
+    /// was first to publish; while the take-over runs, they queue behind it.
     pub(super) async fn dispatch(
-        &self,
+        &mut self,
         store: &Store,
         log: &EventLog,
         actions: &[IssuedAction],
     ) -> Result<()> {
+        if let Some(behind) = &self.behind {
+            if actions.is_empty() {
+                return self.take_over_ended().await;
+            }
+            if !behind.task.is_finished() && behind.queue.send(actions.to_vec()).is_ok() {
+                return Ok(());
+            }
+            // It is taking the last of its queue: after it, in order.
+            self.join_take_over().await?;
+        }
         dispatch(store, log, &self.actuators, actions, |_| true).await
+    }
+
+    /// Whether the take-over failed (its error); once it has ended, the
+    /// actions of each batch are dispatched as it is applied.
+    pub(super) async fn take_over_ended(&mut self) -> Result<()> {
+        if self.behind.as_ref().is_some_and(|b| b.task.is_finished()) {
+            self.join_take_over().await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the take-over to end; its error, if it failed.
+    async fn join_take_over(&mut self) -> Result<()> {
+        match self.behind.take() {
+            Some(behind) => behind.task.await.context("the take-over stopped")?,
+            None => Ok(()),
+        }
     }
 
     /// A `PolicyChanged` put the engine's policy in force: the Kubernetes
@@ -157,8 +146,116 @@ impl Acting {
 
     /// Stops every task of the leadership and waits until they are gone.
     pub(super) async fn stop(mut self) {
+        // What it has not published stays undispatched in the ledger: the
+        // next leader's take-over publishes it.
+        if let Some(behind) = self.behind.take() {
+            behind.task.abort();
+            let _ = behind.task.await;
+        }
         self.tasks.shutdown().await;
     }
+}
+
+/// What a take-over publishes: the actions issued up to `last_seq` (the
+/// state it took over), those after `horizon` published (older ones are
+/// taken to have been), those in flight then carried out.
+struct Earlier {
+    last_seq: u64,
+    horizon: u64,
+    /// The 64-bit hashes of the ids in flight, sorted: a hundred thousand
+    /// take 0.8 MB, where copies of the ids would take ten times that.
+    in_flight: Vec<u64>,
+}
+
+impl Earlier {
+    fn of(cfg: &Config, engine: &Engine) -> Self {
+        let horizon = match cfg.log.nats_url {
+            Some(_) => now_ms().saturating_sub(cfg.log.duplicate_window_s * 1000 * 9 / 10),
+            None => 0,
+        };
+        Self {
+            last_seq: engine.last_seq(),
+            horizon,
+            in_flight: {
+                let mut v: Vec<u64> = engine.pending_ids().map(id_hash).collect();
+                v.sort_unstable();
+                v
+            },
+        }
+    }
+
+    fn in_flight(&self, id: &ActionId) -> bool {
+        self.in_flight.binary_search(&id_hash(id)).is_ok()
+    }
+}
+
+/// A hash of an action id, the same for the same id within this process.
+fn id_hash(id: &ActionId) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(&id.0)
+}
+
+/// Publishes what the reducer issued that this instance never dispatched
+/// and that has no outcome: actions of batches committed but not published
+/// before a crash, and, on a follower that just took over, actions of its
+/// predecessor's last moments. All of them are published, so that the
+/// action stream records everything the reducer issued (replay --verify); a
+/// NATS stream deduplicates ids within its window only, so older ones are
+/// taken to have been published by the leader of their time. Of what this
+/// call is first to publish, only the actions still in flight are carried
+/// out. Then dispatches what `queued` holds, the actions of the batches
+/// applied meanwhile, in order: a new leader may find a hundred thousand
+/// actions waiting, and applying goes on while they are published.
+async fn take_over(
+    earlier: Earlier,
+    store: Store,
+    log: EventLog,
+    actuators: Actuators,
+    mut queued: mpsc::UnboundedReceiver<Vec<IssuedAction>>,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    info!(
+        applied_seq = earlier.last_seq,
+        in_flight = earlier.in_flight.len(),
+        "acting"
+    );
+    // Page by page: however many actions wait, memory holds one page of
+    // them and of their publication.
+    let (mut unpublished, mut too_old) = (0usize, 0usize);
+    let mut after: Option<IssuedAction> = None;
+    loop {
+        let mut page = store.undispatched(after.as_ref(), DISPATCH_PAGE)?;
+        let Some(last) = page.last().cloned() else {
+            break;
+        };
+        // Those issued since come through the queue.
+        let end = page.len();
+        page.retain(|a| a.seq <= earlier.last_seq);
+        let (recent, old): (Vec<_>, Vec<_>) =
+            page.into_iter().partition(|a| a.time_ms >= earlier.horizon);
+        store.forget_undispatched(&old)?;
+        too_old += old.len();
+        unpublished += recent.len();
+        dispatch(&store, &log, &actuators, &recent, |a| {
+            earlier.in_flight(&a.id)
+        })
+        .await?;
+        if recent.len() + old.len() < end {
+            break;
+        }
+        after = Some(last);
+    }
+    info!(
+        unpublished,
+        too_old_to_publish = too_old,
+        took_ms = started.elapsed().as_millis() as u64,
+        "actions of earlier leaderships published"
+    );
+    queued.close();
+    while let Some(actions) = queued.recv().await {
+        dispatch(&store, &log, &actuators, &actions, |_| true).await?;
+    }
+    Ok(())
 }
 
 /// Appends a `Tick` when the log has been quiet for `interval_ms` and the

@@ -100,45 +100,78 @@ impl Service {
     /// When one is due, writes a checkpoint and keeps it beside the log as
     /// a snapshot (also on a quiet log: the snapshot must stay inside the
     /// log's retention window).
+    /// The checkpoint is written in the loop (with its hash, from the same
+    /// encoding); it is kept beside the log off the loop, from a link to
+    /// the file that the next checkpoint does not replace.
     pub(super) async fn snapshot_if_due(&mut self) -> Result<()> {
-        if !self.snapshot_due() {
+        self.snapshot_kept(false).await;
+        if self.snapshots.keeping.is_some() || !self.snapshot_due() {
             return Ok(());
         }
-        let seq = write_checkpoint(&self.store, &self.engine)?;
+        let (seq, hash) = write_checkpoint_hashed(&self.store, &self.engine)?;
         self.since_checkpoint = (0, Instant::now());
         self.health.checkpoint_seq.store(seq, Ordering::Relaxed);
-        if self.keep_snapshot(seq).await {
-            // The embedded log may now discard what this snapshot covers.
-            self.apply_retention();
-        }
-        Ok(())
-    }
-
-    /// Keeps the checkpoint just written (of the state after `seq`) beside
-    /// the log; whether it was. A failure is reported and tried again when
-    /// the next is due (at once); the loop goes on.
-    async fn keep_snapshot(&mut self, seq: u64) -> bool {
-        let started = Instant::now();
+        let staged = self.store.checkpoint_path().with_extension("snapshot");
+        let _ = std::fs::remove_file(&staged);
+        std::fs::hard_link(self.store.checkpoint_path(), &staged)
+            .or_else(|_| std::fs::copy(self.store.checkpoint_path(), &staged).map(|_| ()))
+            .with_context(|| format!("staging the checkpoint as {}", staged.display()))?;
         let meta = SnapshotInfo::new(
             seq,
-            self.engine.hash(),
+            hash,
             lockstep_engine::LAYOUT,
             env!("CARGO_PKG_VERSION"),
         );
-        let kept = self
-            .log
-            .put_snapshot(
-                &self.store.checkpoint_path(),
-                &meta,
-                self.cfg.service.snapshots_kept,
-            )
-            .await;
-        match kept {
-            Ok(_) => {
+        let (log, kept) = (self.log.clone(), self.cfg.service.snapshots_kept);
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let result = log.put_snapshot(&staged, &meta, kept).await;
+            let _ = std::fs::remove_file(&staged);
+            (meta, started.elapsed(), result)
+        });
+        self.snapshots.keeping = Some(task);
+        Ok(())
+    }
+
+    /// Takes in the snapshot being kept once it is (or failed); with
+    /// `wait`, waits for it.
+    pub(super) async fn snapshot_kept(&mut self, wait: bool) {
+        let done = self
+            .snapshots
+            .keeping
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished);
+        if done || wait {
+            if let Some(task) = self.snapshots.keeping.take() {
+                match task.await {
+                    Ok((meta, took, result)) => {
+                        if self.snapshot_result(&meta, took, result) {
+                            // The embedded log may now discard what this
+                            // snapshot covers.
+                            self.apply_retention();
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "keeping a snapshot stopped"),
+                }
+            }
+        }
+    }
+
+    /// Reports how keeping the snapshot `meta` went; whether it was kept. A
+    /// failure is tried again when the next is due (at once); the loop goes
+    /// on.
+    fn snapshot_result(
+        &mut self,
+        meta: &SnapshotInfo,
+        took: Duration,
+        result: lockstep_store::log::Result<()>,
+    ) -> bool {
+        match result {
+            Ok(()) => {
                 telemetry::SnapshotKept {
-                    seq,
+                    seq: meta.seq,
                     state_hash: &meta.state_hash,
-                    took: started.elapsed(),
+                    took,
                 }
                 .emit();
                 self.snapshots.last = Some(Instant::now());
@@ -146,6 +179,7 @@ impl Service {
                 true
             }
             Err(e) => {
+                let seq = meta.seq;
                 tracing::warn!(seq, error = %e, "keeping a snapshot beside the event log failed; trying again");
                 // Not at once: as often as a checkpoint.
                 self.snapshots.last = Some(
@@ -244,13 +278,33 @@ impl Service {
 /// the same transitions. A checkpoint ahead of its commits, on the other
 /// hand, would lose them.
 pub(super) fn write_checkpoint(store: &Store, engine: &Engine) -> Result<u64> {
+    checkpoint(store, engine, |w| {
+        engine.snapshot_to(w).map_err(std::io::Error::other)
+    })
+}
+
+/// [`write_checkpoint`], and the state hash of what it wrote.
+fn write_checkpoint_hashed(store: &Store, engine: &Engine) -> Result<(u64, String)> {
+    let mut hash = String::new();
+    let seq = checkpoint(store, engine, |w| {
+        hash = engine
+            .snapshot_hashed_to(w)
+            .map_err(std::io::Error::other)?;
+        Ok(())
+    })?;
+    Ok((seq, hash))
+}
+
+fn checkpoint(
+    store: &Store,
+    engine: &Engine,
+    body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<u64> {
     let started = Instant::now();
     let seq = engine.last_seq();
     info!(seq, "writing a checkpoint");
     let bytes = store
-        .write_checkpoint(seq, |w| {
-            engine.snapshot_to(w).map_err(std::io::Error::other)
-        })
+        .write_checkpoint(seq, body)
         .with_context(|| format!("writing the checkpoint at seq {seq}"))?;
     telemetry::CheckpointWritten {
         seq,

@@ -30,7 +30,7 @@ const ACTIONS_WAITING_MAX: usize = 1024;
 pub(super) const APPEND_BACKOFF_MAX_MS: u64 = 5_000;
 
 /// Where dispatched actions go to be carried out in this process.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Actuators {
     kube: Option<mpsc::Sender<IssuedAction>>,
     slurm: Option<mpsc::Sender<IssuedAction>>,

@@ -16,7 +16,9 @@
 //! in one `JoinSet` that stops with the leadership (`acting`).
 //! When it starts acting it publishes what the reducer issued that was
 //! never published (a batch committed just before a crash, the last moments
-//! of a previous leader) and carries out those still in flight. An action
+//! of a previous leader) and carries out those still in flight, off the
+//! apply loop: the actions of the batches applied meanwhile queue behind
+//! them, in issue order. An action
 //! is carried out only by the instance
 //! whose publication put it on the action stream first (JetStream
 //! deduplicates by action id), so no action id is executed twice, whoever
@@ -126,6 +128,13 @@ impl Role {
             Self::Follower | Self::Candidate => None,
         }
     }
+
+    fn acting_mut(&mut self) -> Option<&mut Acting> {
+        match self {
+            Self::Leader(a) => Some(a),
+            Self::Follower | Self::Candidate => None,
+        }
+    }
 }
 
 /// Why the apply loop stopped.
@@ -180,7 +189,17 @@ struct Snapshots {
     /// When the retention horizon was last applied, and the task applying
     /// it (off the loop) while it runs.
     retention: Option<(Instant, tokio::task::JoinHandle<()>)>,
+    /// The snapshot being kept beside the log (off the loop): what it is,
+    /// and then how long keeping it took and how that went.
+    keeping: Option<tokio::task::JoinHandle<Kept>>,
 }
+
+/// A snapshot kept beside the log, how long that took, and whether it was.
+type Kept = (
+    lockstep_store::snapshots::SnapshotInfo,
+    Duration,
+    lockstep_store::log::Result<()>,
+);
 
 impl Service {
     /// Restores the engine from the store and, with leader election, starts
@@ -277,6 +296,8 @@ impl Service {
             };
             if !batch.is_empty() {
                 self.apply_and_act(&batch).await?;
+            } else if let Some(acting) = self.role.acting_mut() {
+                acting.take_over_ended().await?;
             }
             if self.sync.stats_due() {
                 // Also while busy: the lag must be current when it is large.
@@ -302,7 +323,7 @@ impl Service {
         );
         self.sync
             .applied(batch, &self.out, self.health.ready.load(Ordering::Relaxed));
-        if let Some(acting) = self.role.acting() {
+        if let Some(acting) = self.role.acting_mut() {
             // Then act.
             acting
                 .dispatch(&self.store, &self.log, &self.out.actions)
@@ -408,6 +429,7 @@ impl Service {
         if let Role::Leader(acting) = std::mem::replace(&mut self.role, Role::Follower) {
             acting.stop().await;
         }
+        self.snapshot_kept(true).await;
         // Every batch applied is committed and flushed already.
         apply::write_checkpoint(&self.store, &self.engine)
             .context("writing the final checkpoint")?;

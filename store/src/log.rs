@@ -263,7 +263,16 @@ impl EventLog {
         keep: usize,
     ) -> Result<()> {
         match self {
-            Self::Embedded(e) => crate::snapshots::files::put(&e.snapshot_dir(), file, meta, keep),
+            Self::Embedded(e) => {
+                // Copied and synced on a blocking thread, not on the
+                // runtime's.
+                let (dir, file, meta) = (e.snapshot_dir(), file.to_owned(), meta.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::snapshots::files::put(&dir, &file, &meta, keep)
+                })
+                .await
+                .map_err(|e| Error::Snapshot(format!("keeping a snapshot stopped: {e}")))?
+            }
             Self::Nats(n) => crate::snapshots::put(&n.js, n.replicas, file, meta, keep).await,
         }
     }
