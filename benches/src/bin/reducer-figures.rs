@@ -4,10 +4,14 @@
 //!
 //! `reducer-figures [slurm_nodes] [steady_events] [full]`: apply throughput on
 //! the steady-state mix (`full`: with scaling and topology on and 90,000
-//! queued jobs), and replay throughput of a MessagePack log with decoding.
+//! queued jobs), replay throughput of a MessagePack log with decoding, and
+//! the floor of that replay: decoding the same log alone.
 //! `reducer-figures memory [slurm_nodes]`: resident memory of an engine
 //! holding a model of that many Slurm nodes (with their pods and Kubernetes
 //! nodes), after everything else is dropped.
+//! `reducer-figures checkpoint [slurm_nodes]`: what a checkpoint of such an
+//! engine costs: encoding it into memory, writing and syncing those bytes,
+//! and a deep copy of the engine, each the median of five.
 
 use std::time::Instant;
 
@@ -41,6 +45,12 @@ fn main() {
     if args.first().map(String::as_str) == Some("restore") {
         return restore(&args[1]);
     }
+    if args.first().map(String::as_str) == Some("checkpoint") {
+        let n = args
+            .get(1)
+            .map_or(50_000, |a| a.parse().expect("slurm_nodes"));
+        return checkpoint(n);
+    }
     let slurm_nodes: usize = args
         .first()
         .map_or(10_000, |a| a.parse().expect("slurm_nodes"));
@@ -51,27 +61,70 @@ fn main() {
     throughput(slurm_nodes, steady, full);
 }
 
-fn memory(slurm_nodes: usize) {
-    let snapshot = {
-        // DESIGN.md's scale target: 50,000 Slurm nodes, 5,000 Kubernetes
-        // nodes, 100,000 jobs, with scaling and topology on.
-        let g = Generator::new(
-            Shape {
-                slurm_nodes,
-                per_kube_node: 10,
-                pending_jobs: 100_000,
-                scaling_and_topology: true,
-            },
-            7,
-        );
-        let mut engine = Engine::new(Policy::default());
-        let mut out = Output::default();
-        for r in g.records() {
-            engine.apply(r, &mut out);
-            out.clear();
-        }
-        engine.snapshot()
+/// DESIGN.md's scale target: 50,000 Slurm nodes, 5,000 Kubernetes nodes,
+/// 100,000 jobs, with scaling and topology on.
+fn scale_engine(slurm_nodes: usize) -> Engine {
+    let g = Generator::new(
+        Shape {
+            slurm_nodes,
+            per_kube_node: 10,
+            pending_jobs: 100_000,
+            scaling_and_topology: true,
+        },
+        7,
+    );
+    let mut engine = Engine::new(Policy::default());
+    let mut out = Output::default();
+    for r in g.records() {
+        engine.apply(r, &mut out);
+        out.clear();
+    }
+    engine
+}
+
+fn checkpoint(slurm_nodes: usize) {
+    let engine = scale_engine(slurm_nodes);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
     };
+    let path = std::env::temp_dir().join(format!(
+        "lockstep-checkpoint-{}.snapshot",
+        std::process::id()
+    ));
+    let (mut encode, mut write, mut copy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut size = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let bytes = engine.snapshot();
+        encode.push(t.elapsed().as_secs_f64() * 1e3);
+        size = bytes.len();
+        let t = Instant::now();
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&path).expect("create");
+            f.write_all(&bytes).expect("write");
+            f.sync_all().expect("sync");
+        }
+        write.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let twin = std::hint::black_box(engine.clone());
+        copy.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(twin);
+    }
+    let _ = std::fs::remove_file(&path);
+    let [s, k, p, j] = engine.sizes();
+    println!(
+        "checkpoint: engine with {s} slurm nodes, {k} kubernetes nodes, {p} pods, {j} jobs, {:.1} MB: encode {:.0} ms, write+sync {:.0} ms, deep copy {:.0} ms (medians of 5)",
+        size as f64 / 1e6,
+        median(encode),
+        median(write),
+        median(copy),
+    );
+}
+
+fn memory(slurm_nodes: usize) {
+    let snapshot = scale_engine(slurm_nodes).snapshot();
     // Measure in a fresh process that only restores the snapshot, the way
     // the service starts from a checkpoint: no generator garbage in its heap.
     let path =
@@ -146,6 +199,20 @@ fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
     }
     let bytes = w.finish().unwrap();
     drop(records);
+    // The floor of a replay: decoding the same log and applying nothing.
+    let t = Instant::now();
+    let mut decoded = 0usize;
+    for rec in LogReader::msgpack(bytes.clone()).trust_ids() {
+        std::hint::black_box(rec.expect("log decodes"));
+        decoded += 1;
+    }
+    let el = t.elapsed();
+    println!(
+        "decode only: {decoded} records, {:.1} MB MessagePack in {:.3} s = {:.2} M events/s",
+        bytes.len() as f64 / 1e6,
+        el.as_secs_f64(),
+        decoded as f64 / el.as_secs_f64() / 1e6
+    );
     for verify in [false, true] {
         let data = bytes.clone();
         let t = Instant::now();
