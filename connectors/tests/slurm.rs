@@ -917,6 +917,152 @@ async fn the_actuator_replaces_and_lifts_its_own_drains(c: &'static Cluster) {
     }
 }
 
+/// `sdiag`'s count of the RPCs of `kind` slurmctld has served (`0` if none
+/// yet): what lockstep's requests cost slurmctld, seen from Slurm.
+fn rpc_count(c: &Cluster, kind: &str) -> u64 {
+    let out = c.cli("sdiag", &[]);
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(kind))
+        .and_then(|l| l.split("count:").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// The node reads and node writes slurmctld has served.
+fn node_rpcs(c: &Cluster) -> (u64, u64) {
+    let reads = rpc_count(c, "REQUEST_NODE_INFO") + rpc_count(c, "REQUEST_NODE_INFO_SINGLE");
+    (reads, rpc_count(c, "REQUEST_UPDATE_NODE"))
+}
+
+/// Drains, downs and resumes that wait together are carried out together
+/// (a node pool cordoned at once): their nodes are read in one listing
+/// (from `listing_read_min` nodes on) and written in one write per kind and
+/// reason (a host list to scontrol on 22.05, slurmrestd's `POST /nodes/` on
+/// 24.11 and 26.05), and still each reports its own node: written, already
+/// so, declined for an admin's drain, or not found. A second change of a
+/// node in the same batch comes after the first.
+async fn drains_that_wait_together_are_written_together(c: &'static Cluster) {
+    const R: &str = "lockstep: kubernetes node pool-a cordoned";
+    const RMA: &str = "NVSwitch RMA";
+    const R2: &str = "lockstep: kubernetes node pool-a not ready";
+    let _all = c.exclusive().await;
+    for n in NODES {
+        c.restore(n);
+    }
+    let _restore: Vec<RestoreNode> = NODES.iter().map(|n| RestoreNode(c, n)).collect();
+    let drain = |node: &str, reason: &str| {
+        issued(Action::SlurmDrain {
+            node: node.to_owned(),
+            reason: reason.to_owned(),
+        })
+    };
+    let resume = |node: &str| {
+        issued(Action::SlurmResume {
+            node: node.to_owned(),
+        })
+    };
+    let configs = [
+        ("one listing", 2),
+        ("a read each", ActuatorConfig::default().listing_read_min),
+    ];
+    for (reads, listing_read_min) in configs {
+        let config = ActuatorConfig {
+            listing_read_min,
+            ..ActuatorConfig::default()
+        };
+        for (path, act) in actuators(c, &owned(), &config) {
+            let what = format!("Slurm {} ({path}, {reads})", c.v.name());
+            admin_update(c, "ls-n2", &["state=drain", &format!("reason={RMA}")]);
+            let n3 = act.execute(&drain("ls-n3", R)).await;
+            assert_eq!(n3.result, OutcomeResult::Succeeded, "{what}");
+
+            let batch = [
+                drain("ls-n1", R),
+                drain("ls-n2", R),
+                drain("ls-n3", R),
+                drain("ls-n4", R),
+                drain("ls-nope", R),
+            ];
+            let (reads_before, writes_before) = node_rpcs(c);
+            let outcomes = act.execute_all(&batch).await;
+            let (reads_after, writes_after) = node_rpcs(c);
+            let results: Vec<_> = outcomes.iter().map(|o| &o.result).collect();
+            assert_eq!(results[0], &OutcomeResult::Succeeded, "{what}");
+            assert_declined(results[1], "root", RMA);
+            assert_eq!(results[2], &OutcomeResult::AlreadyDone, "{what}");
+            assert_eq!(results[3], &OutcomeResult::Succeeded, "{what}");
+            assert_final_failure(results[4], &["ls-nope"]);
+            for (o, a) in outcomes.iter().zip(&batch) {
+                assert_eq!(o.action_id, a.id, "{what}: outcomes in order");
+            }
+            let user = c.node("ls-n1").reason_user.unwrap();
+            assert_drained(c, "ls-n1", &user, R);
+            assert_drained(c, "ls-n4", &user, R);
+            assert_drained(c, "ls-n2", "root", RMA);
+            assert_eq!(
+                writes_after - writes_before,
+                1,
+                "{what}: ls-n1 and ls-n4 in one write"
+            );
+            eprintln!(
+                "{what}: 5 drains: {} node reads, {} node write",
+                reads_after - reads_before,
+                writes_after - writes_before
+            );
+            if listing_read_min == 2 {
+                // Two listings (before deciding, before writing) and one
+                // read of the node no listing holds.
+                assert!(
+                    reads_after - reads_before <= 3,
+                    "{what}: {} reads",
+                    reads_after - reads_before
+                );
+            }
+
+            // Resumes: lockstep's own together, the admin's declined, and
+            // a drain of a node whose resume is in the same batch after it.
+            let batch = [
+                resume("ls-n1"),
+                resume("ls-n2"),
+                resume("ls-n3"),
+                resume("ls-n4"),
+                drain("ls-n1", R2),
+            ];
+            let (_, writes_before) = node_rpcs(c);
+            let outcomes = act.execute_all(&batch).await;
+            let (_, writes_after) = node_rpcs(c);
+            let results: Vec<_> = outcomes.iter().map(|o| &o.result).collect();
+            assert_eq!(results[0], &OutcomeResult::Succeeded, "{what}");
+            assert_declined(results[1], "root", RMA);
+            assert_eq!(results[2], &OutcomeResult::Succeeded, "{what}");
+            assert_eq!(results[3], &OutcomeResult::Succeeded, "{what}");
+            assert_eq!(results[4], &OutcomeResult::Succeeded, "{what}");
+            assert_drained(c, "ls-n1", &user, R2);
+            assert_drained(c, "ls-n2", "root", RMA);
+            for n in ["ls-n3", "ls-n4"] {
+                let node = c.node(n);
+                assert!(!node.has(&SlurmNodeFlag::Drain), "{what}: {node:?}");
+                // 24.11 keeps a resumed node's reason: lockstep's is
+                // replaced (together), never left to read as its drain.
+                assert!(
+                    node.reason.as_deref().is_none_or(|r| r == RESUMED_REASON),
+                    "{what}: {node:?}"
+                );
+            }
+            // The resume of three nodes, the reasons 24.11 kept (one
+            // write), the drain of ls-n1.
+            assert!(
+                writes_after - writes_before <= 3,
+                "{what}: {} writes",
+                writes_after - writes_before
+            );
+            for n in NODES {
+                c.restore(n);
+            }
+        }
+    }
+}
+
 /// Maintenance reservations through scontrol, on every version: made,
 /// found made the second time (`AlreadyDone`), moved to other nodes and
 /// another end, opened, removed, found removed; a start in the past starts
@@ -1753,6 +1899,7 @@ on!(actuator_drain_shows_in_slurm_is_idempotent_and_resumes: v22_05, v24_11, v26
 on!(an_admin_drain_between_the_actuators_read_and_write_is_left_alone: v22_05, v24_11, v26_05);
 on!(a_resume_of_a_drain_whose_reason_root_rewrote_is_declined: v22_05, v24_11, v26_05);
 on!(the_actuator_replaces_and_lifts_its_own_drains: v22_05, v24_11, v26_05);
+on!(drains_that_wait_together_are_written_together: v22_05, v24_11, v26_05);
 on!(actuator_reserves_for_maintenance_idempotently_and_releases: v22_05, v24_11, v26_05);
 on!(a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed: v22_05, v24_11, v26_05);
 on!(a_stopped_slurmd_is_observed_not_responding_then_down: v22_05, v24_11, v26_05);

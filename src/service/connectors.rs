@@ -262,10 +262,19 @@ fn start_slurm(
         let (tx, mut rx) = mpsc::channel::<IssuedAction>(ACTIONS_WAITING_MAX);
         let log = log.clone();
         tasks.spawn(async move {
-            // One at a time: slurmctld serialises node updates anyway.
-            while let Some(action) = rx.recv().await {
-                let outcome = actuator.execute(&action).await;
-                append_outcome(&log, outcome).await;
+            // What waits is carried out together: slurmctld serialises node
+            // updates anyway, and the drains of a node pool cordoned at
+            // once share their reads and writes (`execute_all`).
+            let mut waiting = Vec::with_capacity(ACTIONS_WAITING_MAX);
+            while rx.recv_many(&mut waiting, ACTIONS_WAITING_MAX).await > 0 {
+                let outcomes = actuator.execute_all(&waiting).await;
+                waiting.clear();
+                let mut appends = JoinSet::new();
+                for outcome in outcomes {
+                    let log = log.clone();
+                    appends.spawn(async move { append_outcome(&log, outcome).await });
+                }
+                appends.join_all().await;
             }
         });
         actuators.slurm = Some(tx);

@@ -6,7 +6,9 @@
 //! neither drained nor down, the same features or topology. Writes go
 //! through slurmrestd where its openapi version has a node update endpoint
 //! (`POST /slurm/v0.0.39+/node/{name}`, Slurm 23.02+), through `scontrol
-//! update` otherwise (Slurm 22.05). Every call is bounded by timeouts and the
+//! update` otherwise (Slurm 22.05). [`Actuator::execute_all`] carries out
+//! the drains, downs and resumes that wait together with shared reads and
+//! writes (`batch`). Every call is bounded by timeouts and the
 //! whole action by `action_timeout_ms`; it never panics and never hangs. It
 //! decides nothing: whether an action should happen is the reducer's
 //! business.
@@ -69,6 +71,9 @@ use super::error::{Error, Result};
 use super::rest::RestClient;
 use super::scontrol::{ReservationVerb, Scontrol, SlurmVersion};
 
+/// Drains, downs and resumes carried out together.
+mod batch;
+
 /// Bounds of the actuator.
 #[derive(Debug, Clone)]
 pub struct ActuatorConfig {
@@ -80,6 +85,10 @@ pub struct ActuatorConfig {
     /// module docs). Tests change the node there, as an admin would while
     /// the action runs. It counts against `action_timeout_ms`.
     pub before_write: Option<BeforeWrite>,
+    /// From this many nodes on, [`Actuator::execute_all`] reads the nodes
+    /// of its drains, downs and resumes in one listing of every node
+    /// instead of one request per node.
+    pub listing_read_min: usize,
 }
 
 impl Default for ActuatorConfig {
@@ -87,6 +96,7 @@ impl Default for ActuatorConfig {
         Self {
             action_timeout_ms: 30_000,
             before_write: None,
+            listing_read_min: 32,
         }
     }
 }
@@ -212,6 +222,7 @@ fn out_of_service(n: &SlurmNode) -> bool {
 }
 
 /// What a write must achieve, in Slurm's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Write<'a> {
     State {
         state: &'static str,
@@ -252,29 +263,38 @@ impl Actuator {
     /// Carries out one action and reports how it ended. Never panics, never
     /// waits longer than `action_timeout_ms`.
     pub async fn execute(&self, issued: &IssuedAction) -> ActionOutcome {
+        let applied = tokio::time::timeout(self.timeout(), self.apply(&issued.action)).await;
+        self.conclude(
+            issued,
+            applied.unwrap_or_else(|_| Err(self.timed_out(&issued.action))),
+        )
+    }
+
+    /// The bound of one action (of one batch, in [`Actuator::execute_all`]).
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.action_timeout_ms)
+    }
+
+    /// The error of `action` when the bound was hit.
+    fn timed_out(&self, action: &Action) -> Error {
+        Error::Timeout {
+            what: action.describe(),
+            timeout_ms: self.config.action_timeout_ms,
+        }
+    }
+
+    /// The outcome of `issued`, which ended as `applied`; logged.
+    fn conclude(&self, issued: &IssuedAction, applied: Result<Applied>) -> ActionOutcome {
         let action = &issued.action;
-        let timeout_ms = self.config.action_timeout_ms;
-        let result =
-            match tokio::time::timeout(Duration::from_millis(timeout_ms), self.apply(action)).await
-            {
-                Ok(Ok(Applied::Changed)) => OutcomeResult::Succeeded,
-                Ok(Ok(Applied::AlreadyDone)) => OutcomeResult::AlreadyDone,
-                Ok(Ok(Applied::Declined(held_by))) => OutcomeResult::Declined { held_by },
-                Ok(Err(e)) => OutcomeResult::Failed {
-                    retryable: e.retryable(),
-                    error: e.to_string(),
-                },
-                Err(_) => {
-                    let e = Error::Timeout {
-                        what: action.describe(),
-                        timeout_ms,
-                    };
-                    OutcomeResult::Failed {
-                        retryable: e.retryable(),
-                        error: e.to_string(),
-                    }
-                }
-            };
+        let result = match applied {
+            Ok(Applied::Changed) => OutcomeResult::Succeeded,
+            Ok(Applied::AlreadyDone) => OutcomeResult::AlreadyDone,
+            Ok(Applied::Declined(held_by)) => OutcomeResult::Declined { held_by },
+            Err(e) => OutcomeResult::Failed {
+                retryable: e.retryable(),
+                error: e.to_string(),
+            },
+        };
         match &result {
             OutcomeResult::Failed { retryable, error } => tracing::warn!(
                 action = %issued.id, kind = action.kind().name(), retryable, error, "slurm action failed"
@@ -574,28 +594,8 @@ impl Actuator {
                 "slurmrestd openapi {v} cannot update nodes and no scontrol is configured"
             )));
         };
-        let features;
-        let settings: Vec<(&str, &str)> = match &w {
-            Write::State { state, reason } => {
-                let mut s = vec![("state", *state)];
-                if let Some(r) = reason {
-                    s.push(("reason", r));
-                }
-                s
-            }
-            Write::Features(f) => {
-                // Without a node features plugin Slurm keeps active =
-                // available; setting both keeps that true (active must be a
-                // subset of available).
-                features = f.join(",");
-                vec![
-                    ("availablefeatures", &features),
-                    ("activefeatures", &features),
-                ]
-            }
-            Write::Topology(t) => vec![("topology", t)],
-            Write::Reason(r) => vec![("reason", r)],
-        };
+        let settings = scontrol_settings(&w);
+        let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
         match sc.update_node(node, &settings).await {
             Err(Error::Command { stderr, .. })
                 if stderr.to_ascii_lowercase().contains("invalid node name") =>
@@ -606,6 +606,62 @@ impl Actuator {
             }
             r => r,
         }
+    }
+
+    /// Writes `w` to all of `nodes` in one request where the way [`write`]
+    /// takes accepts several nodes (a host list to `scontrol update`,
+    /// slurmrestd v0.0.42's `POST /nodes/`); `None` where it does not
+    /// (slurmrestd v0.0.39 - v0.0.41 update one node a request).
+    ///
+    /// [`write`]: Actuator::write
+    async fn write_together(&self, nodes: &[&str], w: Write<'_>) -> Option<Result<()>> {
+        if let Some(rest) = &self.rest {
+            let v = match rest.version().await {
+                Ok(v) => v,
+                Err(e) => return Some(Err(e)),
+            };
+            let usable = match w {
+                Write::Topology(_) => v.has_node_topology(),
+                _ => v.has_node_update(),
+            };
+            if usable {
+                if !v.has_nodes_update() {
+                    return None;
+                }
+                let update = rest_update(&w, &rest.config().user);
+                return Some(rest.update_nodes(nodes, &update).await);
+            }
+        }
+        // Without scontrol, each node's own write says why it cannot.
+        let sc = self.scontrol.as_ref()?;
+        let settings = scontrol_settings(&w);
+        let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Some(sc.update_nodes(nodes, &settings).await)
+    }
+}
+
+/// `scontrol update nodename=...` settings that carry out `w`.
+fn scontrol_settings(w: &Write<'_>) -> Vec<(&'static str, String)> {
+    match w {
+        Write::State { state, reason } => {
+            let mut s = vec![("state", (*state).to_owned())];
+            if let Some(r) = reason {
+                s.push(("reason", (*r).to_owned()));
+            }
+            s
+        }
+        Write::Features(f) => {
+            // Without a node features plugin Slurm keeps active =
+            // available; setting both keeps that true (active must be a
+            // subset of available).
+            let features = f.join(",");
+            vec![
+                ("availablefeatures", features.clone()),
+                ("activefeatures", features),
+            ]
+        }
+        Write::Topology(t) => vec![("topology", (*t).to_owned())],
+        Write::Reason(r) => vec![("reason", (*r).to_owned())],
     }
 }
 

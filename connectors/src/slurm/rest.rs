@@ -64,6 +64,13 @@ impl ApiVersion {
         self.0 >= 39
     }
 
+    /// Whether `POST /slurm/vX/nodes/` updates several nodes at once (its
+    /// `update_node_msg` naming them in `name`, a host list: v0.0.42,
+    /// Slurm 24.11+).
+    pub fn has_nodes_update(self) -> bool {
+        self.0 >= 42
+    }
+
     /// Whether a node update can set the topology (`topology_str`, v0.0.43,
     /// Slurm 25.05+).
     pub fn has_node_topology(self) -> bool {
@@ -489,16 +496,42 @@ impl RestClient {
             )));
         }
         let path = format!("/slurm/{v}/node/{}", encode_path(name));
+        self.post_update(&path, update, name).await
+    }
+
+    /// `POST /slurm/vX/nodes/` with an `update_node_msg` whose `name` lists
+    /// `names` (v0.0.42+): one request updates them all. Slurm answers for
+    /// the request as a whole: a name it does not know fails it, and the
+    /// nodes listed before that name may be updated already.
+    pub async fn update_nodes(&self, names: &[&str], update: &serde_json::Value) -> Result<()> {
+        for name in names {
+            super::scontrol::check_node_name(name)?;
+        }
+        let v = self.version().await?;
+        if !v.has_nodes_update() {
+            return Err(Error::Unsupported(format!(
+                "slurmrestd openapi {v} updates one node a request (POST /nodes/ needs v0.0.42, Slurm 24.11, or newer)"
+            )));
+        }
+        let mut update = update.clone();
+        update["name"] = serde_json::Value::from(names.to_vec());
+        let path = format!("/slurm/{v}/nodes/");
+        self.post_update(&path, &update, &names.join(",")).await
+    }
+
+    /// Posts a node update to `path`; `names` for the error of an unknown
+    /// node.
+    async fn post_update(&self, path: &str, update: &serde_json::Value, names: &str) -> Result<()> {
         let call = format!("POST {path}");
         let body = serde_json::to_vec(update).map_err(|source| Error::Malformed {
             what: call.clone(),
             source,
         })?;
-        let (status, resp) = self.send(Method::POST, &path, Some(body)).await?;
+        let (status, resp) = self.send(Method::POST, path, Some(body)).await?;
         let errors = parse::errors(&resp);
         if errors.iter().any(|e| node_missing(e)) {
             return Err(Error::NodeNotFound {
-                node: name.to_owned(),
+                node: names.to_owned(),
             });
         }
         if status.is_success() && errors.is_empty() {

@@ -242,8 +242,18 @@ impl Scontrol {
 
     /// `scontrol update nodename=NODE KEY=VALUE...`.
     pub async fn update_node(&self, node: &str, settings: &[(&str, &str)]) -> Result<()> {
-        check_node_name(node)?;
-        let mut args = vec!["update".to_owned(), format!("nodename={node}")];
+        self.update_nodes(&[node], settings).await
+    }
+
+    /// `scontrol update nodename=A,B,... KEY=VALUE...`: one run updates
+    /// every node named. Slurm answers for the run as a whole: a name it
+    /// does not know fails it, and the nodes listed before that name may
+    /// be updated already.
+    pub async fn update_nodes(&self, nodes: &[&str], settings: &[(&str, &str)]) -> Result<()> {
+        for node in nodes {
+            check_node_name(node)?;
+        }
+        let mut args = vec!["update".to_owned(), format!("nodename={}", nodes.join(","))];
         args.extend(settings.iter().map(|(k, v)| format!("{k}={v}")));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.run(&args).await.map(drop)

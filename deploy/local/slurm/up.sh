@@ -147,7 +147,7 @@ fi
 # record-fixtures.sh and people. env.sh names the directory.
 # They name programs by absolute path: PATH may hold this very directory.
 mkdir -p "$STATE/bin"
-for prog in scontrol sinfo squeue sbatch scancel srun; do
+for prog in scontrol sinfo squeue sbatch scancel srun sdiag; do
   if [[ -n "$ROOT" ]]; then
     run_line="exec chroot $ROOT /bin/sh -c 'cd \"\$0\" 2>/dev/null || cd /; exec /usr/bin/$prog \"\$@\"' \"\$PWD\" \"\$@\""
   else

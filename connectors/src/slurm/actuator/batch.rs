@@ -1,0 +1,264 @@
+//! Drains, downs and resumes carried out together: a node pool cordoned at
+//! once (a Kubernetes upgrade) drains thousands of Slurm nodes, and one
+//! read and one write per node would take seconds on slurmctld alone.
+//!
+//! The rules are those of one action ([`StateChange::decide`], the read
+//! before the write, the reason Slurm keeps after a resume); only the
+//! requests are shared:
+//!
+//! | step | one action | together (`n` nodes) |
+//! |---|---|---|
+//! | first read | `GET /node/{name}` or `scontrol show node` | one listing of every node from [`ActuatorConfig::listing_read_min`] nodes on, else one read per node |
+//! | second read (those about to be written) | the same | the same |
+//! | write | one per node | one per kind of write and reason, naming up to [`NODES_PER_WRITE_MAX`] nodes (`scontrol update nodename=A,B`; slurmrestd v0.0.42+'s `POST /nodes/`); one per node where slurmrestd has no such endpoint (v0.0.39 - v0.0.41) |
+//!
+//! A write that names several nodes and fails is tried again node by node,
+//! so that each action reports its own node's answer (Slurm fails such a
+//! write as a whole, whichever node it was about).
+//!
+//! [`ActuatorConfig::listing_read_min`]: super::ActuatorConfig::listing_read_min
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use lockstep_schemas::{Action, ActionOutcome, IssuedAction, SlurmNode};
+
+use super::{clean_reason, out_of_service, Actuator, Applied, StateChange, Write, RESUMED_REASON};
+use crate::slurm::error::{Error, Result};
+use crate::slurm::rest::Fetch;
+
+/// Most nodes one write names: a `scontrol update` command line and a
+/// slurmrestd request stay small, and slurmctld holds its node write lock
+/// for one write at a time.
+pub(super) const NODES_PER_WRITE_MAX: usize = 256;
+
+/// A drain, down or resume of one node, in a batch.
+struct Item<'a> {
+    /// Where it stands among the actions given.
+    index: usize,
+    issued: &'a IssuedAction,
+    node: &'a str,
+    change: StateChange<'a>,
+}
+
+impl Actuator {
+    /// Carries out `issued` and reports how each ended, in the same order.
+    /// The drains, downs and resumes among them, one per node, are carried
+    /// out together (see the module docs), bounded as a whole by
+    /// `action_timeout_ms`; then the others, and a second change of a node
+    /// already in the batch, one at a time as [`Actuator::execute`] does.
+    /// Never panics.
+    pub async fn execute_all(&self, issued: &[IssuedAction]) -> Vec<ActionOutcome> {
+        let mut outcomes: Vec<Option<ActionOutcome>> = vec![None; issued.len()];
+        // Kept alive for the items' borrows of them.
+        let reasons: Vec<Option<Result<String>>> = issued
+            .iter()
+            .map(|a| match &a.action {
+                Action::SlurmDrain { reason, .. } | Action::SlurmDown { reason, .. } => {
+                    Some(clean_reason(reason))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut together = Vec::new();
+        let mut alone = Vec::new();
+        let mut nodes = HashSet::new();
+        for (index, a) in issued.iter().enumerate() {
+            let change = match (&a.action, &reasons[index]) {
+                (Action::SlurmDrain { node, .. }, Some(Ok(r))) => {
+                    Some((node, StateChange::Drain(r.as_str())))
+                }
+                (Action::SlurmDown { node, .. }, Some(Ok(r))) => {
+                    Some((node, StateChange::Down(r.as_str())))
+                }
+                (Action::SlurmResume { node }, _) => Some((node, StateChange::Resume)),
+                _ => None,
+            };
+            match change {
+                Some((node, change)) if nodes.insert(node.as_str()) => together.push(Item {
+                    index,
+                    issued: a,
+                    node,
+                    change,
+                }),
+                _ => alone.push(index),
+            }
+        }
+        if together.len() < 2 {
+            alone.extend(together.drain(..).map(|it| it.index));
+            alone.sort_unstable();
+        } else {
+            let results =
+                match tokio::time::timeout(self.timeout(), self.change_states(&together)).await {
+                    Ok(results) => results,
+                    Err(_) => together
+                        .iter()
+                        .map(|it| Err(self.timed_out(&it.issued.action)))
+                        .collect(),
+                };
+            for (it, result) in together.iter().zip(results) {
+                outcomes[it.index] = Some(self.conclude(it.issued, result));
+            }
+        }
+        for index in alone {
+            outcomes[index] = Some(self.execute(&issued[index]).await);
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.expect("every action has its outcome"))
+            .collect()
+    }
+
+    /// The drains, downs and resumes of `items` (one per node): read and
+    /// decide; read again those to write and decide again with the
+    /// ownership then in force; write; how each ended, in order.
+    async fn change_states(&self, items: &[Item<'_>]) -> Vec<Result<Applied>> {
+        let mut results: Vec<Option<Result<Applied>>> = items.iter().map(|_| None).collect();
+        let mut to_write = Vec::new();
+        let names: Vec<&str> = items.iter().map(|it| it.node).collect();
+        let own = self.ownership();
+        for (k, read) in self.read_all(&names).await.into_iter().enumerate() {
+            match read.map(|n| items[k].change.decide(&n, &own.borrow())) {
+                Ok(None) => to_write.push(k),
+                Ok(Some(done)) => results[k] = Some(Ok(done)),
+                Err(e) => results[k] = Some(Err(e)),
+            }
+        }
+        if let Some(hook) = &self.config.before_write {
+            for &k in &to_write {
+                (hook.0)(&items[k].issued.action).await;
+            }
+        }
+        // Right before the writes: what changed while this batch decided is
+        // seen (the window that remains is the module docs' of one action).
+        let names: Vec<&str> = to_write.iter().map(|&k| items[k].node).collect();
+        let own = self.ownership();
+        let mut writes: BTreeMap<Write<'_>, Vec<usize>> = BTreeMap::new();
+        for (&k, read) in to_write.iter().zip(self.read_all(&names).await) {
+            match read.map(|n| items[k].change.decide(&n, &own.borrow())) {
+                Ok(None) => writes.entry(items[k].change.write()).or_default().push(k),
+                Ok(Some(done)) => results[k] = Some(Ok(done)),
+                Err(e) => results[k] = Some(Err(e)),
+            }
+        }
+        let mut resumed = Vec::new();
+        for (w, ks) in writes {
+            let names: Vec<&str> = ks.iter().map(|&k| items[k].node).collect();
+            for (&k, written) in ks.iter().zip(self.write_all(&names, w).await) {
+                if written.is_ok() && matches!(items[k].change, StateChange::Resume) {
+                    resumed.push(items[k].node);
+                }
+                results[k] = Some(written.map(|()| Applied::Changed));
+            }
+        }
+        // The resumes are done; replacing a reason Slurm kept is
+        // housekeeping, and its failure does not undo them.
+        self.replace_kept_reasons(&resumed).await;
+        results
+            .into_iter()
+            .map(|r| r.expect("every node has its result"))
+            .collect()
+    }
+
+    /// Reads `nodes`, in order: from one listing of every node from
+    /// `listing_read_min` nodes on (a node missing from it, or a listing
+    /// that failed, is read alone: a listing may be incomplete), else one
+    /// read each.
+    async fn read_all(&self, nodes: &[&str]) -> Vec<Result<SlurmNode>> {
+        let mut listed: HashMap<String, SlurmNode> = if nodes.len()
+            >= self.config.listing_read_min.max(1)
+        {
+            match self.list().await {
+                Ok(all) => all.into_iter().map(|n| (n.name.clone(), n)).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, nodes = nodes.len(), "cannot list slurm nodes; reading each");
+                    HashMap::new()
+                }
+            }
+        } else {
+            HashMap::new()
+        };
+        let mut read = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            read.push(match listed.remove(*node) {
+                Some(n) => Ok(n),
+                None => self.read(node).await,
+            });
+        }
+        read
+    }
+
+    /// Every node Slurm knows, in one request.
+    async fn list(&self) -> Result<Vec<SlurmNode>> {
+        match (&self.rest, &self.scontrol) {
+            (Some(rest), _) => match rest.nodes(None).await? {
+                Fetch::Changed(listing) => Ok(listing.items),
+                Fetch::Unchanged => Err(Error::Config(
+                    "slurmrestd answered a full node listing with 'unchanged'".to_owned(),
+                )),
+            },
+            (None, Some(sc)) => sc.nodes().await,
+            (None, None) => Err(Error::Config(
+                "the slurm actuator needs slurmrestd or scontrol".to_owned(),
+            )),
+        }
+    }
+
+    /// Writes `w` to `nodes`: together, [`NODES_PER_WRITE_MAX`] at a time,
+    /// where Slurm takes several nodes in one write; a write of several
+    /// that fails, and every write where Slurm takes one node at a time,
+    /// node by node. How it went for each node, in order.
+    async fn write_all(&self, nodes: &[&str], w: Write<'_>) -> Vec<Result<()>> {
+        let mut written = Vec::with_capacity(nodes.len());
+        for chunk in nodes.chunks(NODES_PER_WRITE_MAX) {
+            if chunk.len() > 1 {
+                match self.write_together(chunk, w).await {
+                    Some(Ok(())) => {
+                        written.extend(chunk.iter().map(|_| Ok(())));
+                        continue;
+                    }
+                    Some(Err(e)) => tracing::warn!(
+                        nodes = chunk.len(), error = %e,
+                        "a write of several slurm nodes failed; writing each alone"
+                    ),
+                    None => {}
+                }
+            }
+            for node in chunk {
+                written.push(self.write(node, w).await);
+            }
+        }
+        written
+    }
+
+    /// [`Actuator::replace_kept_reason`] of each of `nodes`, sharing the
+    /// reads and the writes; failures are reported, not returned.
+    async fn replace_kept_reasons(&self, nodes: &[&str]) {
+        if nodes.is_empty() {
+            return;
+        }
+        let own = self.ownership();
+        let mut kept = Vec::new();
+        for (node, after) in nodes.iter().zip(self.read_all(nodes).await) {
+            match after {
+                Ok(after) => {
+                    let kept_own = after.reason.as_deref().is_some_and(|r| r != RESUMED_REASON)
+                        && own.borrow().owns(&after);
+                    if !out_of_service(&after) && kept_own {
+                        kept.push(*node);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(node, error = %e, "cannot replace the reason slurm kept after a resume");
+                }
+            }
+        }
+        for (node, written) in kept
+            .iter()
+            .zip(self.write_all(&kept, Write::Reason(RESUMED_REASON)).await)
+        {
+            if let Err(e) = written {
+                tracing::warn!(node, error = %e, "cannot replace the reason slurm kept after a resume");
+            }
+        }
+    }
+}
