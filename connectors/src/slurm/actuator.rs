@@ -85,8 +85,9 @@ pub struct ActuatorConfig {
     /// module docs). Tests change the node there, as an admin would while
     /// the action runs. It counts against `action_timeout_ms`.
     pub before_write: Option<BeforeWrite>,
-    /// From this many nodes on, [`Actuator::execute_all`] reads the nodes
-    /// of its drains, downs and resumes in one listing of every node
+    /// From this many nodes on, and from a quarter of the nodes Slurm has
+    /// (as the last listing showed), [`Actuator::execute_all`] reads the
+    /// nodes of its drains, downs and resumes in one listing of every node
     /// instead of one request per node.
     pub listing_read_min: usize,
 }
@@ -135,6 +136,8 @@ pub struct Actuator {
     ownership: watch::Receiver<ReasonOwnership>,
     config: ActuatorConfig,
     scontrol_version: OnceCell<Option<SlurmVersion>>,
+    /// How many nodes the last listing of every node held (0: none yet).
+    nodes_listed: std::sync::atomic::AtomicUsize,
 }
 
 /// Longest reason lockstep writes, in characters. Slurm stores any length,
@@ -257,6 +260,7 @@ impl Actuator {
             ownership,
             config,
             scontrol_version: OnceCell::new(),
+            nodes_listed: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 

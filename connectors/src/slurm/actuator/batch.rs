@@ -8,9 +8,15 @@
 //!
 //! | step | one action | together (`n` nodes) |
 //! |---|---|---|
-//! | first read | `GET /node/{name}` or `scontrol show node` | one listing of every node from [`ActuatorConfig::listing_read_min`] nodes on, else one read per node |
+//! | first read | `GET /node/{name}` or `scontrol show node` | one listing of every node from [`ActuatorConfig::listing_read_min`] nodes and a quarter of the cluster on (a listing of 10,000 nodes costs slurmrestd seconds), else one read per node, [`IN_FLIGHT_MAX`] at a time |
 //! | second read (those about to be written) | the same | the same |
-//! | write | one per node | one per kind of write and reason, naming up to [`NODES_PER_WRITE_MAX`] nodes (`scontrol update nodename=A,B`; slurmrestd v0.0.42+'s `POST /nodes/`); one per node where slurmrestd has no such endpoint (v0.0.39 - v0.0.41) |
+//! | write | one per node | one per kind of write and reason, naming up to [`NODES_PER_WRITE_MAX`] nodes (`scontrol update nodename=A,B`; slurmrestd v0.0.42+'s `POST /nodes/`), [`IN_FLIGHT_MAX`] writes at a time; one per node where slurmrestd has no such endpoint (v0.0.39 - v0.0.41) |
+//!
+//! Slurm keeps one reason per write, and lockstep's reasons name their
+//! cause (`kubernetes node K cordoned`), so the drains of a pool share a
+//! write only where several Slurm nodes share a Kubernetes node; the rest
+//! is the concurrency: slurmctld serves several requests at once and holds
+//! its node lock only for the update itself.
 //!
 //! A write that names several nodes and fails is tried again node by node,
 //! so that each action reports its own node's answer (Slurm fails such a
@@ -19,6 +25,9 @@
 //! [`ActuatorConfig::listing_read_min`]: super::ActuatorConfig::listing_read_min
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use futures::stream::{self, StreamExt};
 
 use lockstep_schemas::{Action, ActionOutcome, IssuedAction, SlurmNode};
 
@@ -30,6 +39,9 @@ use crate::slurm::rest::Fetch;
 /// slurmrestd request stay small, and slurmctld holds its node write lock
 /// for one write at a time.
 pub(super) const NODES_PER_WRITE_MAX: usize = 256;
+
+/// Most requests of one batch in flight at a time.
+pub(super) const IN_FLIGHT_MAX: usize = 8;
 
 /// A drain, down or resume of one node, in a batch.
 struct Item<'a> {
@@ -140,10 +152,30 @@ impl Actuator {
                 Err(e) => results[k] = Some(Err(e)),
             }
         }
-        let mut resumed = Vec::new();
+        // One write per chunk of a kind and reason, several at a time.
+        let writes: Vec<(Write<'_>, Vec<usize>)> = writes
+            .into_iter()
+            .flat_map(|(w, ks)| {
+                ks.chunks(NODES_PER_WRITE_MAX)
+                    .map(|c| (w, c.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        // The futures are made here, not by a closure of the stream: a
+        // closure returning a borrowing future is not `Send` for every
+        // lifetime, and the service spawns this.
+        let mut writing = Vec::with_capacity(writes.len());
         for (w, ks) in writes {
             let names: Vec<&str> = ks.iter().map(|&k| items[k].node).collect();
-            for (&k, written) in ks.iter().zip(self.write_all(&names, w).await) {
+            writing.push(async move { (self.write_all(&names, w).await, ks) });
+        }
+        let written: Vec<(Vec<Result<()>>, Vec<usize>)> = stream::iter(writing)
+            .buffer_unordered(IN_FLIGHT_MAX)
+            .collect()
+            .await;
+        let mut resumed = Vec::new();
+        for (written, ks) in written {
+            for (&k, written) in ks.iter().zip(written) {
                 if written.is_ok() && matches!(items[k].change, StateChange::Resume) {
                     resumed.push(items[k].node);
                 }
@@ -160,15 +192,18 @@ impl Actuator {
     }
 
     /// Reads `nodes`, in order: from one listing of every node from
-    /// `listing_read_min` nodes on (a node missing from it, or a listing
-    /// that failed, is read alone: a listing may be incomplete), else one
-    /// read each.
+    /// `listing_read_min` nodes and a quarter of the cluster on (a node
+    /// missing from it, or a listing that failed, is read alone: a listing
+    /// may be incomplete), else one read each, [`IN_FLIGHT_MAX`] at a time.
     async fn read_all(&self, nodes: &[&str]) -> Vec<Result<SlurmNode>> {
-        let mut listed: HashMap<String, SlurmNode> = if nodes.len()
-            >= self.config.listing_read_min.max(1)
-        {
+        let cluster = self.nodes_listed.load(Ordering::Relaxed);
+        let listing = nodes.len() >= self.config.listing_read_min.max(cluster / 4).max(1);
+        let mut listed: HashMap<String, SlurmNode> = if listing {
             match self.list().await {
-                Ok(all) => all.into_iter().map(|n| (n.name.clone(), n)).collect(),
+                Ok(all) => {
+                    self.nodes_listed.store(all.len(), Ordering::Relaxed);
+                    all.into_iter().map(|n| (n.name.clone(), n)).collect()
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, nodes = nodes.len(), "cannot list slurm nodes; reading each");
                     HashMap::new()
@@ -177,14 +212,21 @@ impl Actuator {
         } else {
             HashMap::new()
         };
-        let mut read = Vec::with_capacity(nodes.len());
+        // Made here, not by a closure of the stream (see `change_states`).
+        let mut reading = Vec::with_capacity(nodes.len());
         for node in nodes {
-            read.push(match listed.remove(*node) {
-                Some(n) => Ok(n),
-                None => self.read(node).await,
+            let found = listed.remove(*node);
+            reading.push(async move {
+                match found {
+                    Some(n) => Ok(n),
+                    None => self.read(node).await,
+                }
             });
         }
-        read
+        stream::iter(reading)
+            .buffered(IN_FLIGHT_MAX)
+            .collect()
+            .await
     }
 
     /// Every node Slurm knows, in one request.
