@@ -5,12 +5,20 @@
 # against each: cordon -> DRAIN in slurmctld, and Slurm drain -> pod
 # condition in the API server.
 #
-#   scripts/bench-reaction.sh [trials]        (default 200 per measurement)
+#   scripts/bench-reaction.sh [trials]        (default 200 per measurement; 0: none)
 #
 # LOCKSTEP_BENCH_POLL_MS sets the Slurm observer's poll interval (1000);
 # LOCKSTEP_BENCH_SIZES which setups run ("4 1000"); LOCKSTEP_BENCH_NATS=cluster
 # puts the log on a three-server JetStream cluster (streams replicated three
-# times) instead of one nats-server.
+# times) instead of one nats-server; LOCKSTEP_BENCH_POOL=N also cordons the
+# first N nodes at once (a node pool upgraded) and measures until every one
+# of their Slurm nodes shows DRAIN. LOCKSTEP_SLURM_VERSION picks the Slurm
+# (22.05, the machine's own, by default; 24.11 or 26.05 from Debian roots);
+# LOCKSTEP_BENCH_LOCKSTEP another lockstep binary to measure (an older build,
+# for a comparison interleaved on the same machine).
+#
+# The API server is the bench's own (state in /tmp/lockstep-bench-kube, its
+# own ports), stopped at the end: nothing it creates meets the test suite's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-rust.sh
@@ -24,8 +32,21 @@ case ${LOCKSTEP_BENCH_NATS:-single} in
   cluster) cluster=(--cluster) ;;
   *) echo "LOCKSTEP_BENCH_NATS is single or cluster, not $LOCKSTEP_BENCH_NATS" >&2; exit 2 ;;
 esac
-state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-local}
+pool=()
+if [[ -n ${LOCKSTEP_BENCH_POOL:-} ]]; then
+  pool=(--pool "$LOCKSTEP_BENCH_POOL")
+fi
+state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-bench-kube}
+export LOCKSTEP_KUBE_API_PORT=${LOCKSTEP_KUBE_API_PORT:-16543}
+export LOCKSTEP_ETCD_CLIENT_PORT=${LOCKSTEP_ETCD_CLIENT_PORT:-2579}
+export LOCKSTEP_ETCD_PEER_PORT=${LOCKSTEP_ETCD_PEER_PORT:-2580}
 big=/tmp/lockstep-bench-slurm
+down() {
+  LOCKSTEP_SLURM_STATE_DIR=$big deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+  LOCKSTEP_STATE_DIR=$state deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+  LOCKSTEP_STATE_DIR=$state deploy/local/kube/down.sh >/dev/null 2>&1 || true
+}
+trap down EXIT
 
 echo "building lockstep and the bench (release) ..." >&2
 cargo build --release --quiet --bin lockstep
@@ -39,7 +60,7 @@ run() { # slurm-state-dir nodes
   # shellcheck disable=SC1091
   (. "$1/env.sh"
    KUBECONFIG=$kubeconfig LOCKSTEP_KUBECONFIG=$lockstep_kubeconfig \
-     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll" "${cluster[@]}")
+     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll" "${cluster[@]}" "${pool[@]}")
 }
 
 for size in $sizes; do
@@ -52,8 +73,9 @@ for size in $sizes; do
     *)
       echo "== $size Slurm nodes (4 with slurmd), $size Kubernetes nodes" >&2
       # Own state dir and ports, so the test suite's Slurm is left alone.
-      trap 'LOCKSTEP_SLURM_STATE_DIR=$big deploy/local/slurm/down.sh >/dev/null 2>&1 || true' EXIT
       LOCKSTEP_SLURM_STATE_DIR=$big deploy/local/slurm/down.sh >/dev/null 2>&1 || true
+      # Node states start afresh (slurmctld keeps them across restarts).
+      rm -rf "$big/ctld"
       LOCKSTEP_SLURM_STATE_DIR=$big LOCKSTEP_SLURM_NODES=$size LOCKSTEP_SLURMD_MAX=4 \
         LOCKSTEP_SLURMCTLD_PORT=16917 LOCKSTEP_SLURMRESTD_PORT=6920 LOCKSTEP_SLURMD_PORT_BASE=17000 \
         deploy/local/slurm/up.sh >/dev/null 2>&1

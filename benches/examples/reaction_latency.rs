@@ -49,6 +49,7 @@ struct Args {
     slurmd: usize,
     poll_ms: u64,
     cluster: bool,
+    pool: usize,
 }
 
 fn args() -> Args {
@@ -58,6 +59,7 @@ fn args() -> Args {
         slurmd: 4,
         poll_ms: 1000,
         cluster: false,
+        pool: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -72,9 +74,10 @@ fn args() -> Args {
             "--slurmd" => a.slurmd = value() as usize,
             "--poll-ms" => a.poll_ms = value(),
             "--cluster" => a.cluster = true,
+            "--pool" => a.pool = value() as usize,
             "-h" | "--help" => {
                 println!(
-                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster]"
+                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster] [--pool N]"
                 );
                 std::process::exit(0);
             }
@@ -82,6 +85,7 @@ fn args() -> Args {
         }
     }
     a.slurmd = a.slurmd.min(a.nodes);
+    a.pool = a.pool.min(a.nodes);
     a
 }
 
@@ -90,8 +94,13 @@ fn env(name: &str) -> String {
         .unwrap_or_else(|_| panic!("{name} is not set (use scripts/bench-reaction.sh)"))
 }
 
+/// The lockstep measured: `LOCKSTEP_BENCH_LOCKSTEP` (another build, for a
+/// comparison on the same machine), else this build's.
 fn lockstep_bin() -> PathBuf {
-    lockstep_benches::sibling_binary("lockstep")
+    std::env::var_os("LOCKSTEP_BENCH_LOCKSTEP").map_or_else(
+        || lockstep_benches::sibling_binary("lockstep"),
+        PathBuf::from,
+    )
 }
 
 fn leads(port: u16) -> bool {
@@ -105,8 +114,15 @@ fn leads(port: u16) -> bool {
     body.contains("\"leader\":true")
 }
 
+/// A client program of the Slurm under test: up.sh's wrapper (the right
+/// version and SLURM_CONF) where env.sh names them, else from PATH.
+fn slurm_program(name: &str) -> PathBuf {
+    std::env::var_os("LOCKSTEP_SLURM_BIN")
+        .map_or_else(|| PathBuf::from(name), |d| Path::new(&d).join(name))
+}
+
 fn scontrol(args: &[&str]) {
-    let out = Command::new("scontrol")
+    let out = Command::new(slurm_program("scontrol"))
         .args(args)
         .env_remove("SLURM_JWT")
         .output()
@@ -221,12 +237,14 @@ async fn main() {
         )
         .await;
     let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
+    let pool_size = a.pool;
     futures::stream::iter(1..=a.nodes)
         .map(|i| {
             let (nodes, pods) = (nodes.clone(), pods.clone());
             async move {
+                let pool = if i <= pool_size { "a" } else { "b" };
                 let node: Node = serde_json::from_value(serde_json::json!({
-                    "metadata": {"name": format!("bench-k{i}"), "labels": {MARK: "true"}},
+                    "metadata": {"name": format!("bench-k{i}"), "labels": {MARK: "true", "pool": pool}},
                 }))
                 .unwrap();
                 nodes.create(&PostParams::default(), &node).await?;
@@ -257,7 +275,7 @@ async fn main() {
         .await
         .expect("creating nodes and pods");
     for i in 1..=a.slurmd {
-        let _ = Command::new("scontrol")
+        let _ = Command::new(slurm_program("scontrol"))
             .args(["update", &format!("nodename=ls-n{i}"), "state=resume"])
             .env_remove("SLURM_JWT")
             .output();
@@ -303,6 +321,7 @@ async fn main() {
         .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
         .spawn()
         .expect("lockstep runs (cargo build --release --bin lockstep)");
+    let lockstep_pid = child.id();
     let lockstep = Kill(child);
     let _ = FAILURE_EXPORT.set((nats_url.clone(), dir.clone()));
     eprintln!("lockstep log: {}", dir.join("run.log").display());
@@ -312,6 +331,16 @@ async fn main() {
     .await;
     // Let the first sync and its actions settle.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let slurmctld_pid = slurmctld_pid();
+    let measured = (
+        Instant::now(),
+        cpu_seconds(lockstep_pid),
+        cpu_seconds(slurmctld_pid),
+    );
+
+    if a.pool > 0 {
+        pool_cordon(&a, &nodes, &rest, &nats_url).await;
+    }
 
     let mut cordon = Vec::with_capacity(a.trials);
     eprintln!("{} trials: kubectl cordon -> DRAIN in slurmctld", a.trials);
@@ -341,14 +370,16 @@ async fn main() {
         })
         .await;
     }
-    figures(
-        &format!(
-            "cordon -> DRAIN visible in slurmctld ({} nodes, log {})",
-            a.nodes,
-            if a.cluster { "R3" } else { "R1" }
-        ),
-        cordon,
-    );
+    if !cordon.is_empty() {
+        figures(
+            &format!(
+                "cordon -> DRAIN visible in slurmctld ({} nodes, log {})",
+                a.nodes,
+                if a.cluster { "R3" } else { "R1" }
+            ),
+            cordon,
+        );
+    }
 
     // A random pause before each drain: without it every trial would start
     // right after the poll that saw the previous resume, in lockstep with
@@ -392,14 +423,26 @@ async fn main() {
         })
         .await;
     }
-    figures(
-        &format!(
-            "Slurm drain -> pod condition visible in the API ({} nodes, poll {} ms, log {})",
-            a.nodes,
-            a.poll_ms,
-            if a.cluster { "R3" } else { "R1" }
-        ),
-        drain,
+    if !drain.is_empty() {
+        figures(
+            &format!(
+                "Slurm drain -> pod condition visible in the API ({} nodes, poll {} ms, log {})",
+                a.nodes,
+                a.poll_ms,
+                if a.cluster { "R3" } else { "R1" }
+            ),
+            drain,
+        );
+    }
+
+    let wall = measured.0.elapsed().as_secs_f64();
+    println!(
+        "over the {wall:.0} s measured: lockstep used {:.1} s of CPU ({:.1}% of one core), peak resident {} MiB; slurmctld {:.1} s ({:.1}%)",
+        cpu_seconds(lockstep_pid) - measured.1,
+        (cpu_seconds(lockstep_pid) - measured.1) / wall * 100.0,
+        peak_rss_kib(lockstep_pid) / 1024,
+        cpu_seconds(slurmctld_pid) - measured.2,
+        (cpu_seconds(slurmctld_pid) - measured.2) / wall * 100.0,
     );
 
     // Stop lockstep before the cleanup (deleted pods would drain their
@@ -415,5 +458,253 @@ async fn main() {
         )
         .await;
     let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
+    // lockstep's log outlives the run, for a look at where the time went.
+    let kept = std::env::temp_dir().join("lockstep-reaction-latency-run.log");
+    if std::fs::copy(dir.join("run.log"), &kept).is_ok() {
+        eprintln!("lockstep's log: {}", kept.display());
+    }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `sdiag`'s count of the RPCs of `kind` slurmctld has served.
+fn rpc_count(kind: &str) -> u64 {
+    let out = Command::new(slurm_program("sdiag"))
+        .env_remove("SLURM_JWT")
+        .output()
+        .expect("sdiag runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(kind))
+        .and_then(|l| l.split("count:").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// The node reads and node writes slurmctld has served.
+fn node_rpcs() -> (u64, u64) {
+    (
+        rpc_count("REQUEST_NODE_INFO") + rpc_count("REQUEST_NODE_INFO_SINGLE"),
+        rpc_count("REQUEST_UPDATE_NODE"),
+    )
+}
+
+/// `kubectl cordon -l pool=a` (a Kubernetes upgrade of a node pool): the
+/// first `a.pool` nodes cordoned at once, one PATCH each, 16 at a time. The
+/// clock of each node starts when its PATCH returned and stops at the first
+/// listing of every Slurm node (`GET /nodes`, one after the other) that
+/// shows its Slurm node DRAIN; then the pool is uncordoned the same way.
+/// slurmctld's node writes during it (`sdiag`), and the log: one drain and
+/// one outcome per node, nothing for the others.
+async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &str) {
+    use lockstep_schemas::{Action, Event, OutcomeResult};
+    let n = a.pool;
+    let index = |slurm: &str| -> Option<usize> {
+        let i: usize = slurm.strip_prefix("ls-n")?.parse().ok()?;
+        (1..=n).contains(&i).then(|| i - 1)
+    };
+    // Slurm as it shows the pool: which nodes are drained.
+    let drained = || async {
+        match rest.nodes(None).await {
+            Ok(lockstep_connectors::slurm::Fetch::Changed(l)) => Some(
+                l.items
+                    .into_iter()
+                    .filter_map(|s| {
+                        Some((
+                            index(&s.name)?,
+                            s.flags.contains(&SlurmNodeFlag::Drain),
+                            s.state == lockstep_schemas::SlurmBaseState::Down,
+                        ))
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        }
+    };
+    let toggle = |on: bool| async move {
+        let started = Instant::now();
+        let done: Vec<(usize, Duration)> = futures::stream::iter(0..n)
+            .map(|k| async move {
+                set_unschedulable(nodes, &format!("bench-k{}", k + 1), on).await;
+                (k, started.elapsed())
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        let mut at = vec![Duration::ZERO; n];
+        for (k, t) in done {
+            at[k] = t;
+        }
+        (started, at)
+    };
+    let log =
+        lockstep_store::EventLog::connect_nats(nats_url, &lockstep_store::StreamLimits::default())
+            .await
+            .expect("the log");
+    let (seq_before, actions_before) = (
+        log.head().await.expect("head"),
+        log.actions().await.expect("actions").len(),
+    );
+
+    eprintln!("cordoning a pool of {n} nodes at once");
+    let (reads_before, writes_before) = node_rpcs();
+    let (started, patched) = toggle(true).await;
+    let patched_all = started.elapsed();
+    let mut seen: Vec<Option<Duration>> = vec![None; n];
+    let mut listings = 0u64;
+    let mut listing_ms = Vec::new();
+    while seen.iter().any(Option::is_none) {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the pool not drained within 300 s: {} of {n}",
+            seen.iter().flatten().count()
+        );
+        let t = Instant::now();
+        if let Some(shown) = drained().await {
+            listings += 1;
+            listing_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let at = started.elapsed();
+            for (k, d, _) in shown {
+                if d && seen[k].is_none() {
+                    seen[k] = Some(at);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (reads_after, writes_after) = node_rpcs();
+    let last = seen.iter().flatten().max().copied().unwrap_or_default();
+    let per_node: Vec<Duration> = seen
+        .iter()
+        .zip(&patched)
+        .map(|(s, p)| s.unwrap().saturating_sub(*p))
+        .collect();
+    listing_ms.sort_by(f64::total_cmp);
+    println!(
+        "pool of {n} cordoned at once ({} nodes in all, log {}): PATCHes done in {:.0} ms; every Slurm node DRAIN {:.0} ms after the first PATCH; slurmctld served {} node writes and {} node reads meanwhile ({} of them the bench's own listings, median {:.0} ms each)",
+        a.nodes,
+        if a.cluster { "R3" } else { "R1" },
+        patched_all.as_secs_f64() * 1e3,
+        last.as_secs_f64() * 1e3,
+        writes_after - writes_before,
+        reads_after - reads_before,
+        listings,
+        listing_ms.get(listing_ms.len() / 2).copied().unwrap_or(f64::NAN),
+    );
+    figures(
+        &format!("pool of {n}: its PATCH -> DRAIN shown, per node"),
+        per_node,
+    );
+
+    // Nothing lost or doubled: one drain per pool node, each with one
+    // outcome, and no drain of another node.
+    let actions = log.actions().await.expect("actions");
+    let mut drains = vec![0usize; n];
+    let mut ids = std::collections::BTreeSet::new();
+    for issued in &actions[actions_before..] {
+        if let Action::SlurmDrain { node, .. } = &issued.action {
+            let k = index(node).unwrap_or_else(|| panic!("a drain of {node}, outside the pool"));
+            drains[k] += 1;
+            ids.insert(issued.id.clone());
+        }
+    }
+    let head = log.head().await.expect("head");
+    let mut outcomes = std::collections::BTreeMap::new();
+    let mut from = seq_before + 1;
+    while from <= head {
+        let records = log
+            .read(from, 4096, Duration::from_secs(1))
+            .await
+            .expect("read");
+        let Some(last) = records.last() else { break };
+        from = last.seq + 1;
+        for r in records {
+            if let Event::ActionOutcome(o) = &r.envelope.event {
+                if ids.contains(&o.action_id) {
+                    *outcomes.entry(o.action_id.clone()).or_insert(0usize) += 1;
+                    assert!(
+                        matches!(o.result, OutcomeResult::Succeeded),
+                        "{:?}",
+                        o.result
+                    );
+                }
+            }
+        }
+    }
+    let doubled = drains.iter().filter(|d| **d > 1).count();
+    let lost = drains.iter().filter(|d| **d == 0).count();
+    let outcomes_doubled = outcomes.values().filter(|c| **c > 1).count();
+    println!(
+        "pool of {n}: {} drains issued, {lost} nodes without one, {doubled} with more than one; {} outcomes, {outcomes_doubled} actions with more than one",
+        ids.len(),
+        outcomes.len(),
+    );
+    assert_eq!((lost, doubled, outcomes_doubled), (0, 0, 0));
+    assert_eq!(outcomes.len(), ids.len(), "an action without its outcome");
+
+    // Most of the bench's Slurm nodes have no slurmd: slurmctld sets them
+    // DOWN (not responding) a while after it starts, and a DOWN lockstep did
+    // not set is Slurm's to lift, so lockstep leaves their drain for when
+    // they answer again. The resume is measured on the others.
+    eprintln!("uncordoning the pool");
+    let (started, _) = toggle(false).await;
+    let held = loop {
+        if let Some(shown) = drained().await {
+            if shown.len() == n && shown.iter().all(|(_, d, down)| !d || *down) {
+                break shown.iter().filter(|(_, d, _)| *d).count();
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the pool not resumed within 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "pool of {n} uncordoned at once: every Slurm node resumed {:.0} ms after the first PATCH, but {held} that slurmctld holds DOWN (no slurmd answers for them)",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+/// User and system CPU time of process `pid`, in seconds (`/proc/PID/stat`).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's closing parenthesis: state is field 3, utime 14,
+    // stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i - 3)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // USER_HZ is 100 on Linux.
+    (ticks(14) + ticks(15)) / 100.0
+}
+
+/// Peak resident memory of process `pid` (`VmHWM`), KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// slurmctld's pid, from the pid file beside `SLURM_CONF` (up.sh's layout).
+fn slurmctld_pid() -> u32 {
+    let conf = PathBuf::from(env("SLURM_CONF"));
+    let file = conf
+        .parent()
+        .expect("SLURM_CONF in a state directory")
+        .join("run/slurmctld.pid");
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+        .trim()
+        .parse()
+        .expect("a pid")
 }
