@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use super::discover::discover;
 use super::error::{Error, Result};
 use super::spec::ScaleKind;
-use super::wire::{self, read_condition, read_taint, MetaKey};
+use super::wire::{self, read_taint, MetaKey};
 
 /// Bounds of the actuator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,21 +204,8 @@ impl Actuator {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let what = format!("get pod {namespace}/{name}");
         let pod = api.get(name).await.map_err(|e| Error::from_kube(what, e))?;
-        let current = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .find(|c| c.type_ == want.type_)
-            .map(|c| {
-                read_condition(
-                    &c.type_,
-                    &c.status,
-                    c.reason.as_deref(),
-                    c.message.as_deref(),
-                )
-            });
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_deref());
+        let current = wire::find_condition(conditions, &want.type_);
         let Some(patch) = condition_patch(current.as_ref(), want) else {
             return Ok(Done::Already);
         };
@@ -234,21 +221,8 @@ impl Actuator {
         let api: Api<Node> = Api::all(self.client.clone());
         let what = format!("get node {name}");
         let node = api.get(name).await.map_err(|e| Error::from_kube(what, e))?;
-        let current = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .find(|c| c.type_ == want.type_)
-            .map(|c| {
-                read_condition(
-                    &c.type_,
-                    &c.status,
-                    c.reason.as_deref(),
-                    c.message.as_deref(),
-                )
-            });
+        let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref());
+        let current = wire::find_condition(conditions, &want.type_);
         let Some(patch) = condition_patch(current.as_ref(), want) else {
             return Ok(Done::Already);
         };

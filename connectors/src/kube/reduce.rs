@@ -18,7 +18,7 @@ use lockstep_schemas::{
 
 pub use super::spec::{ObserveSpec, ScaleKind};
 use super::wire::{
-    self, condition_status, read_condition, read_taint, taint_effect_str, MetaKey,
+    self, condition_status, read_taint, taint_effect_str, MetaKey, ReadCondition,
     DISRUPTION_TARGET, LOCKSTEP_TAINT_PREFIX, MAINTENANCE_IN_PROGRESS, MAINTENANCE_PLANNED,
     MAINTENANCE_WINDOW_ANNOTATION, READY, REVISION_LABEL,
 };
@@ -218,14 +218,7 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
         .filter(|c| {
             spec.pod_conditions.binary_search(&c.type_).is_ok() || written.contains(&c.type_)
         })
-        .map(|c| {
-            read_condition(
-                &c.type_,
-                &c.status,
-                c.reason.as_deref(),
-                c.message.as_deref(),
-            )
-        })
+        .map(ReadCondition::read)
         .collect();
     managed.sort_by(|a, b| a.type_.cmp(&b.type_));
     managed.dedup_by(|a, b| a.type_ == b.type_);

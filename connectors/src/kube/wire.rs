@@ -91,19 +91,46 @@ pub const fn condition_status_str(s: ConditionStatus) -> &'static str {
 }
 
 /// A condition of a node or a pod (their fields alike: type, status,
-/// reason, message) as lockstep reads it back.
-pub fn read_condition(
+/// reason, message), as lockstep reads it back.
+pub trait ReadCondition {
+    /// Its `type`.
+    fn type_name(&self) -> &str;
+    /// What lockstep compares: type, status, reason and message.
+    fn read(&self) -> PodCondition;
+}
+
+/// Implements [`ReadCondition`] for a Kubernetes condition type.
+macro_rules! read_condition {
+    ($t:ty) => {
+        impl ReadCondition for $t {
+            fn type_name(&self) -> &str {
+                &self.type_
+            }
+
+            fn read(&self) -> PodCondition {
+                PodCondition {
+                    type_: self.type_.clone(),
+                    status: condition_status(&self.status),
+                    reason: self.reason.clone().unwrap_or_default(),
+                    message: self.message.clone().unwrap_or_default(),
+                }
+            }
+        }
+    };
+}
+read_condition!(k8s_openapi::api::core::v1::PodCondition);
+read_condition!(k8s_openapi::api::core::v1::NodeCondition);
+
+/// The condition of `type_` among an object's `conditions`, as read back.
+pub fn find_condition<C: ReadCondition>(
+    conditions: Option<&[C]>,
     type_: &str,
-    status: &str,
-    reason: Option<&str>,
-    message: Option<&str>,
-) -> PodCondition {
-    PodCondition {
-        type_: type_.to_owned(),
-        status: condition_status(status),
-        reason: reason.unwrap_or_default().to_owned(),
-        message: message.unwrap_or_default().to_owned(),
-    }
+) -> Option<PodCondition> {
+    conditions
+        .unwrap_or_default()
+        .iter()
+        .find(|c| c.type_name() == type_)
+        .map(ReadCondition::read)
 }
 
 /// The strategic merge patch of a node's or a pod's status that sets one
@@ -378,17 +405,8 @@ mod tests {
             assert_eq!(got.conditions, std::slice::from_ref(&want), "{status:?}");
             assert!(got.ready, "the other conditions are kept");
             // What the actuator compares with before it writes.
-            let c = read.status.unwrap().conditions.unwrap();
-            let c = c.iter().find(|c| c.type_ == want.type_).unwrap();
-            assert_eq!(
-                read_condition(
-                    &c.type_,
-                    &c.status,
-                    c.reason.as_deref(),
-                    c.message.as_deref()
-                ),
-                want
-            );
+            let c = read.status.unwrap().conditions;
+            assert_eq!(find_condition(c.as_deref(), &want.type_), Some(want));
         }
     }
 
