@@ -675,9 +675,9 @@ fn targets(
             namespace, pod: p, ..
         }
         | Target::Pod { namespace, pod: p } => pod == Some(format!("{namespace}/{p}").as_str()),
-        Target::NodeTaint { node: n, .. } | Target::NodeCondition { node: n, .. } => {
-            kube == Some(n.as_str())
-        }
+        Target::NodeTaint { node: n, .. }
+        | Target::NodeCondition { node: n, .. }
+        | Target::NodeLabel { node: n, .. } => kube == Some(n.as_str()),
         Target::SlurmReservation { name } => {
             kube.is_some() && name.strip_prefix(reservation_prefix) == kube
         }

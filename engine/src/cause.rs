@@ -251,7 +251,8 @@ impl Status {
             | Rule::Retired
             | Rule::Reserve
             | Rule::Release
-            | Rule::DrainConditions => String::new(),
+            | Rule::DrainConditions
+            | Rule::SlurmNodesAnnotation => String::new(),
         }
     }
 }

@@ -33,7 +33,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lockstep_schemas::{
-    Action, ActionId, ActionOutcome, ActionPolicy, IssuedAction, ScaleTargetRef, Target,
+    Action, ActionId, ActionOutcome, ActionPolicy, IssuedAction, ScaleTargetRef, Target, DRAINED,
+    DRAIN_IN_PROGRESS,
 };
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -116,6 +117,9 @@ impl Aspect {
                 node.clone(),
                 Self::Condition(condition.clone()),
             ),
+            Target::NodeLabel { node, key } => {
+                (Owner::KubeNode, node.clone(), Self::Label(key.clone()))
+            }
             Target::SlurmReservation { .. } | Target::Scale { .. } => return None,
         })
     }
@@ -123,7 +127,11 @@ impl Aspect {
     /// A Kubernetes node's aspects that maintenance acts on: its
     /// reservation and its drain conditions.
     pub fn is_maintenance(&self) -> bool {
-        matches!(self, Self::Reservation | Self::Condition(_))
+        match self {
+            Self::Reservation => true,
+            Self::Condition(c) => c == DRAIN_IN_PROGRESS || c == DRAINED,
+            _ => false,
+        }
     }
 
     /// A pod's deletion, which belongs to a scale-in or replacement victim.

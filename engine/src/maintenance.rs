@@ -14,6 +14,10 @@
 //! | 5   | lockstep has every Slurm node of the node out, none runs a job            | `DrainInProgress=False`, `Drained=True`                      | `maintenance.drain_conditions`  |
 //! | 6   | otherwise, where a condition lockstep set is True                          | it False                                                     | `maintenance.drain_conditions`  |
 //!
+//! Rows 4-6 run under `maintenance.enabled` with `maintenance.node_conditions`,
+//! and for every drain lockstep makes (a cordon, an eviction, health) under
+//! `node_signals.drain_conditions` alone.
+//!
 //! Row 3 is a drain cause like the ones in `drain`: the drain lifts (and is
 //! audited as `drain.cause_cleared`) when no cause holds any more. The
 //! reservation exists in Slurm alone; lockstep knows it from the outcomes of
@@ -107,7 +111,8 @@ impl Reservations {
             _ => Rule::Reserve,
         };
         // Rows 4-6: how lockstep's drain of the node's Slurm nodes stands.
-        let conditions = match node.filter(|_| mp.enabled && mp.node_conditions) {
+        let conditions_on = policy.drain_conditions_on();
+        let conditions = match node.filter(|_| conditions_on) {
             Some(node) => {
                 let progress = DrainProgress::of(names.iter().map(|n| {
                     let s = &model.slurm_nodes[n].obs;
@@ -116,9 +121,7 @@ impl Reservations {
                 }));
                 drain_conditions(node, progress)
             }
-            None if mp.enabled && mp.node_conditions => {
-                [DRAIN_IN_PROGRESS, DRAINED].map(|t| (t, None))
-            }
+            None if conditions_on => [DRAIN_IN_PROGRESS, DRAINED].map(|t| (t, None)),
             None => [("", None), ("", None)],
         };
         let key = Key::Kube(kube, AspectRef::Reservation);
@@ -553,6 +556,7 @@ mod tests {
             type_: String::new(),
             status,
             reason: reason.to_owned(),
+            message: String::new(),
         };
         use ConditionStatus::{False, True};
         use DrainProgress::{Drained, Draining, NotDraining};

@@ -507,7 +507,9 @@ impl Audit {
                 engine.pod_key_of(&self.node).as_deref()
                     == Some(format!("{namespace}/{pod}").as_str())
             }
-            Target::NodeTaint { node, .. } | Target::NodeCondition { node, .. } => {
+            Target::NodeTaint { node, .. }
+            | Target::NodeCondition { node, .. }
+            | Target::NodeLabel { node, .. } => {
                 engine.placement(&self.node).as_deref() == Some(node.as_str())
             }
             Target::SlurmReservation { name } => engine.placement(&self.node).is_some_and(|k| {

@@ -9,10 +9,12 @@
 //! | 4   | node taint `unhealthy_taint`                        | a Slurm node on the Kubernetes node is shown unhealthy; one recovered and still held keeps a taint that is there, never puts one on | `health.slurm_unhealthy` |
 //! | 5   | node taint `foreign_drain_taint`                    | a Slurm node on the Kubernetes node is drained by somebody else | `drain.foreign`        |
 //! | 6   | a condition, label or taint lockstep set under a name the policy no longer has (`retired`) | condition: Unknown, reason [`NOT_MANAGED`]; label and taint: removed | `policy.retired` |
+//! | 7   | node condition `foreign_drain_condition` of `[node_signals]` True, each such Slurm node and its reason in the message | a Slurm node on the Kubernetes node is drained or down by somebody else | `drain.foreign` |
+//! | 8   | node annotation `slurm_nodes_annotation` of `[node_signals]` = the Slurm nodes on it, sorted, comma-separated | Slurm reports a Slurm node on the Kubernetes node | `node_signals.slurm_nodes` |
 //!
 //! Once a row no longer holds, what lockstep set is taken back: a
-//! condition flips to its other status (False, or True for health), a label
-//! or a taint is removed. Conditions are never removed: the actions set them.
+//! condition flips to its other status (False, or True for health), a label,
+//! an annotation or a taint is removed. Conditions are never removed: the actions set them.
 //!
 //! Every function here is pure: from what the model holds to the actions
 //! wanted, `None` where Kubernetes already shows it. A want is listed also
@@ -245,6 +247,99 @@ pub(crate) fn taint_wants<'a>(
             out.push((AspectRef::Taint(&spec.key), want, rule));
         }
     }
+}
+
+/// The longest message of the foreign drain node condition (row 7): a node
+/// with many Slurm nodes drained by others names the first ones.
+const FOREIGN_MESSAGE_MAX: usize = 1024;
+
+/// Rows 7 and 8 for one Kubernetes node: `foreign` the Slurm nodes on it
+/// drained or down by somebody else with their reasons, `slurm_nodes` every
+/// Slurm node on it Slurm reports, both sorted by name; `annotation_key`
+/// the annotation of row 8 as a label key (`annotation:<key>`, empty: row
+/// off). `holds` as for [`pod_wants`].
+pub(crate) fn signal_wants<'a>(
+    node: &KubeEntry,
+    foreign: &[(&str, &str)],
+    slurm_nodes: &[String],
+    policy: &'a Policy,
+    annotation_key: &'a str,
+    holds: impl Fn(AspectRef<'_>) -> bool,
+    out: &mut Vec<Want<'a>>,
+) {
+    let name = &node.obs.name;
+    // Row 7.
+    let ty = policy.node_signals.foreign_drain_condition.as_str();
+    if !ty.is_empty() {
+        let present = node.obs.conditions.iter().find(|c| c.type_ == ty);
+        let wanted = if foreign.is_empty() {
+            // Taken back only where lockstep's True is shown.
+            present
+                .filter(|c| c.status == ConditionStatus::True)
+                .map(|_| (ConditionStatus::False, "SlurmNotDrained", String::new()))
+        } else {
+            Some((
+                ConditionStatus::True,
+                "SlurmDrain",
+                foreign_message(foreign),
+            ))
+        };
+        let want = wanted
+            .filter(|(status, reason, message)| {
+                !present.is_some_and(|c| {
+                    c.status == *status && c.reason == *reason && c.message == *message
+                })
+            })
+            .map(|(status, reason, message)| Action::KubeSetNodeCondition {
+                node: name.clone(),
+                condition: PodCondition {
+                    type_: ty.to_owned(),
+                    status,
+                    reason: reason.to_owned(),
+                    message,
+                },
+            });
+        let aspect = AspectRef::Condition(ty);
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want, Rule::ForeignDrain));
+        }
+    }
+    // Row 8.
+    if !annotation_key.is_empty() {
+        let value = (!slurm_nodes.is_empty()).then(|| slurm_nodes.join(","));
+        let present = node.obs.labels.get(annotation_key);
+        let want = (present != value.as_ref()).then(|| Action::KubeLabelNode {
+            node: name.clone(),
+            key: annotation_key.to_owned(),
+            value,
+        });
+        let aspect = AspectRef::Label(annotation_key);
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want, Rule::SlurmNodesAnnotation));
+        }
+    }
+}
+
+/// `n1: reason; n2: reason`, cut at [`FOREIGN_MESSAGE_MAX`] with how many
+/// more there are.
+fn foreign_message(foreign: &[(&str, &str)]) -> String {
+    let mut message = String::new();
+    for (i, (node, reason)) in foreign.iter().enumerate() {
+        let part = if reason.is_empty() {
+            (*node).to_owned()
+        } else {
+            format!("{node}: {reason}")
+        };
+        if !message.is_empty() && message.len() + part.len() + 2 > FOREIGN_MESSAGE_MAX {
+            message.push_str(&format!("; and {} more", foreign.len() - i));
+            break;
+        }
+        if !message.is_empty() {
+            message.push_str("; ");
+        }
+        message.push_str(&part);
+    }
+    message
 }
 
 /// The condition lockstep wants on a pod, or `None` if the pod already shows
@@ -589,5 +684,161 @@ mod tests {
             taint_wants(&node(taints), *on, &policy, retired, |_| false, &mut got);
             assert_eq!(show(&got), *want, "case {i}");
         }
+    }
+
+    /// Rows 7 and 8 on a Kubernetes node, one case per line: (Slurm nodes
+    /// drained by others with their reasons, Slurm nodes on it, the foreign
+    /// condition it shows as (status, reason, message), its annotation, the
+    /// condition's slot busy) -> the condition and annotation written.
+    #[test]
+    fn signal_rows_table() {
+        use ConditionStatus::{False as F, True as T};
+        type Shown = Option<(ConditionStatus, &'static str, &'static str)>;
+        type Foreign<'a> = &'a [(&'a str, &'a str)];
+        type Case<'a> = (
+            Foreign<'a>,
+            &'a [String],
+            Shown,
+            Option<&'a str>,
+            bool,
+            Vec<String>,
+        );
+        let node = |shown: Shown, annotation: Option<&str>| KubeEntry {
+            obs: KubeNode {
+                name: "k1".into(),
+                unschedulable: false,
+                ready: ConditionStatus::True,
+                conditions: shown
+                    .map(
+                        |(status, reason, message)| lockstep_schemas::NodeCondition {
+                            type_: "SlurmNodeDrained".into(),
+                            status,
+                            reason: reason.into(),
+                            message: message.into(),
+                        },
+                    )
+                    .into_iter()
+                    .collect(),
+                labels: annotation
+                    .map(|a| {
+                        (
+                            "annotation:lockstep.dev/slurm-nodes".to_owned(),
+                            a.to_owned(),
+                        )
+                    })
+                    .into_iter()
+                    .collect(),
+                taints: vec![],
+                read_labels: None,
+                maintenance: None,
+                version: 0,
+            },
+            gen: 0,
+            not_ready_since: None,
+            unseen_labels: vec![],
+        };
+        let mut policy = Policy::default();
+        policy.node_signals.foreign_drain_condition = "SlurmNodeDrained".into();
+        policy.node_signals.slurm_nodes_annotation = "lockstep.dev/slurm-nodes".into();
+        let key = "annotation:lockstep.dev/slurm-nodes";
+        let both = ["n1".to_owned(), "n2".to_owned()];
+        let n1 = [("n1", "admin: bad dimm")];
+        let two = [("n1", "admin: bad dimm"), ("n2", "")];
+        let cond = |status: ConditionStatus, reason: &str, message: &str| {
+            format!(
+                "set condition SlurmNodeDrained={status:?} on kubernetes node k1 ({reason}{})",
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {message}")
+                }
+            )
+        };
+        let annotate =
+            |v: &str| format!("annotate kubernetes node k1 lockstep.dev/slurm-nodes={v}");
+        let unannotate =
+            "remove annotation lockstep.dev/slurm-nodes from kubernetes node k1".to_owned();
+        #[rustfmt::skip]
+        let cases: Vec<Case<'_>> = vec![
+            // row 7: somebody else's drain shows True, naming the node and reason
+            (&n1, &both, None, Some("n1,n2"), false, vec![cond(T, "SlurmDrain", "n1: admin: bad dimm")]),
+            (&n1, &both, Some((T, "SlurmDrain", "n1: admin: bad dimm")), Some("n1,n2"), false, vec![]),
+            // a second one: the message follows
+            (&two, &both, Some((T, "SlurmDrain", "n1: admin: bad dimm")), Some("n1,n2"), false, vec![cond(T, "SlurmDrain", "n1: admin: bad dimm; n2")]),
+            // none any more: False; an absent or False one is left
+            (&[], &both, Some((T, "SlurmDrain", "n1: admin: bad dimm")), Some("n1,n2"), false, vec![cond(F, "SlurmNotDrained", "")]),
+            (&[], &both, None, Some("n1,n2"), false, vec![]),
+            (&[], &both, Some((F, "SlurmNotDrained", "")), Some("n1,n2"), false, vec![]),
+            // somebody's True under another reason is lockstep's to correct: it owns the type
+            (&[], &both, Some((T, "Other", "")), Some("n1,n2"), false, vec![cond(F, "SlurmNotDrained", "")]),
+            // row 8: the annotation names the Slurm nodes, follows them, goes with the last
+            (&[], &both, None, None, false, vec![annotate("n1,n2")]),
+            (&[], &both[..1], None, Some("n1,n2"), false, vec![annotate("n1")]),
+            (&[], &[], None, Some("n1"), false, vec![unannotate.clone()]),
+            (&[], &[], None, None, false, vec![]),
+        ];
+        for (i, (foreign, nodes, shown, annotation, flying, want)) in cases.iter().enumerate() {
+            let mut got = Vec::new();
+            let holds = |a: AspectRef<'_>| *flying && a == AspectRef::Condition("SlurmNodeDrained");
+            signal_wants(
+                &node(*shown, *annotation),
+                foreign,
+                nodes,
+                &policy,
+                key,
+                holds,
+                &mut got,
+            );
+            let got: Vec<String> = got
+                .iter()
+                .filter_map(|(_, w, _)| w.as_ref().map(Action::describe))
+                .collect();
+            assert_eq!(got, *want, "case {i}");
+        }
+        // The rules: row 7 is drain.foreign, row 8 node_signals.slurm_nodes.
+        let mut got = Vec::new();
+        signal_wants(
+            &node(None, None),
+            &n1,
+            &both,
+            &policy,
+            key,
+            |_| false,
+            &mut got,
+        );
+        assert_eq!(show(&got), [
+            "Condition(\"SlurmNodeDrained\")=kube_set_node_condition [drain.foreign]",
+            "Label(\"annotation:lockstep.dev/slurm-nodes\")=kube_label_node [node_signals.slurm_nodes]",
+        ]);
+        // A slot in flight is told when nothing is left to do.
+        let mut got = Vec::new();
+        let flying = |a: AspectRef<'_>| a == AspectRef::Condition("SlurmNodeDrained");
+        signal_wants(
+            &node(None, Some("n1,n2")),
+            &[],
+            &both,
+            &policy,
+            key,
+            flying,
+            &mut got,
+        );
+        assert_eq!(
+            show(&got),
+            ["Condition(\"SlurmNodeDrained\")=- [drain.foreign]"]
+        );
+        // A long list is cut, saying how many more.
+        let many: Vec<String> = (0..200).map(|i| format!("gpu-node-{i:04}")).collect();
+        let foreign: Vec<(&str, &str)> = many.iter().map(|n| (n.as_str(), "admin: rma")).collect();
+        let message = foreign_message(&foreign);
+        assert!(
+            message.len() <= FOREIGN_MESSAGE_MAX + 20,
+            "{}",
+            message.len()
+        );
+        assert!(
+            message.starts_with("gpu-node-0000: admin: rma; gpu-node-0001"),
+            "{message}"
+        );
+        assert!(message.ends_with(" more"), "{message}");
     }
 }

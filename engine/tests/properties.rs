@@ -258,6 +258,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                         type_: "GpuXid".into(),
                         status: ConditionStatus::True,
                         reason: String::new(),
+                        message: String::new(),
                     }]
                 } else {
                     vec![]

@@ -527,6 +527,7 @@ impl Sim {
                 type_: ty.to_owned(),
                 status,
                 reason: String::new(),
+                message: String::new(),
             });
             n.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
         })
@@ -677,7 +678,9 @@ impl Sim {
             Action::SlurmReserve { nodes, .. } => nodes.iter().all(|n| self.slurm.contains_key(n)),
             // scontrol deletes a reservation; one already gone is `AlreadyDone`.
             Action::SlurmUnreserve { .. } => true,
-            Action::KubeSetNodeCondition { node, .. } => self.kube.contains_key(node),
+            Action::KubeSetNodeCondition { node, .. } | Action::KubeLabelNode { node, .. } => {
+                self.kube.contains_key(node)
+            }
         }
     }
 
@@ -782,15 +785,34 @@ impl Sim {
                 self.reservations.remove(name);
             }
             Action::KubeSetNodeCondition { node, condition } => {
+                // The connector reports the message of the foreign drain
+                // condition only.
+                let foreign = &self.engine.policy().node_signals.foreign_drain_condition;
                 let condition = lockstep_schemas::NodeCondition {
                     type_: condition.type_.clone(),
                     status: condition.status,
                     reason: condition.reason.clone(),
+                    message: if condition.type_ == *foreign {
+                        condition.message.clone()
+                    } else {
+                        String::new()
+                    },
                 };
                 self.kube_change(node, |n| {
                     n.conditions.retain(|c| c.type_ != condition.type_);
                     n.conditions.push(condition);
                     n.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+                });
+            }
+            Action::KubeLabelNode { node, key, value } => {
+                let (key, value) = (key.clone(), value.clone());
+                self.kube_change(node, |n| match value {
+                    Some(v) => {
+                        n.labels.insert(key, v);
+                    }
+                    None => {
+                        n.labels.remove(&key);
+                    }
                 });
             }
         }

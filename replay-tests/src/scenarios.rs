@@ -206,6 +206,11 @@ pub const ALL: &[Incident] = &[
         about: "Slinky's slurm-operator drains on cordon too: whichever drain lands first stands, neither resumes the other's, its preStop DOWN of a terminating pod is never lifted by lockstep, and nothing stays out once both causes end",
         build: slinky_beside_lockstep,
     },
+    Incident {
+        name: "drains-shown-on-nodes",
+        about: "Slurm's drains on the Kubernetes nodes themselves: each node's annotation names its Slurm nodes; a cordon shows DrainInProgress while a job runs, then Drained; netops' RMA drain of n3 shows SlurmNodeDrained on k2 naming it, and a second drain there joins the message; resumes take each back",
+        build: drains_shown_on_nodes,
+    },
 ];
 
 /// The incident with this name.
@@ -842,6 +847,35 @@ fn maintenance_window() -> Sim {
     sim.advance_s(60)
         .kube_change("k1", |k| k.maintenance = None)
         .actuate();
+    sim
+}
+
+fn drains_shown_on_nodes() -> Sim {
+    let mut policy = Policy::default();
+    policy.node_signals.drain_conditions = true;
+    policy.node_signals.foreign_drain_condition = "SlurmNodeDrained".to_owned();
+    policy.node_signals.slurm_nodes_annotation = "lockstep.dev/slurm-nodes".to_owned();
+    let mut sim = Sim::new(policy);
+    sim.add_kube_node("k1").add_kube_node("k2");
+    sim.add_slurm_node("n1").add_pod("n1", "k1");
+    sim.add_slurm_node("n2").add_pod("n2", "k1");
+    sim.add_slurm_node("n3").add_pod("n3", "k2");
+    sim.add_slurm_node("n4").add_pod("n4", "k2");
+    sim.advance_s(10).start_job(1001, &["n1"]).actuate();
+    // 03:01: k1 is cordoned while job 1001 runs; 03:11 it ends.
+    sim.advance_s(50).cordon("k1").actuate();
+    sim.advance_s(600).end_job(1001).actuate();
+    // 03:12: netops drains n3 for an RMA, 03:13 n4 too.
+    sim.advance_s(60)
+        .admin_drain("n3", "NVSwitch RMA")
+        .actuate();
+    sim.advance_s(60).admin_drain("n4", "fan failure").actuate();
+    // 03:20: k1 is uncordoned; 03:30 n3 is back, 03:31 n4.
+    sim.advance_s(420).uncordon("k1").actuate();
+    sim.advance_s(600).admin_resume("n3").actuate();
+    sim.advance_s(60).admin_resume("n4").actuate();
+    // 03:32: n2's pod is gone: the annotation no longer names it.
+    sim.advance_s(60).remove_pod("n2").actuate();
     sim
 }
 

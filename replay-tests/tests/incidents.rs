@@ -1005,6 +1005,79 @@ fn slurm_to_kubernetes_is_damped_and_a_drained_node_that_stops_answering_shows_u
 }
 
 #[test]
+fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
+    use lockstep_schemas::ConditionStatus::False;
+    let sim = build("drains-shown-on-nodes");
+    let epoch = lockstep_replay_tests::EPOCH_MS;
+    let t = |s: u64| epoch + s * 1000;
+    // Every write to a Kubernetes node, in order: (time, node, what).
+    let writes: Vec<(u64, String, String)> = sim
+        .actions
+        .iter()
+        .filter_map(|a| match &a.action {
+            Action::KubeSetNodeCondition { node, condition } => Some((
+                a.time_ms,
+                node.clone(),
+                format!(
+                    "{}={:?} {} {}",
+                    condition.type_, condition.status, condition.reason, condition.message
+                )
+                .trim_end()
+                .to_owned(),
+            )),
+            Action::KubeLabelNode { node, key, value } => {
+                Some((a.time_ms, node.clone(), format!("{key}={value:?}")))
+            }
+            _ => None,
+        })
+        .collect();
+    let w = |s: u64, node: &str, what: &str| (t(s), node.to_owned(), what.to_owned());
+    let a = "annotation:lockstep.dev/slurm-nodes";
+    assert_eq!(
+        writes,
+        [
+            // The story adds the Slurm nodes one by one: the first is
+            // named at once, the second once the first write is done.
+            w(0, "k1", &format!("{a}=Some(\"n1\")")),
+            w(0, "k2", &format!("{a}=Some(\"n3\")")),
+            w(10, "k1", &format!("{a}=Some(\"n1,n2\")")),
+            w(10, "k2", &format!("{a}=Some(\"n3,n4\")")),
+            w(60, "k1", "DrainInProgress=True LockstepSlurmDrain lockstep drains the Slurm nodes on this node; jobs still run"),
+            w(60, "k1", "Drained=False LockstepSlurmDrain lockstep drains the Slurm nodes on this node; jobs still run"),
+            w(660, "k1", "DrainInProgress=False LockstepSlurmDrain lockstep drained the Slurm nodes on this node; no job runs"),
+            w(660, "k1", "Drained=True LockstepSlurmDrain lockstep drained the Slurm nodes on this node; no job runs"),
+            w(720, "k2", "SlurmNodeDrained=True SlurmDrain n3: NVSwitch RMA"),
+            w(780, "k2", "SlurmNodeDrained=True SlurmDrain n3: NVSwitch RMA; n4: fan failure"),
+            w(1200, "k1", "Drained=False LockstepSlurmDrain lockstep does not drain the Slurm nodes on this node"),
+            w(1800, "k2", "SlurmNodeDrained=True SlurmDrain n4: fan failure"),
+            w(1860, "k2", "SlurmNodeDrained=False SlurmNotDrained"),
+            w(1920, "k1", &format!("{a}=Some(\"n1\")")),
+        ]
+    );
+    // What the nodes show at the end.
+    let shown = |k: &str, ty: &str| {
+        sim.kube[k]
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ty)
+            .map(|c| c.status)
+    };
+    assert_eq!(shown("k1", "Drained"), Some(False));
+    assert_eq!(shown("k1", "DrainInProgress"), Some(False));
+    assert_eq!(shown("k2", "SlurmNodeDrained"), Some(False));
+    assert_eq!(
+        shown("k2", "Drained"),
+        None,
+        "netops' drains are not lockstep's"
+    );
+    assert_eq!(sim.kube["k1"].labels.get(a).map(String::as_str), Some("n1"));
+    assert_eq!(
+        sim.kube["k2"].labels.get(a).map(String::as_str),
+        Some("n3,n4")
+    );
+}
+
+#[test]
 fn maintenance_reserves_ahead_drains_in_the_window_shows_progress_and_gives_back() {
     let sim = build("maintenance-window");
     let epoch = lockstep_replay_tests::EPOCH_MS;

@@ -127,6 +127,17 @@ pub enum Action {
         /// The condition as it should be (the shape pods and nodes share).
         condition: PodCondition,
     },
+    /// Set or remove one label on a Kubernetes node; with a key
+    /// `annotation:<key>`, one annotation (as for [`Action::KubeLabelPod`]),
+    /// e.g. the annotation naming the node's Slurm nodes.
+    KubeLabelNode {
+        /// Kubernetes node.
+        node: String,
+        /// Label key, or `annotation:<key>`.
+        key: String,
+        /// Value to set; `None` removes it.
+        value: Option<String>,
+    },
 }
 
 /// The kind of an action: a closed set, usable as a metric label.
@@ -163,12 +174,14 @@ pub enum ActionKind {
     SlurmUnreserve,
     /// [`Action::KubeSetNodeCondition`].
     KubeSetNodeCondition,
+    /// [`Action::KubeLabelNode`].
+    KubeLabelNode,
 }
 
 impl ActionKind {
     /// Every kind, in declaration order: for what must exist for each kind
     /// before its first action (a metric series an alert reads at 0).
-    pub const ALL: [ActionKind; 14] = [
+    pub const ALL: [ActionKind; 15] = [
         Self::SlurmDrain,
         Self::SlurmResume,
         Self::SlurmDown,
@@ -183,6 +196,7 @@ impl ActionKind {
         Self::SlurmReserve,
         Self::SlurmUnreserve,
         Self::KubeSetNodeCondition,
+        Self::KubeLabelNode,
     ];
 
     /// A static name, usable as a metric label.
@@ -202,6 +216,7 @@ impl ActionKind {
             Self::SlurmReserve => "slurm_reserve",
             Self::SlurmUnreserve => "slurm_unreserve",
             Self::KubeSetNodeCondition => "kube_set_node_condition",
+            Self::KubeLabelNode => "kube_label_node",
         }
     }
 
@@ -222,7 +237,8 @@ impl ActionKind {
             | Self::KubeLabelPod
             | Self::KubeDeletePod
             | Self::KubeScale
-            | Self::KubeSetNodeCondition => Connector::Kubernetes,
+            | Self::KubeSetNodeCondition
+            | Self::KubeLabelNode => Connector::Kubernetes,
         }
     }
 }
@@ -303,6 +319,13 @@ pub enum Target {
         /// Condition type.
         condition: String,
     },
+    /// One label (or `annotation:` key) on one Kubernetes node.
+    NodeLabel {
+        /// Kubernetes node.
+        node: String,
+        /// Label key, or `annotation:<key>`.
+        key: String,
+    },
 }
 
 impl std::fmt::Display for Target {
@@ -328,6 +351,7 @@ impl std::fmt::Display for Target {
             Self::NodeCondition { node, condition } => {
                 write!(f, "node:{node}/condition/{condition}")
             }
+            Self::NodeLabel { node, key } => write!(f, "node:{node}/label/{key}"),
         }
     }
 }
@@ -350,6 +374,7 @@ impl Action {
             Self::SlurmReserve { .. } => ActionKind::SlurmReserve,
             Self::SlurmUnreserve { .. } => ActionKind::SlurmUnreserve,
             Self::KubeSetNodeCondition { .. } => ActionKind::KubeSetNodeCondition,
+            Self::KubeLabelNode { .. } => ActionKind::KubeLabelNode,
         }
     }
 
@@ -401,6 +426,10 @@ impl Action {
             Self::KubeSetNodeCondition { node, condition } => Target::NodeCondition {
                 node: node.clone(),
                 condition: condition.type_.clone(),
+            },
+            Self::KubeLabelNode { node, key, .. } => Target::NodeLabel {
+                node: node.clone(),
+                key: key.clone(),
             },
         }
     }
@@ -456,16 +485,9 @@ impl Action {
                 pod,
                 key,
                 value,
-            } => {
-                let (what, key) = match key.strip_prefix(crate::event::ANNOTATION_PREFIX) {
-                    Some(a) => ("annotation", a),
-                    None => ("label", key.as_str()),
-                };
-                match value {
-                    Some(v) if what == "label" => format!("label pod {namespace}/{pod} {key}={v}"),
-                    Some(v) => format!("annotate pod {namespace}/{pod} {key}={v}"),
-                    None => format!("remove {what} {key} from pod {namespace}/{pod}"),
-                }
+            } => describe_label(key, value.as_deref(), &format!("pod {namespace}/{pod}")),
+            Self::KubeLabelNode { node, key, value } => {
+                describe_label(key, value.as_deref(), &format!("kubernetes node {node}"))
             }
             Self::KubeDeletePod {
                 namespace,
@@ -481,6 +503,19 @@ impl Action {
 fn utc(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// `label WHAT k=v`, `annotate WHAT k=v`, `remove label k from WHAT`.
+fn describe_label(key: &str, value: Option<&str>, what: &str) -> String {
+    let (kind, key) = match key.strip_prefix(crate::event::ANNOTATION_PREFIX) {
+        Some(a) => ("annotation", a),
+        None => ("label", key),
+    };
+    match value {
+        Some(v) if kind == "label" => format!("label {what} {key}={v}"),
+        Some(v) => format!("annotate {what} {key}={v}"),
+        None => format!("remove {kind} {key} from {what}"),
+    }
 }
 
 /// `set condition T=S on WHAT (reason: message)`.
@@ -566,6 +601,7 @@ mod tests {
                 ActionKind::SlurmReserve => index(ActionKind::SlurmReserve),
                 ActionKind::SlurmUnreserve => index(ActionKind::SlurmUnreserve),
                 ActionKind::KubeSetNodeCondition => index(ActionKind::KubeSetNodeCondition),
+                ActionKind::KubeLabelNode => index(ActionKind::KubeLabelNode),
             };
             assert!(covered.is_some());
         }
@@ -594,6 +630,7 @@ mod tests {
             (KubeDeletePod, Connector::Kubernetes),
             (KubeScale, Connector::Kubernetes),
             (KubeSetNodeCondition, Connector::Kubernetes),
+            (KubeLabelNode, Connector::Kubernetes),
         ];
         for kind in ActionKind::ALL {
             assert!(

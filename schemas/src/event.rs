@@ -664,6 +664,12 @@ pub struct NodeCondition {
     /// Reason, as set by whoever reports the condition.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Message, reported only for the conditions lockstep writes with a
+    /// message that changes (`node_signals.foreign_drain_condition`); empty
+    /// for the others, whose messages (a health check's timestamps) would
+    /// only make news of nothing.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// Kubernetes taint effect.

@@ -30,8 +30,9 @@ pub use log::{EventRecord, Record};
 pub use ownership::{set_down_by_user, Ownership, ReasonOwnership, SLURM_NOT_RESPONDING_SUFFIX};
 pub use policy::{
     valid_topology_token, ActionPolicy, DrainPolicy, HealthAction, HealthPolicy, LabelFeature,
-    MaintenancePolicy, Mapping, MappingMode, Policy, PolicyError, PolicyFileError, Removal,
-    ScaleRule, ScalingPolicy, TaintSpec, TopologyPolicy, COUNT_MAX, DURATION_S_MAX,
+    MaintenancePolicy, Mapping, MappingMode, NodeSignalsPolicy, Policy, PolicyError,
+    PolicyFileError, Removal, ScaleRule, ScalingPolicy, TaintSpec, TopologyPolicy, COUNT_MAX,
+    DURATION_S_MAX,
 };
 pub use transition::{Phase, Rule, Transition};
 

@@ -30,7 +30,7 @@ pub const LOG_FORMAT: &str = "lockstep-log";
 /// values of open enums, so every build of the same major version reads it:
 /// an older build ignores what it does not know (the event ids still cover
 /// it, see [`LogReader`]). Bump it with every such addition to a wire type.
-pub const SCHEMA_MINOR: u32 = 3;
+pub const SCHEMA_MINOR: u32 = 4;
 
 /// The largest record a reader accepts, in bytes (one JSON line or one
 /// MessagePack value). Real records are a few hundred bytes, a policy a few

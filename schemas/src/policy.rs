@@ -36,6 +36,11 @@ pub struct Policy {
     /// conditions that show the drain's progress.
     #[serde(skip_serializing_if = "MaintenancePolicy::is_default")]
     pub maintenance: MaintenancePolicy,
+    /// Slurm's drains and downs shown on the Kubernetes Node itself: the
+    /// node lifecycle conditions for lockstep's drains, a condition for
+    /// drains by others, an annotation naming the node's Slurm nodes.
+    #[serde(skip_serializing_if = "NodeSignalsPolicy::is_default")]
+    pub node_signals: NodeSignalsPolicy,
 }
 
 /// Maintenance policy (`engine/src/maintenance.rs` has its rule table).
@@ -67,6 +72,43 @@ impl Default for MaintenancePolicy {
             reservation_users: "root".to_owned(),
             node_conditions: true,
         }
+    }
+}
+
+/// Slurm drains as node-level signals (`engine/src/shown.rs` rows 7 and 8,
+/// `engine/src/maintenance.rs` rows 4-6). Everything is off by default:
+/// turning one on writes to every Kubernetes node it concerns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSignalsPolicy {
+    /// Set the node lifecycle conditions `DrainInProgress` and `Drained` on a
+    /// Kubernetes node while lockstep has every Slurm node on it drained or
+    /// down, whatever the cause (a cordon, an eviction, health). With
+    /// `maintenance.enabled`, `maintenance.node_conditions` does the same.
+    pub drain_conditions: bool,
+    /// Node condition type that is True on a Kubernetes node while one of
+    /// its Slurm nodes is drained or down by somebody else (an admin, a
+    /// health check, Slurm itself), naming them and their reasons; False
+    /// once none is. Empty: not shown. E.g. `SlurmNodeDrained`.
+    pub foreign_drain_condition: String,
+    /// Annotation on each Kubernetes node naming the Slurm nodes on it
+    /// (sorted, comma-separated), removed when none is. Empty: not set.
+    /// E.g. `lockstep.dev/slurm-nodes`.
+    pub slurm_nodes_annotation: String,
+}
+
+impl NodeSignalsPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl Policy {
+    /// Whether lockstep shows the progress of its drains on Kubernetes nodes
+    /// (`DrainInProgress`, `Drained`): under maintenance, or for every drain.
+    pub fn drain_conditions_on(&self) -> bool {
+        (self.maintenance.enabled && self.maintenance.node_conditions)
+            || self.node_signals.drain_conditions
     }
 }
 
@@ -719,8 +761,62 @@ impl Policy {
                 "must be a comma-separated list of Slurm user names",
             );
         }
+        let signals = &self.node_signals;
+        let fdc = signals.foreign_drain_condition.as_str();
+        if !fdc.is_empty() {
+            if !valid_qualified_name(fdc) {
+                return range(
+                    "node_signals.foreign_drain_condition",
+                    "must be a condition type: a name of letters, digits, '-', '_' or '.', with an optional DNS prefix and '/'",
+                );
+            }
+            if self.health.node_conditions.iter().any(|c| c == fdc)
+                || [crate::event::DRAIN_IN_PROGRESS, crate::event::DRAINED].contains(&fdc)
+            {
+                return range(
+                    "node_signals.foreign_drain_condition",
+                    "must not be a condition lockstep reads as a health cause or sets for its own drains: lockstep would act on what it shows",
+                );
+            }
+        }
+        let annotation = signals.slurm_nodes_annotation.as_str();
+        if !annotation.is_empty() && !valid_qualified_name(annotation) {
+            return range(
+                "node_signals.slurm_nodes_annotation",
+                "must be an annotation key: a name of letters, digits, '-', '_' or '.', with an optional DNS prefix and '/'",
+            );
+        }
         Ok(())
     }
+}
+
+/// A Kubernetes qualified name (label and annotation keys, condition types):
+/// an optional DNS subdomain prefix and `/`, then 1-63 characters of letters,
+/// digits, `-`, `_` and `.`, beginning and ending with a letter or digit.
+fn valid_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    let alnum_ends = |t: &str| {
+        t.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && t.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    let name_ok = (1..=63).contains(&name.len())
+        && alnum_ends(name)
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let prefix_ok = prefix.is_none_or(|p| {
+        (1..=253).contains(&p.len())
+            && p.split('.').all(|l| {
+                (1..=63).contains(&l.len())
+                    && alnum_ends(l)
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            })
+    });
+    name_ok && prefix_ok
 }
 
 /// A field's path in a policy document, for messages.
@@ -952,6 +1048,51 @@ mod tests {
             Ok(p) => panic!("{doc} was accepted: {p:?}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    /// Node signals: what lockstep would read back as a cause, or cannot
+    /// write to Kubernetes, is refused by field.
+    #[test]
+    fn node_signals_are_checked() {
+        let cases = [
+            (
+                r#"{"health": {"node_conditions": ["SlurmNodeDrained"]}, "node_signals": {"foreign_drain_condition": "SlurmNodeDrained"}}"#,
+                "node_signals.foreign_drain_condition",
+            ),
+            (
+                r#"{"node_signals": {"foreign_drain_condition": "Drained"}}"#,
+                "node_signals.foreign_drain_condition",
+            ),
+            (
+                r#"{"node_signals": {"foreign_drain_condition": "slurm drained"}}"#,
+                "node_signals.foreign_drain_condition",
+            ),
+            (
+                r#"{"node_signals": {"slurm_nodes_annotation": "Lockstep.dev/slurm-nodes"}}"#,
+                "node_signals.slurm_nodes_annotation",
+            ),
+            (
+                r#"{"node_signals": {"slurm_nodes_annotation": "lockstep.dev/"}}"#,
+                "node_signals.slurm_nodes_annotation",
+            ),
+        ];
+        for (doc, field) in cases {
+            let err = refused(doc);
+            assert!(
+                err.starts_with(&format!("invalid policy: {field}: ")),
+                "{doc}: {err}"
+            );
+        }
+        let ok = Policy::from_json(
+            r#"{"node_signals": {"drain_conditions": true, "foreign_drain_condition": "SlurmNodeDrained", "slurm_nodes_annotation": "lockstep.dev/slurm-nodes"}}"#,
+        )
+        .unwrap();
+        assert!(ok.drain_conditions_on());
+        assert!(!Policy::default().drain_conditions_on());
+        // Off, the section is left out of the policy as written to the log:
+        // a log of a policy without it reads the same.
+        let written = serde_json::to_string(&Policy::default()).unwrap();
+        assert!(!written.contains("node_signals"), "{written}");
     }
 
     const RULE: &str = r#"{"target": {"group": "apps", "kind": "StatefulSet", "namespace": "slurm", "name": "gpu"}, "partition": "batch", "max_replicas": 4"#;

@@ -126,11 +126,13 @@ pub enum Rule {
     /// maintenance: the node lifecycle conditions `DrainInProgress` and
     /// `Drained` follow lockstep's drain.
     DrainConditions,
+    /// node_signals: a Kubernetes node's annotation names the Slurm nodes on it.
+    SlurmNodesAnnotation,
 }
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 35] = [
+    pub const ALL: [Rule; 36] = [
         Self::Observed,
         Self::Gone,
         Self::Cordoned,
@@ -166,6 +168,7 @@ impl Rule {
         Self::Reserve,
         Self::Release,
         Self::DrainConditions,
+        Self::SlurmNodesAnnotation,
     ];
 
     /// A static name, `policy.rule`.
@@ -206,6 +209,7 @@ impl Rule {
             Self::Reserve => "maintenance.reserve",
             Self::Release => "maintenance.release",
             Self::DrainConditions => "maintenance.drain_conditions",
+            Self::SlurmNodesAnnotation => "node_signals.slurm_nodes",
         }
     }
 }
@@ -283,6 +287,7 @@ mod tests {
                 Rule::Reserve => index(Rule::Reserve),
                 Rule::Release => index(Rule::Release),
                 Rule::DrainConditions => index(Rule::DrainConditions),
+                Rule::SlurmNodesAnnotation => index(Rule::SlurmNodesAnnotation),
             };
             assert!(covered.is_some());
         }

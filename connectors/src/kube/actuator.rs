@@ -187,6 +187,9 @@ impl Actuator {
             Action::KubeSetNodeCondition { node, condition } => {
                 self.set_node_condition(node, condition).await
             }
+            Action::KubeLabelNode { node, key, value } => {
+                self.label_node(node, key, value.as_deref()).await
+            }
             // Every other action is Slurm's (the dispatcher routes by
             // `ActionKind::connector`): refused, as the Slurm actuator
             // refuses what is not its own, so that a new Slurm action does
@@ -282,19 +285,14 @@ impl Actuator {
         value: Option<&str>,
     ) -> Result<Done> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let pod = api
-            .get(name)
-            .await
-            .map_err(|e| Error::from_kube(format!("get pod {namespace}/{name}"), e))?;
-        let key = MetaKey::parse(key);
-        if key.get(&pod.metadata).map(String::as_str) == value {
-            return Ok(Done::Already);
-        }
-        let patch = key.patch(value);
-        api.patch(name, &wire::patch_params(), &Patch::Merge(patch))
-            .await
-            .map_err(|e| Error::from_kube(format!("label pod {namespace}/{name}"), e))?;
-        Ok(Done::Changed)
+        label(&api, name, &format!("pod {namespace}/{name}"), key, value).await
+    }
+
+    /// Sets or removes a node label, or with a key `annotation:<key>` an
+    /// annotation (the one naming the node's Slurm nodes).
+    async fn label_node(&self, name: &str, key: &str, value: Option<&str>) -> Result<Done> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        label(&api, name, &format!("node {name}"), key, value).await
     }
 
     async fn delete_pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Done> {
@@ -377,6 +375,34 @@ fn condition_patch(
     let status_changes = current.is_none_or(|c| c.status != want.status);
     let now = status_changes.then(rfc3339_now);
     Some(wire::condition_patch(want, now.as_deref()))
+}
+
+/// Sets or removes one label or (`annotation:<key>`) annotation of the
+/// object `name` as a JSON merge patch (`null` removes); `what` names it in
+/// errors.
+async fn label<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    key: &str,
+    value: Option<&str>,
+) -> Result<Done>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let object = api
+        .get(name)
+        .await
+        .map_err(|e| Error::from_kube(format!("get {what}"), e))?;
+    let key = MetaKey::parse(key);
+    if key.get(object.meta()).map(String::as_str) == value {
+        return Ok(Done::Already);
+    }
+    let patch = key.patch(value);
+    api.patch(name, &wire::patch_params(), &Patch::Merge(patch))
+        .await
+        .map_err(|e| Error::from_kube(format!("label {what}"), e))?;
+    Ok(Done::Changed)
 }
 
 fn failed(e: &Error) -> OutcomeResult {
@@ -579,6 +605,11 @@ mod tests {
             ActionKind::KubeSetNodeCondition => Action::KubeSetNodeCondition {
                 node: node(),
                 condition,
+            },
+            ActionKind::KubeLabelNode => Action::KubeLabelNode {
+                node: node(),
+                key: "annotation:lockstep.dev/slurm-nodes".to_owned(),
+                value: Some("n1".to_owned()),
             },
         }
     }

@@ -63,6 +63,11 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
             type_: c.type_.clone(),
             status: condition_status(&c.status),
             reason: c.reason.clone().unwrap_or_default(),
+            message: if spec.node_condition_messages.contains(&c.type_) {
+                c.message.clone().unwrap_or_default()
+            } else {
+                String::new()
+            },
         })
         .collect();
     watched.sort_by(|a, b| a.type_.cmp(&b.type_));
@@ -481,6 +486,7 @@ mod tests {
                 type_: "GpuXid".to_owned(),
                 status: ConditionStatus::True,
                 reason: "Xid79".to_owned(),
+                message: String::new(),
             }],
             labels: [
                 ("annotation:rack", "r7"),

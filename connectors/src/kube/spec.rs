@@ -8,7 +8,7 @@
 //! object as the new spec reduces it.
 
 use kube::api::ApiResource;
-use lockstep_schemas::{Policy, Removal, ScaleTargetRef};
+use lockstep_schemas::{Policy, Removal, ScaleTargetRef, ANNOTATION_PREFIX};
 
 use super::wire::{DRAIN_CONDITIONS, LOCKSTEP_TAINT_PREFIX, POD_DELETION_COST};
 
@@ -152,8 +152,12 @@ pub struct ObserveSpec {
     pub pod_selector: Option<String>,
     /// Namespace of the pods and scale targets to watch; `None`: all.
     pub namespace: Option<String>,
-    /// Node condition types to report (`health.node_conditions`).
+    /// Node condition types to report (`health.node_conditions`, the ones
+    /// lockstep sets).
     pub node_conditions: Vec<String>,
+    /// Of those, the types whose message is reported too (the ones
+    /// lockstep sets with a message that changes).
+    pub node_condition_messages: Vec<String>,
     /// Node label keys to report; `annotation:<key>` reports an annotation.
     pub node_labels: Vec<String>,
     /// Taints whose key starts with one of these are reported.
@@ -214,17 +218,23 @@ impl ObserveSpec {
                 .chain(
                     DRAIN_CONDITIONS
                         .iter()
-                        .filter(|_| {
-                            policy.maintenance.enabled && policy.maintenance.node_conditions
-                        })
+                        .filter(|_| policy.drain_conditions_on())
                         .map(|c| (*c).to_owned()),
                 )
+                .chain(non_empty(&policy.node_signals.foreign_drain_condition))
+                .collect(),
+            node_condition_messages: non_empty(&policy.node_signals.foreign_drain_condition)
+                .into_iter()
                 .collect(),
             node_labels: node_labels
                 .iter()
                 .map(|s| (*s).to_owned())
                 .chain(policy.topology.features.iter().map(|f| f.label.clone()))
                 .chain(policy.topology.unit_label.iter().cloned())
+                .chain(
+                    non_empty(&policy.node_signals.slurm_nodes_annotation)
+                        .map(|a| format!("{ANNOTATION_PREFIX}{a}")),
+                )
                 .collect(),
             taint_prefixes: vec![LOCKSTEP_TAINT_PREFIX.to_owned()],
             taint_keys,
@@ -259,6 +269,7 @@ impl ObserveSpec {
     pub fn normalize(&mut self) {
         for v in [
             &mut self.node_conditions,
+            &mut self.node_condition_messages,
             &mut self.node_labels,
             &mut self.taint_prefixes,
             &mut self.taint_keys,
@@ -280,6 +291,7 @@ impl ObserveSpec {
             pod_selector,
             namespace,
             node_conditions,
+            node_condition_messages,
             node_labels,
             taint_prefixes,
             taint_keys,
@@ -292,6 +304,7 @@ impl ObserveSpec {
         ChangedWatches {
             nodes: *node_selector != new.node_selector
                 || *node_conditions != new.node_conditions
+                || *node_condition_messages != new.node_condition_messages
                 || *node_labels != new.node_labels
                 || *taint_prefixes != new.taint_prefixes
                 || *taint_keys != new.taint_keys

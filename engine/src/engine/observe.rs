@@ -23,7 +23,7 @@ impl Engine {
         self.dirty.push(Wake::Slurm(name.to_owned()));
         if let Some(k) = self.model.placement(name, &self.policy) {
             self.dirty.push(Wake::Kube(k.to_owned()));
-            if self.policy.maintenance.enabled {
+            if self.policy.maintenance.enabled || self.policy.drain_conditions_on() {
                 self.dirty.push(Wake::Maint(k.to_owned()));
             }
         }
@@ -32,8 +32,7 @@ impl Engine {
     /// A Slurm node started or stopped running jobs: the drain conditions
     /// of the Kubernetes node under it may change (maintenance rows 4-5).
     pub(super) fn touch_drain_progress(&mut self, name: &str) {
-        let m = &self.policy.maintenance;
-        if m.enabled && m.node_conditions {
+        if self.policy.drain_conditions_on() {
             if let Some(k) = self.model.placement(name, &self.policy) {
                 self.dirty.push(Wake::Maint(k.to_owned()));
             }
@@ -48,7 +47,10 @@ impl Engine {
         self.dirty.extend(names.drain(..).map(Wake::Slurm));
         self.scratch.names = names;
         self.dirty.push(Wake::Kube(name.to_owned()));
-        if self.policy.maintenance.enabled || self.maintained(name) {
+        if self.policy.maintenance.enabled
+            || self.policy.drain_conditions_on()
+            || self.maintained(name)
+        {
             self.dirty.push(Wake::Maint(name.to_owned()));
         }
     }
@@ -58,7 +60,7 @@ impl Engine {
         names.extend(self.ctl.keys().cloned());
         self.dirty.extend(names.into_iter().map(Wake::Slurm));
         let kube: Vec<String> = self.model.kube_nodes.keys().cloned().collect();
-        if self.policy.maintenance.enabled {
+        if self.policy.maintenance.enabled || self.policy.drain_conditions_on() {
             self.dirty.extend(kube.iter().cloned().map(Wake::Maint));
         }
         self.dirty.extend(kube.into_iter().map(Wake::Kube));
@@ -340,7 +342,12 @@ impl Engine {
                 let busy_changed = scaling::slurm_busy(&seen.obs) != scaling::slurm_busy(node);
                 seen.obs.assign_from(node);
                 seen.gen = gen;
-                if side_changed {
+                // A reason changed under a drain by somebody else: the
+                // Kubernetes node's foreign drain condition names it.
+                let foreign_news = relevant
+                    && !self.policy.node_signals.foreign_drain_condition.is_empty()
+                    && SlurmSide::of(node, &own).held_by_other();
+                if side_changed || foreign_news {
                     self.touch_slurm(&node.name);
                 } else if relevant || (busy_changed && !self.policy.scaling.busy_label.is_empty()) {
                     self.dirty.push(Wake::Slurm(node.name.clone()));

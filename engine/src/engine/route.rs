@@ -5,7 +5,7 @@
 //! Kubernetes node's brings its taints; a maintenance wake, its
 //! reservation and drain conditions; the scaling wake, every scale target.
 
-use lockstep_schemas::{Phase, Policy, Rule, Transition};
+use lockstep_schemas::{Phase, Policy, Rule, Transition, ANNOTATION_PREFIX};
 
 use super::{ownership, slurm_unseen, Engine};
 use crate::cause::{Cause, Status, VictimKind};
@@ -260,7 +260,14 @@ impl Engine {
         names.clear();
         self.model.slurm_nodes_on(name, policy, &mut names);
         let own = self.ownership();
+        let signals = &policy.node_signals;
+        // Rows 7 and 8 speak for every Slurm node on it: not while Slurm
+        // cannot be seen.
+        let signals_on = self.model.slurm_visible
+            && !(signals.foreign_drain_condition.is_empty()
+                && signals.slurm_nodes_annotation.is_empty());
         let mut on = OnNode::default();
+        let mut foreign: Vec<(&str, &str)> = Vec::new();
         for n in &names {
             if let Some(s) = self.model.slurm_nodes.get(n) {
                 let side = SlurmSide::of(&s.obs, &own);
@@ -272,12 +279,36 @@ impl Engine {
                     on.held |= !side.unhealthy;
                 }
                 on.foreign |= side.held_by_other();
+                if signals_on && side.held_by_other() {
+                    foreign.push((&s.obs.name, s.obs.reason.as_deref().unwrap_or("")));
+                }
             }
         }
-        self.scratch.names = names;
         let mut wants: Vec<Want<'_>> = Vec::new();
         let holds = |a: AspectRef<'_>| self.flights.holds(Key::Kube(name, a));
         shown::taint_wants(entry, on, policy, &self.retired, holds, &mut wants);
+        let annotation_key = match signals.slurm_nodes_annotation.as_str() {
+            "" => String::new(),
+            key => format!("{ANNOTATION_PREFIX}{key}"),
+        };
+        if signals_on {
+            names.retain(|n| self.model.slurm_nodes.contains_key(n));
+            names.sort_unstable();
+            names.dedup();
+            foreign.sort_unstable();
+            foreign.dedup();
+            shown::signal_wants(
+                entry,
+                &foreign,
+                &names,
+                policy,
+                &annotation_key,
+                holds,
+                &mut wants,
+            );
+        }
+        drop(foreign);
+        self.scratch.names = names;
         if wants.is_empty() {
             return;
         }

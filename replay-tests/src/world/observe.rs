@@ -176,6 +176,7 @@ impl Spec {
                     type_: t.clone(),
                     status: *status,
                     reason: String::new(),
+                    message: String::new(),
                 })
                 .collect(),
             labels: n
