@@ -21,7 +21,9 @@
 //! RBAC) exercise the same Slurm calls and run on the newest only (the
 //! `on!` lines at the end). Planned maintenance runs on the oldest (announced
 //! by the annotation) and the newest (by the node lifecycle condition):
-//! reservations go through scontrol on every version.
+//! reservations go through scontrol on every version. Drains shown on the
+//! Kubernetes node run on the oldest and the newest (the observer reads
+//! reasons through scontrol and through slurmrestd).
 //!
 //! What every scenario starts from (the stack cleaned, a fresh log,
 //! `lockstep run`, the replay at the end) is in `e2e/scenario.rs`.
@@ -730,6 +732,137 @@ fn planned_maintenance_announced_by_the_annotation(slurm_version: &str) {
     planned_maintenance_reserves_drains_and_gives_back(slurm_version, "annotation");
 }
 
+/// A node condition as the API server has it: (status, reason, message).
+fn node_condition_message(
+    s: &Scenario,
+    node: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let n = s.stack.get(&["node", node])?;
+    let c = n["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?
+        .clone();
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+/// Slurm's drains on the Kubernetes Node itself (`[node_signals]`): each
+/// node's annotation names its Slurm nodes; a cordon shows
+/// `DrainInProgress` while a job runs there and `Drained` once none does;
+/// an admin's drain shows as `SlurmNodeDrained` on the node, naming the
+/// Slurm node and its reason; each is taken back, and the annotation follows
+/// a pod that is gone.
+fn slurm_drains_show_on_the_kubernetes_node_itself(slurm_version: &str) {
+    let s = Scenario::new("node-signals", slurm_version);
+    let (k6, k7) = ("e2e-k6", "e2e-k7");
+    s.node(k6, json!({}));
+    s.node(k7, json!({}));
+    s.slurmd_pod("ls-n1", k6, None);
+    s.slurmd_pod("ls-n2", k6, None);
+    s.slurmd_pod("ls-n3", k7, None);
+    let mut policy = base_policy();
+    policy["node_signals"] = json!({
+        "drain_conditions": true,
+        "foreign_drain_condition": "SlurmNodeDrained",
+        "slurm_nodes_annotation": "lockstep.dev/slurm-nodes",
+    });
+    let mut l = s.start_leader("a", &policy);
+    let annotation = |node: &str| {
+        s.stack.get(&["node", node]).and_then(|n| {
+            n["metadata"]["annotations"]["lockstep.dev/slurm-nodes"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    };
+    for (node, names) in [(k6, "ls-n1,ls-n2"), (k7, "ls-n3")] {
+        wait_for(&format!("{node} annotated with {names}"), MINUTE, || {
+            (annotation(node).as_deref() == Some(names)).then_some(())
+        });
+    }
+
+    // A cordon while a job runs: in progress, then drained.
+    let running = s.stack.sbatch(&["-w", "ls-n2", "--time=10"], "sleep 600");
+    wait_for("the job runs", MINUTE, || {
+        (s.stack.job_state(&running).as_deref() == Some("RUNNING")).then_some(())
+    });
+    s.stack.kubectl(&["cordon", k6], None);
+    wait_for("DrainInProgress=True on the node", MINUTE, || {
+        (node_condition(&s, k6, "DrainInProgress")
+            == Some(("True".into(), "LockstepSlurmDrain".into())))
+        .then_some(())
+    });
+    s.stack.slurm("scancel", &[&running]);
+    wait_for("Drained=True on the node", MINUTE, || {
+        (node_condition(&s, k6, "Drained").map(|c| c.0).as_deref() == Some("True")).then_some(())
+    });
+    assert_eq!(
+        node_condition(&s, k6, "DrainInProgress")
+            .map(|c| c.0)
+            .as_deref(),
+        Some("False"),
+        "{}",
+        l.log()
+    );
+
+    // An admin's drain on the other node: shown there, named, with its reason.
+    s.stack.slurm(
+        "scontrol",
+        &[
+            "update",
+            "nodename=ls-n3",
+            "state=drain",
+            "reason=admin: reseat GPU",
+        ],
+    );
+    wait_for("SlurmNodeDrained=True on the node", MINUTE, || {
+        (node_condition_message(&s, k7, "SlurmNodeDrained")
+            == Some((
+                "True".into(),
+                "SlurmDrain".into(),
+                "ls-n3: admin: reseat GPU".into(),
+            )))
+        .then_some(())
+    });
+    assert_eq!(
+        node_condition(&s, k7, "Drained"),
+        None,
+        "an admin's drain is not lockstep's"
+    );
+    s.stack
+        .slurm("scontrol", &["update", "nodename=ls-n3", "state=resume"]);
+    wait_for("SlurmNodeDrained=False on the node", MINUTE, || {
+        (node_condition(&s, k7, "SlurmNodeDrained")
+            == Some(("False".into(), "SlurmNotDrained".into())))
+        .then_some(())
+    });
+
+    // The uncordon takes lockstep's conditions back.
+    s.stack.kubectl(&["uncordon", k6], None);
+    wait_for("Drained=False on the node", MINUTE, || {
+        (node_condition(&s, k6, "Drained").map(|c| c.0).as_deref() == Some("False")).then_some(())
+    });
+    // A pod gone from the node: the annotation no longer names its Slurm node.
+    s.stack.kubectl(
+        &[
+            "delete",
+            "pod",
+            "ls-n2",
+            "-n",
+            NS,
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    wait_for("the annotation follows the pod", MINUTE, || {
+        (annotation(k6).as_deref() == Some("ls-n1")).then_some(())
+    });
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
 fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid(
     slurm_version: &str,
 ) {
@@ -825,5 +958,7 @@ on!(planned_maintenance_announced_by_the_node_lifecycle_condition:
     v26_05 = "26.05");
 on!(planned_maintenance_announced_by_the_annotation:
     v22_05 = "22.05");
+on!(slurm_drains_show_on_the_kubernetes_node_itself:
+    v22_05 = "22.05", v26_05 = "26.05");
 on!(the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid:
     v26_05 = "26.05");
