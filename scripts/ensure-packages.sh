@@ -12,7 +12,7 @@ set -euo pipefail
 [[ $(id -u) -eq 0 ]] || { echo "ensure-packages: run as root to install Debian packages" >&2; exit 1; }
 
 wanted=(
-  slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge curl util-linux
+  slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge curl util-linux systemd
   debootstrap libseccomp-dev pkg-config
   iptables nftables containernetworking-plugins gcc libc6-dev
   prometheus chromium fonts-dejavu-core

@@ -863,6 +863,165 @@ fn slurm_drains_show_on_the_kubernetes_node_itself(slurm_version: &str) {
     s.stop_and_verify(&mut l);
 }
 
+/// lockstep beside a Slurm that runs on the hosts, no slurmd pods: started
+/// as `deploy/systemd/lockstep.service` says (its `ExecStart` and
+/// `Environment`, `/etc/lockstep` and `/var/lib/lockstep` moved under the
+/// scenario's directory), with `deploy/systemd/lockstep.toml` pointed at this
+/// slurmrestd and API server, `deploy/systemd/policy.json` (host mode, node
+/// signals) and a ServiceAccount's kubeconfig. A cordon drains the Slurm node
+/// of the same name and the uncordon resumes it; an admin's drain shows on
+/// the Node; SIGTERM (systemd's stop) ends it with success; its embedded log
+/// replays with `--verify`. `systemd-analyze verify` finds nothing to say
+/// about the unit.
+fn beside_an_existing_slurm_lockstep_runs_as_its_systemd_unit_says(slurm_version: &str) {
+    let s = Scenario::new("systemd", slurm_version);
+    let shipped = common::repo().join("deploy/systemd");
+    let root = s.dir.join("root");
+    let etc = root.join("etc/lockstep");
+    std::fs::create_dir_all(&etc).unwrap();
+    // StateDirectory=lockstep: systemd makes it.
+    std::fs::create_dir_all(root.join("var/lib/lockstep")).unwrap();
+    let bin = env!("CARGO_BIN_EXE_lockstep");
+    let moved = |text: &str| {
+        text.replace("/usr/local/bin/lockstep", bin)
+            .replace("/etc/lockstep", etc.to_str().unwrap())
+            .replace(
+                "/var/lib/lockstep",
+                root.join("var/lib/lockstep").to_str().unwrap(),
+            )
+    };
+
+    // The unit, as systemd reads it.
+    let unit = std::fs::read_to_string(shipped.join("lockstep.service")).unwrap();
+    std::fs::write(s.dir.join("lockstep.service"), moved(&unit)).unwrap();
+    let verify = Command::new("systemd-analyze")
+        .args(["verify", "lockstep.service"])
+        .current_dir(&s.dir)
+        .output()
+        .expect("systemd-analyze (Debian's systemd) is installed by scripts/ensure-packages.sh");
+    assert!(
+        verify.status.success() && verify.stderr.is_empty() && verify.stdout.is_empty(),
+        "systemd-analyze verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let service: Vec<(&str, &str)> = unit
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| !k.starts_with('#'))
+        .collect();
+    let exec = service
+        .iter()
+        .find(|(k, _)| *k == "ExecStart")
+        .map(|(_, v)| moved(v))
+        .expect("ExecStart");
+    let environment: Vec<(String, String)> = service
+        .iter()
+        .filter(|(k, _)| *k == "Environment")
+        .filter_map(|(_, v)| v.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+
+    // /etc/lockstep as an operator fills it: the shipped configuration with
+    // the site's endpoints, the shipped policy, the kubeconfig, the token.
+    let slurm = &s.stack.slurm;
+    std::fs::copy(&s.stack.lockstep_kubeconfig, etc.join("kubeconfig")).unwrap();
+    std::fs::copy(&slurm["SLURM_JWT_FILE"], etc.join("slurm.jwt")).unwrap();
+    std::fs::copy(shipped.join("policy.json"), etc.join("policy.json")).unwrap();
+    let mut config: toml::Table =
+        moved(&std::fs::read_to_string(shipped.join("lockstep.toml")).unwrap())
+            .parse()
+            .unwrap();
+    let telemetry = format!("127.0.0.1:{}", lockstep_testkit::free_port());
+    let table = |config: &mut toml::Table, name: &str| -> toml::Table {
+        config[name].as_table().cloned().unwrap()
+    };
+    let mut t = table(&mut config, "telemetry");
+    t.insert("listen".into(), telemetry.clone().into());
+    config.insert("telemetry".into(), t.into());
+    let mut t = table(&mut config, "slurm");
+    t.insert("rest_url".into(), slurm["SLURMRESTD_URL"].clone().into());
+    let user = slurm.get("SLURM_JWT_USER").map_or("root", String::as_str);
+    t.insert("rest_user".into(), user.into());
+    config.insert("slurm".into(), t.into());
+    std::fs::write(etc.join("lockstep.toml"), config.to_string()).unwrap();
+
+    let args: Vec<&str> = exec.split_whitespace().collect();
+    let mut cmd = Command::new(args[0]);
+    cmd.args(&args[1..])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(environment);
+    let mut l = Lockstep::spawn(cmd, &s.dir.join("run"), telemetry);
+    wait_for("lockstep acts", MINUTE, || l.leads().then_some(()));
+
+    // Host mode: the Kubernetes node and the Slurm node share a name.
+    s.node("ls-n1", json!({}));
+    s.node("ls-n2", json!({}));
+    wait_for("ls-n1 annotated with its Slurm node", MINUTE, || {
+        let n = s.stack.get(&["node", "ls-n1"])?;
+        (n["metadata"]["annotations"]["lockstep.dev/slurm-nodes"] == "ls-n1").then_some(())
+    });
+    s.stack.kubectl(&["cordon", "ls-n1"], None);
+    wait_for("ls-n1 drained by lockstep", MINUTE, || {
+        let show = s.stack.slurm_node("ls-n1");
+        (drained_by_lockstep("ls-n1")(&show) && show.contains("ls-n1 cordoned")).then_some(())
+    });
+    s.stack.kubectl(&["uncordon", "ls-n1"], None);
+    wait_for("ls-n1 resumed", MINUTE, || {
+        (!s.stack.slurm_node("ls-n1").contains("DRAIN")).then_some(())
+    });
+    s.stack.slurm(
+        "scontrol",
+        &[
+            "update",
+            "nodename=ls-n2",
+            "state=drain",
+            "reason=admin: disk",
+        ],
+    );
+    wait_for("SlurmNodeDrained=True on ls-n2", MINUTE, || {
+        (node_condition_message(&s, "ls-n2", "SlurmNodeDrained")
+            == Some((
+                "True".into(),
+                "SlurmDrain".into(),
+                "ls-n2: admin: disk".into(),
+            )))
+        .then_some(())
+    });
+    s.stack
+        .slurm("scontrol", &["update", "nodename=ls-n2", "state=resume"]);
+    wait_for("SlurmNodeDrained=False on ls-n2", MINUTE, || {
+        (node_condition(&s, "ls-n2", "SlurmNodeDrained")
+            .map(|c| c.0)
+            .as_deref()
+            == Some("False"))
+        .then_some(())
+    });
+
+    // systemctl stop: SIGTERM, a clean exit; the embedded log replays.
+    let status = l.child.stop();
+    assert!(status.success(), "{status}: {}", l.log());
+    let file = s.dir.join("incident.jsonl");
+    for args in [
+        vec![
+            "export",
+            "--config",
+            etc.join("lockstep.toml").to_str().unwrap(),
+            file.to_str().unwrap(),
+        ],
+        vec!["replay", "--verify", file.to_str().unwrap()],
+    ] {
+        let out = Command::new(bin).args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid(
     slurm_version: &str,
 ) {
@@ -960,5 +1119,7 @@ on!(planned_maintenance_announced_by_the_annotation:
     v22_05 = "22.05");
 on!(slurm_drains_show_on_the_kubernetes_node_itself:
     v22_05 = "22.05", v26_05 = "26.05");
+on!(beside_an_existing_slurm_lockstep_runs_as_its_systemd_unit_says:
+    v26_05 = "26.05");
 on!(the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid:
     v26_05 = "26.05");

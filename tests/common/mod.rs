@@ -324,6 +324,22 @@ impl Lockstep {
         }
     }
 
+    /// A `lockstep` started from `cmd` as the caller built it (its stderr
+    /// to `dir/run.log`), answering on `telemetry`.
+    pub fn spawn(mut cmd: Command, dir: &Path, telemetry: String) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child: Reap(Some(child)),
+            dir: dir.to_owned(),
+            telemetry,
+        }
+    }
+
     /// What it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("run.log")).unwrap_or_default()
