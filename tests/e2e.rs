@@ -863,6 +863,128 @@ fn slurm_drains_show_on_the_kubernetes_node_itself(slurm_version: &str) {
     s.stop_and_verify(&mut l);
 }
 
+/// Patches a node's status (strategic merge: conditions by type).
+fn patch_node_status(s: &Scenario, node: &str, status: Value) {
+    s.stack.kubectl(
+        &[
+            "patch",
+            "node",
+            node,
+            "--subresource=status",
+            "--type=strategic",
+            "-p",
+            &json!({ "status": status }).to_string(),
+        ],
+        None,
+    );
+}
+
+/// The health check's condition on a node.
+fn health_check(s: &Scenario, node: &str, passed: bool) {
+    let now = now_rfc3339();
+    patch_node_status(
+        s,
+        node,
+        json!({"conditions": [{
+            "type": "HealthCheckPassed", "status": if passed { "True" } else { "False" },
+            "reason": "Checked", "lastTransitionTime": now, "lastHeartbeatTime": now,
+        }]}),
+    );
+}
+
+/// The kubelet's boot ID after a boot (the rest of nodeInfo as a kubelet
+/// reports it).
+fn boot(s: &Scenario, node: &str, boot_id: &str) {
+    patch_node_status(
+        s,
+        node,
+        json!({"nodeInfo": {
+            "bootID": boot_id, "machineID": "m-1", "systemUUID": "s-1",
+            "kernelVersion": "6.1.0", "osImage": "Debian GNU/Linux 12",
+            "containerRuntimeVersion": "containerd://2.0.0", "kubeletVersion": "v1.37.2",
+            "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
+        }}),
+    );
+}
+
+/// Health-gated return to service (`health.return_condition`): a node that
+/// reboots while cordoned is not resumed on uncordon while its health
+/// check's True is the one from before the boot, only once the check turns
+/// False and then True; a node deleted and registered again (a replaced VM)
+/// is resumed only once the check is True on the new Node.
+fn a_node_back_as_another_machine_returns_only_once_its_health_check_passes(slurm_version: &str) {
+    let s = Scenario::new("return-gate", slurm_version);
+    let node = "e2e-k8";
+    s.node(node, json!({}));
+    boot(&s, node, "boot-a");
+    health_check(&s, node, true);
+    s.slurmd_pod("ls-n1", node, None);
+    let mut policy = base_policy();
+    policy["health"]["return_condition"] = json!("HealthCheckPassed");
+    policy["health"]["resume_after_s"] = json!(0);
+    let mut l = s.start_leader("a", &policy);
+    let drained = || drained_by_lockstep("ls-n1")(&s.stack.slurm_node("ls-n1"));
+    // Settled: what lockstep holds of the node includes the latest change.
+    let settled = |what: &str| {
+        let seen = wait_for(&format!("{what} in the log"), MINUTE, || {
+            s.records()
+                .into_iter()
+                .rev()
+                .find_map(|r| match &r.envelope.event {
+                    Event::KubeNode(n) if n.name == node => Some(r.seq),
+                    _ => None,
+                })
+        });
+        wait_for(&format!("lockstep applied {what}"), MINUTE, || {
+            (l.status()?["applied_seq"].as_u64()? >= seen).then_some(())
+        });
+        std::thread::sleep(Duration::from_secs(2));
+    };
+
+    // A reboot while cordoned: the True from before the boot proves nothing.
+    s.stack.kubectl(&["cordon", node], None);
+    wait_for("ls-n1 drained for the cordon", MINUTE, || {
+        drained().then_some(())
+    });
+    boot(&s, node, "boot-b");
+    s.stack.kubectl(&["uncordon", node], None);
+    settled("the uncordon");
+    assert!(drained(), "resumed before the health check: {}", l.log());
+    health_check(&s, node, false);
+    settled("the check failing");
+    assert!(drained(), "{}", l.log());
+    health_check(&s, node, true);
+    wait_for("ls-n1 resumed once the check passed", MINUTE, || {
+        (!s.stack.slurm_node("ls-n1").contains("DRAIN")).then_some(())
+    });
+
+    // The VM is replaced: the Node is deleted and registers again, Ready.
+    s.stack.kubectl(&["delete", "node", node], None);
+    wait_for("ls-n1 drained for the deleted node", MINUTE, || {
+        drained().then_some(())
+    });
+    s.node(node, json!({}));
+    boot(&s, node, "boot-c");
+    settled("the new node");
+    assert!(
+        drained(),
+        "resumed before the new machine's check: {}",
+        l.log()
+    );
+    health_check(&s, node, true);
+    wait_for("ls-n1 resumed on the new machine", MINUTE, || {
+        (!s.stack.slurm_node("ls-n1").contains("DRAIN")).then_some(())
+    });
+    let held = s
+        .records()
+        .into_iter()
+        .filter(|r| matches!(&r.envelope.event, Event::ActionOutcome(o) if o.kind.name() == "slurm_resume"))
+        .count();
+    assert_eq!(held, 2, "one resume after each check: {}", l.log());
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
 /// lockstep beside a Slurm that runs on the hosts, no slurmd pods: started
 /// as `deploy/systemd/lockstep.service` says (its `ExecStart` and
 /// `Environment`, `/etc/lockstep` and `/var/lib/lockstep` moved under the
@@ -1119,6 +1241,8 @@ on!(planned_maintenance_announced_by_the_annotation:
     v22_05 = "22.05");
 on!(slurm_drains_show_on_the_kubernetes_node_itself:
     v22_05 = "22.05", v26_05 = "26.05");
+on!(a_node_back_as_another_machine_returns_only_once_its_health_check_passes:
+    v26_05 = "26.05");
 on!(beside_an_existing_slurm_lockstep_runs_as_its_systemd_unit_says:
     v26_05 = "26.05");
 on!(the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deployment_is_valid:

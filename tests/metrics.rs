@@ -254,6 +254,7 @@ fn kube_node(name: &str, cordoned: bool, ready: ConditionStatus) -> Envelope {
             conditions: vec![],
             labels: Default::default(),
             taints: vec![],
+            identity: Default::default(),
             version: 0,
         }),
     )

@@ -170,6 +170,7 @@ fn kube_node(name: &str, cordoned: bool) -> Event {
         conditions: vec![],
         labels: Default::default(),
         taints: vec![],
+        identity: Default::default(),
         version: 0,
     })
 }

@@ -4,7 +4,7 @@
 //! that the audit trail shows ([`Status::detail`]). A leaf: the policies
 //! import it, it imports none of them.
 
-use lockstep_schemas::{Phase, Policy, Rule, SlurmNode};
+use lockstep_schemas::{IdentityChange, Phase, Policy, Rule, SlurmNode};
 use serde::{Deserialize, Serialize};
 
 use crate::model::NodeView;
@@ -173,6 +173,7 @@ impl Status {
         slurm: &SlurmNode,
         policy: &Policy,
         flaps: usize,
+        returning: Option<IdentityChange>,
     ) -> String {
         let status = self;
         let cause = || {
@@ -213,6 +214,11 @@ impl Status {
             Rule::ResumeDelayed => format!(
                 "cause cleared; resume once healthy for {}s",
                 policy.health.resume_after_s
+            ),
+            Rule::ReturnGate => format!(
+                "cause cleared; the kubernetes node is another machine ({}): resume once {} is True there",
+                returning.map_or("changed", IdentityChange::describe),
+                policy.health.return_condition
             ),
             Rule::FlapHold => format!(
                 "cause cleared, but {flaps} health spells within {}s; held for {}s",

@@ -19,6 +19,7 @@
 //! | `drains_per_minute_max` new health drains in the last minute of log time, cluster-wide | a new one waits      | `health.rate_limited` |
 //! | a health cause cleared less than `resume_after_s` ago                | the resume waits              | `health.resume_delay` |
 //! | more than `flaps_max` health spells within `flap_window_s`           | held drained for `flap_hold_s` | `health.flap_hold`   |
+//! | the Kubernetes node came back as a different machine (deleted, a new UID or providerID, a new bootID with `return_after_reboot`) and `return_condition` has not been True there since (on the same Node object: not True, then True) | the resume waits, with no deadline | `health.return_gate` |
 //!
 //! A spell is a health cause turning on where none was ([`Damping`]):
 //! lockstep putting its drain back after an admin resumed the node, a retry,
@@ -43,7 +44,7 @@
 
 use std::collections::VecDeque;
 
-use lockstep_schemas::{ConditionStatus, HealthPolicy, Rule};
+use lockstep_schemas::{ConditionStatus, HealthPolicy, IdentityChange, Rule};
 use serde::{Deserialize, Serialize};
 
 use crate::cause::{Cause, HealthCause};
@@ -243,6 +244,21 @@ impl Damping {
     }
 }
 
+/// A return to service that waits for the health signal
+/// (`health.return_condition`): the Kubernetes node under the Slurm node came
+/// back as a different machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Returning {
+    /// What made it another machine.
+    pub change: IdentityChange,
+    /// Log time it was seen.
+    pub since_ms: u64,
+    /// The condition has been seen not True since: what makes a True count
+    /// on a Node object that outlived the change (a reboot).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seen_not_good: bool,
+}
+
 /// One Slurm node's health damping, both directions: kept on the node's
 /// entry in the engine (flattened, so that its fields are encoded where they
 /// were before they were grouped here), read and changed only through
@@ -262,6 +278,9 @@ pub(crate) struct NodeHealth {
         skip_serializing_if = "Option::is_none"
     )]
     slurm: Option<Box<SlurmHealth>>,
+    /// A return to service waiting for the health signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    returning: Option<Box<Returning>>,
 }
 
 impl NodeHealth {
@@ -320,9 +339,52 @@ impl Gate<'_> {
             .follow(had_health, has_health, now, policy);
     }
 
-    /// Whether the resume of lockstep's drain waits, and until when.
-    pub fn resume_hold(&self) -> Option<(Rule, u64)> {
-        self.node.damping.resume_hold(self.now_ms, self.policy)
+    /// Whether the resume of lockstep's drain waits, and until when
+    /// (`None`: until the return condition turns True, no timer).
+    pub fn resume_hold(&self) -> Option<(Rule, Option<u64>)> {
+        if self.node.returning.is_some() {
+            return Some((Rule::ReturnGate, None));
+        }
+        self.node
+            .damping
+            .resume_hold(self.now_ms, self.policy)
+            .map(|(rule, until)| (rule, Some(until)))
+    }
+
+    /// The Kubernetes node under it came back as a different machine: a
+    /// resume of lockstep's drain waits for `return_condition` (off: nothing).
+    pub fn returning(&mut self, change: IdentityChange) {
+        if self.policy.return_condition.is_empty() {
+            return;
+        }
+        self.node.returning = Some(Box::new(Returning {
+            change,
+            since_ms: self.now_ms,
+            // On a new Node object, whatever it says is about the new machine.
+            seen_not_good: change.new_object(),
+        }));
+    }
+
+    /// One evaluation of a return that waits (the table's last row):
+    /// `good` whether the Kubernetes node shows `return_condition` True
+    /// now; `held` whether lockstep still has a drain to lift or a cause
+    /// keeps the node out. The wait ends once the condition is True after
+    /// having been seen not True since the change (at once on a new Node
+    /// object), or when there is nothing left to hold, or with the policy.
+    pub fn follow_return(&mut self, good: bool, held: bool) {
+        let Some(r) = &mut self.node.returning else {
+            return;
+        };
+        if self.policy.return_condition.is_empty() || !held || (good && r.seen_not_good) {
+            self.node.returning = None;
+        } else if !good {
+            r.seen_not_good = true;
+        }
+    }
+
+    /// Why a return waits, if it does.
+    pub fn returning_since(&self) -> Option<IdentityChange> {
+        self.node.returning.as_ref().map(|r| r.change)
     }
 
     /// Whether a new health drain may be sent now (`health.rate_limited`):
@@ -462,6 +524,7 @@ mod tests {
                 conditions: vec![],
                 labels: Default::default(),
                 taints: vec![],
+                identity: Default::default(),
                 version: 0,
             },
             gen: 0,
@@ -612,6 +675,78 @@ mod tests {
         assert_eq!(flap_hold(&t, 200_001, &p), None);
         record(&mut t, 200_002, 100_000, 3);
         assert_eq!(t, [200_000, 200_002]);
+    }
+
+    /// The return gate, one story per line: what made the node another
+    /// machine, then each evaluation's (the condition True, something left
+    /// to hold) -> whether the resume still waits after it.
+    #[test]
+    fn return_gate_table() {
+        use IdentityChange::{BootId, Deleted, ProviderId, Uid};
+        let on = HealthPolicy {
+            return_condition: "HealthCheckPassed".to_owned(),
+            ..HealthPolicy::default()
+        };
+        type Case = (IdentityChange, &'static [(bool, bool, bool)]);
+        #[rustfmt::skip]
+        let cases: &[Case] = &[
+            // a new Node object: the condition True on it opens the gate
+            (Deleted, &[(false, true, true), (true, true, false)]),
+            (Uid, &[(true, true, false)]),
+            (ProviderId, &[(false, true, true), (true, true, false)]),
+            // the same Node after a reboot: a True left from before counts
+            // only after the condition was seen not True
+            (BootId, &[(true, true, true), (true, true, true), (false, true, true), (true, true, false)]),
+            // nothing left to hold (an admin resumed, no cause): the wait ends
+            (BootId, &[(false, false, false), (true, true, false)]),
+        ];
+        for (i, (change, steps)) in cases.iter().enumerate() {
+            let mut node = NodeHealth::default();
+            let mut cluster = Cluster::default();
+            let mut gate = Gate {
+                cluster: &mut cluster,
+                node: &mut node,
+                policy: &on,
+                now_ms: 1_000,
+            };
+            gate.returning(*change);
+            for (j, (good, held, waits)) in steps.iter().enumerate() {
+                gate.follow_return(*good, *held);
+                let hold = gate.resume_hold();
+                assert_eq!(
+                    hold == Some((Rule::ReturnGate, None)),
+                    *waits,
+                    "case {i} step {j}: {hold:?}"
+                );
+            }
+        }
+        // Off: a change holds nothing, and a policy turned off lets go.
+        let off = HealthPolicy::default();
+        let (mut node, mut cluster) = (NodeHealth::default(), Cluster::default());
+        let mut gate = Gate {
+            cluster: &mut cluster,
+            node: &mut node,
+            policy: &off,
+            now_ms: 0,
+        };
+        gate.returning(Uid);
+        assert_eq!(gate.resume_hold(), None);
+        let (mut node, mut cluster) = (NodeHealth::default(), Cluster::default());
+        Gate {
+            cluster: &mut cluster,
+            node: &mut node,
+            policy: &on,
+            now_ms: 0,
+        }
+        .returning(Uid);
+        let mut gate = Gate {
+            cluster: &mut cluster,
+            node: &mut node,
+            policy: &off,
+            now_ms: 0,
+        };
+        gate.follow_return(false, true);
+        assert_eq!(gate.resume_hold(), None);
     }
 
     /// The resume rows, one case per line: (health drains, cleared at, now)

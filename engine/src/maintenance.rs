@@ -373,6 +373,7 @@ mod tests {
             taints: Vec::new(),
             read_labels: None,
             maintenance: m,
+            identity: Default::default(),
             version: 0,
         }
     }

@@ -217,6 +217,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect::<BTreeMap<_, _>>(),
             taints: vec![],
+            identity: Default::default(),
             version: 0,
         }
     }

@@ -51,6 +51,7 @@ fn events() -> Vec<Event> {
             conditions: vec![],
             labels: BTreeMap::from([("lockstep.io/gpu".into(), "h100".into())]),
             taints: vec![],
+            identity: Default::default(),
             version: 0,
         }),
         Event::KubePod(KubePod {

@@ -273,6 +273,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                 } else {
                     vec![]
                 },
+                identity: Default::default(),
                 version: 0,
             }),
             Op::Pod {

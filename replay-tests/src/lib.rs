@@ -1184,6 +1184,7 @@ fn new_kube_node(name: &str) -> KubeNode {
         conditions: vec![],
         labels: BTreeMap::new(),
         taints: vec![],
+        identity: Default::default(),
         version: 0,
     }
 }

@@ -211,6 +211,11 @@ pub const ALL: &[Incident] = &[
         about: "Slurm's drains on the Kubernetes nodes themselves: each node's annotation names its Slurm nodes; a cordon shows DrainInProgress while a job runs, then Drained; netops' RMA drain of n3 shows SlurmNodeDrained on k2 naming it, and a second drain there joins the message; resumes take each back",
         build: drains_shown_on_nodes,
     },
+    Incident {
+        name: "replaced-node-waits-for-health",
+        about: "return to service gated on a health check (host mode): gpu-001's VM is replaced while drained and comes back Ready, resumed only once HealthCheckPassed is True on the new machine; gpu-002 reboots while cordoned and keeps a True left from before, resumed only after the check turns False then True; gpu-003 reboots in service and a later cordon cycle resumes at once",
+        build: replaced_node_waits_for_health,
+    },
 ];
 
 /// The incident with this name.
@@ -876,6 +881,65 @@ fn drains_shown_on_nodes() -> Sim {
     sim.advance_s(60).admin_resume("n4").actuate();
     // 03:32: n2's pod is gone: the annotation no longer names it.
     sim.advance_s(60).remove_pod("n2").actuate();
+    sim
+}
+
+fn replaced_node_waits_for_health() -> Sim {
+    const CHECK: &str = "HealthCheckPassed";
+    let mut policy = Policy::default();
+    policy.mapping.mode = MappingMode::Host;
+    policy.health.resume_after_s = 30;
+    policy.health.return_condition = CHECK.to_owned();
+    let mut sim = Sim::new(policy);
+    sim.versioned();
+    let identity = |uid: &str, boot: &str| lockstep_schemas::NodeIdentity {
+        uid: uid.to_owned(),
+        boot_id: boot.to_owned(),
+        provider_id: String::new(),
+    };
+    for (i, n) in ["gpu-001", "gpu-002", "gpu-003"].into_iter().enumerate() {
+        sim.add_kube_node(n).add_slurm_node(n);
+        sim.kube_change(n, |k| {
+            k.identity = identity(&format!("uid-{i}"), &format!("boot-{i}a"));
+        })
+        .set_node_condition(n, CHECK, ConditionStatus::True);
+    }
+    sim.actuate();
+    // gpu-001 stops answering; drained past the grace; its VM is replaced:
+    // the Node is deleted and registers again, Ready, not checked yet.
+    sim.advance_s(10)
+        .set_ready("gpu-001", ConditionStatus::False);
+    sim.idle_s(70, 10).actuate();
+    sim.advance_s(120).delete_kube_node("gpu-001").actuate();
+    sim.advance_s(300)
+        .register_kube_node("gpu-001", ConditionStatus::True)
+        .kube_change("gpu-001", |k| k.identity = identity("uid-9", "boot-9a"))
+        .actuate();
+    sim.run_s(120, 30);
+    // The health check passes on the new machine.
+    sim.advance_s(60)
+        .set_node_condition("gpu-001", CHECK, ConditionStatus::True)
+        .actuate();
+    // gpu-002 is cordoned and reboots; uncordoned with the True from before.
+    sim.advance_s(60).cordon("gpu-002").actuate();
+    sim.advance_s(120)
+        .kube_change("gpu-002", |k| k.identity = identity("uid-1", "boot-1b"))
+        .actuate();
+    sim.advance_s(60).uncordon("gpu-002").actuate();
+    sim.run_s(120, 30);
+    sim.advance_s(30)
+        .set_node_condition("gpu-002", CHECK, ConditionStatus::False)
+        .actuate();
+    sim.advance_s(90)
+        .set_node_condition("gpu-002", CHECK, ConditionStatus::True)
+        .actuate();
+    // gpu-003 reboots in service: nothing to hold, then or later.
+    sim.advance_s(60)
+        .kube_change("gpu-003", |k| k.identity = identity("uid-2", "boot-2b"))
+        .actuate();
+    sim.advance_s(60).cordon("gpu-003").actuate();
+    sim.advance_s(60).uncordon("gpu-003").actuate();
+    sim.run_s(60, 30);
     sim
 }
 

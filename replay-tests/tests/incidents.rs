@@ -1078,6 +1078,37 @@ fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
 }
 
 #[test]
+fn a_node_back_as_another_machine_returns_once_its_health_check_passes() {
+    let sim = build("replaced-node-waits-for-health");
+    let epoch = lockstep_replay_tests::EPOCH_MS;
+    let resumes = |n: &str| -> Vec<u64> {
+        sim.actions
+            .iter()
+            .filter(|a| matches!(&a.action, Action::SlurmResume { node } if node == n))
+            .map(|a| (a.time_ms - epoch) / 1000)
+            .collect()
+    };
+    let held_at = |n: &str| -> Vec<u64> {
+        sim.transitions
+            .iter()
+            .filter(|t| t.node == n && t.rule == Rule::ReturnGate)
+            .map(|t| (t.time_ms - epoch) / 1000)
+            .collect()
+    };
+    // gpu-001: registered again Ready at 03:08:20, held there; resumed when
+    // the check is True on the new machine (03:11:20), not before.
+    assert_eq!(held_at("gpu-001"), [500]);
+    assert_eq!(resumes("gpu-001"), [680]);
+    // gpu-002: uncordoned at 03:15:20 after a reboot, the True from before
+    // does not count; False at 03:17:50, True at 03:19:20: resumed then.
+    assert_eq!(held_at("gpu-002"), [920]);
+    assert_eq!(resumes("gpu-002"), [1160]);
+    // gpu-003 rebooted in service: its later cordon cycle is not held.
+    assert!(held_at("gpu-003").is_empty());
+    assert_eq!(resumes("gpu-003"), [1340]);
+}
+
+#[test]
 fn maintenance_reserves_ahead_drains_in_the_window_shows_progress_and_gives_back() {
     let sim = build("maintenance-window");
     let epoch = lockstep_replay_tests::EPOCH_MS;

@@ -203,6 +203,16 @@ impl Event {
                 for t in &n.taints {
                     s.push_str(&format!(" taint {}:{:?}", t.key, t.effect));
                 }
+                let id = &n.identity;
+                for (what, value) in [
+                    ("uid", &id.uid),
+                    ("boot", &id.boot_id),
+                    ("provider", &id.provider_id),
+                ] {
+                    if !value.is_empty() {
+                        s.push_str(&format!(" {what} {value}"));
+                    }
+                }
                 s
             }
             Self::KubeNodeGone { name, .. } => format!("kubernetes node {name} gone"),
@@ -346,7 +356,8 @@ same_but_version!(KubeNode {
     labels,
     taints,
     read_labels,
-    maintenance
+    maintenance,
+    identity
 });
 same_but_version!(KubePod {
     namespace,
@@ -724,6 +735,11 @@ pub struct KubeNode {
     /// Maintenance announced for this node (see [`Maintenance`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<Maintenance>,
+    /// Which machine the node is, reported while the policy gates a return
+    /// to service on it (`health.return_condition`); empty otherwise and in
+    /// logs written before.
+    #[serde(default, skip_serializing_if = "NodeIdentity::is_empty")]
+    pub identity: NodeIdentity,
     /// The object's own version: Kubernetes `metadata.resourceVersion` (an
     /// etcd revision), the Slurm observer's poll generation (poll time in ms,
     /// monotonic). 0: unknown, always applied. An observation older than the
@@ -731,6 +747,76 @@ pub struct KubeNode {
     /// deduplication window).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub version: u64,
+}
+
+/// Which machine a Kubernetes node is. An empty field is unknown (not
+/// reported), never a change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeIdentity {
+    /// `metadata.uid`: a Node deleted and registered again has a new one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    /// `status.nodeInfo.bootID`: new at every boot.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+    /// `spec.providerID`: the cloud's instance, new when the VM is replaced.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider_id: String,
+}
+
+impl NodeIdentity {
+    /// Nothing reported.
+    pub fn is_empty(&self) -> bool {
+        self.uid.is_empty() && self.boot_id.is_empty() && self.provider_id.is_empty()
+    }
+
+    /// What says that `new` is another machine than `self`, if anything:
+    /// a field both report and that differs (`reboot`: `bootID` counts).
+    pub fn changed(&self, new: &Self, reboot: bool) -> Option<IdentityChange> {
+        let differs = |a: &str, b: &str| !a.is_empty() && !b.is_empty() && a != b;
+        if differs(&self.uid, &new.uid) {
+            Some(IdentityChange::Uid)
+        } else if differs(&self.provider_id, &new.provider_id) {
+            Some(IdentityChange::ProviderId)
+        } else if reboot && differs(&self.boot_id, &new.boot_id) {
+            Some(IdentityChange::BootId)
+        } else {
+            None
+        }
+    }
+}
+
+/// What made a Kubernetes node another machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentityChange {
+    /// The Node was deleted (and may register again).
+    Deleted,
+    /// A new `metadata.uid`: deleted and registered again.
+    Uid,
+    /// A new `spec.providerID`: the instance was replaced.
+    ProviderId,
+    /// A new `status.nodeInfo.bootID`: rebooted or reinstalled.
+    BootId,
+}
+
+impl IdentityChange {
+    /// For the audit trail.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::Deleted => "its Node was deleted",
+            Self::Uid => "it registered as a new Node (new uid)",
+            Self::ProviderId => "its instance was replaced (new providerID)",
+            Self::BootId => "it booted again (new bootID)",
+        }
+    }
+
+    /// A new Node object: whatever its conditions say is about the new
+    /// machine. On the same object after a reboot, a condition may be left
+    /// from before.
+    pub const fn new_object(self) -> bool {
+        matches!(self, Self::Deleted | Self::Uid)
+    }
 }
 
 /// The node lifecycle condition (Kubernetes v1.37) saying a node is being

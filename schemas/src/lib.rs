@@ -21,10 +21,11 @@ mod transition;
 pub use action::{Action, ActionId, ActionKind, IssuedAction, Target};
 pub use envelope::{Envelope, EventId, Source, SourceDetail, SCHEMA_VERSION};
 pub use event::{
-    ActionOutcome, ConditionStatus, Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget,
-    Maintenance, NodeCondition, OutcomeResult, OwnerRef, PodCondition, PodPhase, ScaleTargetRef,
-    SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint,
-    TaintEffect, ANNOTATION_PREFIX, DRAINED, DRAIN_IN_PROGRESS, POD_DELETION_COST,
+    ActionOutcome, ConditionStatus, Connector, Domain, Event, IdentityChange, KubeNode, KubePod,
+    KubeScaleTarget, Maintenance, NodeCondition, NodeIdentity, OutcomeResult, OwnerRef,
+    PodCondition, PodPhase, ScaleTargetRef, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode,
+    SlurmNodeFlag, SlurmPartition, Taint, TaintEffect, ANNOTATION_PREFIX, DRAINED,
+    DRAIN_IN_PROGRESS, POD_DELETION_COST,
 };
 pub use log::{EventRecord, Record};
 pub use ownership::{set_down_by_user, Ownership, ReasonOwnership, SLURM_NOT_RESPONDING_SUFFIX};

@@ -281,6 +281,25 @@ pub struct HealthPolicy {
     /// time, as flap damping does in the other direction.
     #[serde(skip_serializing_if = "is_default_slurm_healthy_after_s")]
     pub slurm_healthy_after_s: u64,
+    /// Health-gated return to service: a node condition type that must be
+    /// True on a Kubernetes node that came back as a different machine (its
+    /// Node deleted and registered again, or a new UID, `providerID` or, with
+    /// `return_after_reboot`, `bootID`) before lockstep lifts the drains it
+    /// set on its Slurm nodes; the drain's cause clearing is not enough. On
+    /// the same Node object after a reboot, the condition must be seen not
+    /// True after it first (a True left from before proves nothing). Empty:
+    /// off. E.g. `HealthCheckPassed`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub return_condition: String,
+    /// With `return_condition`: a new `bootID` (a reboot, a reinstall on the
+    /// same Node object) counts as a different machine.
+    #[serde(skip_serializing_if = "is_true")]
+    pub return_after_reboot: bool,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 const fn default_slurm_unhealthy_grace_s() -> u64 {
@@ -330,6 +349,8 @@ impl Default for HealthPolicy {
             slurm_unhealthy_grace_s: default_slurm_unhealthy_grace_s(),
             slurm_unhealthy_per_minute_max: default_slurm_unhealthy_per_minute_max(),
             slurm_healthy_after_s: default_slurm_healthy_after_s(),
+            return_condition: String::new(),
+            return_after_reboot: true,
         }
     }
 }
@@ -761,6 +782,21 @@ impl Policy {
                 "must be a comma-separated list of Slurm user names",
             );
         }
+        let rc = self.health.return_condition.as_str();
+        if !rc.is_empty() {
+            if !valid_qualified_name(rc) {
+                return range(
+                    "health.return_condition",
+                    "must be a condition type: a name of letters, digits, '-', '_' or '.', with an optional DNS prefix and '/'",
+                );
+            }
+            if self.health.node_conditions.iter().any(|c| c == rc) {
+                return range(
+                    "health.return_condition",
+                    "must not be one of health.node_conditions: those drain while True, this one lets a node return while True",
+                );
+            }
+        }
         let signals = &self.node_signals;
         let fdc = signals.foreign_drain_condition.as_str();
         if !fdc.is_empty() {
@@ -1080,6 +1116,16 @@ mod tests {
             let err = refused(doc);
             assert!(
                 err.starts_with(&format!("invalid policy: {field}: ")),
+                "{doc}: {err}"
+            );
+        }
+        for doc in [
+            r#"{"health": {"node_conditions": ["Ok"], "return_condition": "Ok"}}"#,
+            r#"{"health": {"return_condition": "ok ok"}}"#,
+        ] {
+            let err = refused(doc);
+            assert!(
+                err.starts_with("invalid policy: health.return_condition: "),
                 "{doc}: {err}"
             );
         }

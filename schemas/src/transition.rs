@@ -128,11 +128,14 @@ pub enum Rule {
     DrainConditions,
     /// node_signals: a Kubernetes node's annotation names the Slurm nodes on it.
     SlurmNodesAnnotation,
+    /// health: the node came back as a different machine; lockstep's drain
+    /// is lifted once `return_condition` is True there.
+    ReturnGate,
 }
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 36] = [
+    pub const ALL: [Rule; 37] = [
         Self::Observed,
         Self::Gone,
         Self::Cordoned,
@@ -169,6 +172,7 @@ impl Rule {
         Self::Release,
         Self::DrainConditions,
         Self::SlurmNodesAnnotation,
+        Self::ReturnGate,
     ];
 
     /// A static name, `policy.rule`.
@@ -210,6 +214,7 @@ impl Rule {
             Self::Release => "maintenance.release",
             Self::DrainConditions => "maintenance.drain_conditions",
             Self::SlurmNodesAnnotation => "node_signals.slurm_nodes",
+            Self::ReturnGate => "health.return_gate",
         }
     }
 }
@@ -288,6 +293,7 @@ mod tests {
                 Rule::Release => index(Rule::Release),
                 Rule::DrainConditions => index(Rule::DrainConditions),
                 Rule::SlurmNodesAnnotation => index(Rule::SlurmNodesAnnotation),
+                Rule::ReturnGate => index(Rule::ReturnGate),
             };
             assert!(covered.is_some());
         }

@@ -33,6 +33,7 @@ fn records() -> Vec<Record> {
             conditions: vec![],
             labels: [("topology.kubernetes.io/zone".to_owned(), "a".to_owned())].into(),
             taints: vec![],
+            identity: Default::default(),
             version: 0,
         }),
         Event::Tick,

@@ -19,6 +19,7 @@ fn node(i: u64) -> Envelope {
             conditions: vec![],
             labels: Default::default(),
             taints: vec![],
+            identity: Default::default(),
             version: 0,
         }),
     )

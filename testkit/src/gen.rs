@@ -170,6 +170,7 @@ impl Generator {
                 ]
                 .into(),
                 taints: vec![],
+                identity: Default::default(),
                 version: 0,
             };
             g.kube.push(node.clone());

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::DynamicObject;
 use lockstep_schemas::{
-    ConditionStatus, KubeNode, KubePod, KubeScaleTarget, Maintenance, NodeCondition, OwnerRef,
-    PodCondition, PodPhase, ScaleTargetRef, Taint,
+    ConditionStatus, KubeNode, KubePod, KubeScaleTarget, Maintenance, NodeCondition, NodeIdentity,
+    OwnerRef, PodCondition, PodPhase, ScaleTargetRef, Taint,
 };
 
 pub use super::spec::{ObserveSpec, ScaleKind};
@@ -109,6 +109,22 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         taints,
         read_labels: Some(spec.node_labels.clone()),
         maintenance,
+        identity: if spec.node_identity {
+            NodeIdentity {
+                uid: node.metadata.uid.clone().unwrap_or_default(),
+                boot_id: node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.boot_id.clone())
+                    .unwrap_or_default(),
+                provider_id: node_spec
+                    .and_then(|s| s.provider_id.clone())
+                    .unwrap_or_default(),
+            }
+        } else {
+            NodeIdentity::default()
+        },
         version: resource_version(node.metadata.resource_version.as_deref()),
     })
 }
@@ -325,6 +341,39 @@ mod tests {
         ObserveSpec::from_policy(&policy, &["topology.kubernetes.io/zone", "annotation:rack"])
     }
 
+    /// Which machine a node is, reported only while the policy gates a
+    /// return to service on it.
+    #[test]
+    fn a_node_s_identity_is_read_only_for_the_return_gate() {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "uid": "u-1", "resourceVersion": "5"},
+            "spec": {"providerID": "aws:///us-east-1a/i-0abc"},
+            "status": {"nodeInfo": {
+                "bootID": "b-1", "machineID": "m", "systemUUID": "s",
+                "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "",
+                "kubeletVersion": "", "kubeProxyVersion": "",
+                "operatingSystem": "linux", "architecture": "amd64",
+            }},
+        }))
+        .unwrap();
+        assert!(node(&n, &spec()).unwrap().identity.is_empty());
+        let mut policy = Policy::default();
+        policy.health.return_condition = "HealthCheckPassed".to_owned();
+        let gated = ObserveSpec::from_policy(&policy, &[]);
+        assert!(gated
+            .node_conditions
+            .contains(&"HealthCheckPassed".to_owned()));
+        assert_eq!(
+            node(&n, &gated).unwrap().identity,
+            NodeIdentity {
+                uid: "u-1".to_owned(),
+                boot_id: "b-1".to_owned(),
+                provider_id: "aws:///us-east-1a/i-0abc".to_owned(),
+            }
+        );
+        assert!(spec().changed_watches(&gated).nodes);
+    }
+
     fn node_json(heartbeat: &str, resource_version: &str) -> Node {
         serde_json::from_value(json!({
             "metadata": {
@@ -507,6 +556,7 @@ mod tests {
                     effect: TaintEffect::NoSchedule,
                 },
             ],
+            identity: Default::default(),
             version: 17,
         };
         assert_eq!(got, want);

@@ -177,6 +177,9 @@ pub struct ObserveSpec {
     /// Read announced maintenance (`maintenance.enabled`): the node's
     /// [`Maintenance`], and the drain conditions lockstep sets.
     pub maintenance: bool,
+    /// Report which machine each node is (`health.return_condition`): its
+    /// UID, boot ID and provider ID.
+    pub node_identity: bool,
 }
 
 impl ObserveSpec {
@@ -222,6 +225,7 @@ impl ObserveSpec {
                         .map(|c| (*c).to_owned()),
                 )
                 .chain(non_empty(&policy.node_signals.foreign_drain_condition))
+                .chain(non_empty(&policy.health.return_condition))
                 .collect(),
             node_condition_messages: non_empty(&policy.node_signals.foreign_drain_condition)
                 .into_iter()
@@ -259,6 +263,7 @@ impl ObserveSpec {
             scale_kinds: scale_kinds(policy),
             scale_selector: None,
             maintenance: policy.maintenance.enabled,
+            node_identity: !policy.health.return_condition.is_empty(),
         };
         spec.normalize();
         spec
@@ -300,6 +305,7 @@ impl ObserveSpec {
             scale_kinds,
             scale_selector,
             maintenance,
+            node_identity,
         } = self;
         ChangedWatches {
             nodes: *node_selector != new.node_selector
@@ -308,7 +314,8 @@ impl ObserveSpec {
                 || *node_labels != new.node_labels
                 || *taint_prefixes != new.taint_prefixes
                 || *taint_keys != new.taint_keys
-                || *maintenance != new.maintenance,
+                || *maintenance != new.maintenance
+                || *node_identity != new.node_identity,
             pods: *pod_selector != new.pod_selector
                 || *namespace != new.namespace
                 || *pod_labels != new.pod_labels

@@ -2,7 +2,7 @@
 //! origins, what Slurm should show of a node ([`super::state_want`]) through
 //! health damping's gate, the node's state slot, and its phase.
 
-use lockstep_schemas::{Action, EventId, Policy, Rule, SlurmNode, Transition};
+use lockstep_schemas::{Action, ConditionStatus, EventId, Policy, Rule, SlurmNode, Transition};
 
 use super::{Before, SlurmSide, StateWant};
 use crate::cause::{Cause, HealthCause, Status};
@@ -110,15 +110,26 @@ pub(crate) fn decide(
         policy: &policy.health,
         now_ms: now,
     };
+    // A return to service that waits for the health signal: the signal,
+    // and whether anything is left to hold.
+    let rc = policy.health.return_condition.as_str();
+    let good = !rc.is_empty()
+        && view.kube.is_some_and(|k| {
+            k.obs
+                .conditions
+                .iter()
+                .any(|c| c.type_ == rc && c.status == ConditionStatus::True)
+        });
+    gate.follow_return(good, !causes.is_empty() || side.owned_out());
     let resume_hold = || gate.resume_hold();
     let StateWant {
         phase,
         mut rule,
         action,
-        held_until,
+        held,
     } = super::state_want(primary, view, slurm, side, before, resume_hold, policy);
-    let mut act = held_until.is_none();
-    if let Some(at) = held_until {
+    let mut act = held.is_none();
+    if let Some(Some(at)) = held {
         min_wake(wake, at);
     }
     let already = |a: &Action| {
@@ -188,7 +199,9 @@ pub(crate) fn decide(
         cause: primary.cloned(),
     };
     if status != ctl.status {
-        let detail = gave_up.unwrap_or_else(|| status.detail(view, slurm, policy, gate.spells()));
+        let detail = gave_up.unwrap_or_else(|| {
+            status.detail(view, slurm, policy, gate.spells(), gate.returning_since())
+        });
         out.transitions.push(Transition {
             seq: ctx.seq,
             time_ms: now,

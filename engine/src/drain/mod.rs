@@ -89,8 +89,9 @@ pub(crate) struct StateWant {
     /// The drain, down or resume that makes Slurm show it; `None`: Slurm
     /// shows it already, or nothing is wanted.
     pub action: Option<Action>,
-    /// Health damping holds the node until then: nothing is sent now.
-    pub held_until: Option<u64>,
+    /// Health holds the node: nothing is sent now; until a log time (a
+    /// timer looks again), or, `Some(None)`, until a signal.
+    pub held: Option<Option<u64>>,
 }
 
 /// Where a node stood after its last evaluation.
@@ -114,20 +115,20 @@ pub(crate) fn state_want(
     slurm: &SlurmNode,
     side: SlurmSide,
     before: Before,
-    resume_hold: impl FnOnce() -> Option<(Rule, u64)>,
+    resume_hold: impl FnOnce() -> Option<(Rule, Option<u64>)>,
     policy: &Policy,
 ) -> StateWant {
     let quiet = |phase, rule| StateWant {
         phase,
         rule,
         action: None,
-        held_until: None,
+        held: None,
     };
     let Some(primary) = primary else {
         if side.owned_out() {
             return match resume_hold() {
                 Some((rule, until)) => StateWant {
-                    held_until: Some(until),
+                    held: Some(until),
                     ..quiet(Phase::Resuming, rule)
                 },
                 None => StateWant {
@@ -596,12 +597,13 @@ mod tests {
         );
         let drained = (Dd, Rule::Cordoned, true);
         let fresh = (In, Rule::Observed, false);
-        let hold = Some((Rule::FlapHold, 99));
+        let hold = Some((Rule::FlapHold, Some(99)));
+        let gated = Some((Rule::ReturnGate, None));
         type Case = (
             Option<Cause>,
             SlurmSide,
             (Phase, Rule, bool),
-            Option<(Rule, u64)>,
+            Option<(Rule, Option<u64>)>,
             (Phase, Rule, Option<&'static str>),
         );
         #[rustfmt::skip]
@@ -619,6 +621,8 @@ mod tests {
             (Some(Cause::Scaling(VictimKind::ScaleIn)), SlurmSide { unseen: true, ..out_owned }, (Rs, Rule::CauseCleared, false), None, (Dg, Rule::ScaleIn, Some("slurm_drain"))),
             (None, out_owned, drained, None, (Rs, Rule::CauseCleared, Some("slurm_resume"))),
             (None, out_owned, drained, hold, (Rs, Rule::FlapHold, None)),
+            // back as another machine: held until the health signal
+            (None, out_owned, drained, gated, (Rs, Rule::ReturnGate, None)),
             (None, out_other, fresh, None, (Fd, Rule::ForeignDrain, None)),
             (None, side(false, true, false, true), fresh, None, (Su, Rule::SlurmUnhealthy, None)),
             (None, none, drained, None, (In, Rule::Observed, None)),
@@ -642,10 +646,7 @@ mod tests {
             let got = state_want(cause.as_ref(), &view, &n, *side, before, || *hold, &policy);
             let kind = got.action.as_ref().map(|a| a.kind().name());
             assert_eq!((got.phase, got.rule, kind), *want, "case {i}");
-            assert_eq!(
-                got.held_until,
-                hold.filter(|_| got.phase == Rs).map(|h| h.1)
-            );
+            assert_eq!(got.held, hold.filter(|_| got.phase == Rs).map(|h| h.1));
         }
     }
 }

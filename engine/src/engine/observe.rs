@@ -1,6 +1,6 @@
 use lockstep_schemas::{
-    ConditionStatus, Domain, Event, KubeNode, KubePod, KubeScaleTarget, Policy, SlurmJob,
-    SlurmNode, SlurmPartition,
+    ConditionStatus, Domain, Event, IdentityChange, KubeNode, KubePod, KubeScaleTarget, Policy,
+    SlurmJob, SlurmNode, SlurmPartition,
 };
 use rustc_hash::FxHashMap;
 
@@ -434,7 +434,14 @@ impl Engine {
             entry.obs.version = node.version;
             return;
         }
+        let reboot = self.policy.health.return_after_reboot;
+        let change = (!new)
+            .then(|| entry.obs.identity.changed(&node.identity, reboot))
+            .flatten();
         entry.obs.clone_from(node);
+        if let Some(change) = change {
+            self.returning(&node.name, change, now);
+        }
         // Its host is back once a node of that name is Ready.
         if ready {
             self.model.kube_gone.remove(&node.name);
@@ -602,6 +609,9 @@ impl Engine {
     /// Forgets a Kubernetes node that was deleted (or is missing from a
     /// relist) and remembers that its host is gone (health row 6).
     pub(super) fn remove_kube_node(&mut self, name: &str, ctx: &Ctx<'_>) {
+        if self.model.kube_nodes.contains_key(name) {
+            self.returning(name, IdentityChange::Deleted, ctx.now_ms);
+        }
         if self.model.kube_nodes.remove(name).is_some() {
             self.timers.set(WakeOf::Kube(name), None);
             let timeout_ms = ms(self.policy.actions.timeout_s);
@@ -625,6 +635,32 @@ impl Engine {
             }
             self.touch_kube(name);
         }
+    }
+
+    /// The Kubernetes node `kube` came back as a different machine (or its
+    /// Node is gone): a resume of lockstep's drains of the Slurm nodes on it
+    /// waits for the return condition (health table, `health.return_gate`).
+    fn returning(&mut self, kube: &str, change: IdentityChange, now_ms: u64) {
+        if self.policy.health.return_condition.is_empty() {
+            return;
+        }
+        let mut names = std::mem::take(&mut self.scratch.names);
+        names.clear();
+        self.model.slurm_nodes_on(kube, &self.policy, &mut names);
+        for n in &names {
+            // A Slurm node never evaluated has no drain of lockstep's.
+            let Some(ctl) = self.ctl.get_mut(n) else {
+                continue;
+            };
+            let mut gate = crate::health::Gate {
+                cluster: &mut self.damping,
+                node: &mut ctl.health,
+                policy: &self.policy.health,
+                now_ms,
+            };
+            gate.returning(change);
+        }
+        self.scratch.names = names;
     }
 
     /// A deleted Kubernetes node is forgotten once no Slurm node is on it:

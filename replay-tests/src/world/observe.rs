@@ -188,6 +188,7 @@ impl Spec {
             taints,
             read_labels: Some(self.node_labels.clone()),
             maintenance: None,
+            identity: Default::default(),
             version: n.rv,
         }
     }
