@@ -863,6 +863,133 @@ fn slurm_drains_show_on_the_kubernetes_node_itself(slurm_version: &str) {
     s.stop_and_verify(&mut l);
 }
 
+/// GPU faults from DRA (`health.device_faults`): a device taint on a GPU in
+/// the node's ResourceSlice drains both Slurm nodes on it, the device named
+/// in the reason, and the drain lifts when the driver clears the taint; a
+/// DeviceTaintRule does the same; a GPU the kubelet reports Unhealthy in a
+/// slurmd pod's `allocatedResourcesStatus` drains that pod's Slurm node only.
+fn a_gpu_fault_from_dra_drains_the_slurm_nodes_it_concerns(slurm_version: &str) {
+    let s = Scenario::new("dra", slurm_version);
+    let node = "e2e-k9";
+    s.node(node, json!({}));
+    s.slurmd_pod("ls-n1", node, None);
+    // ls-n2's slurmd holds a GPU through a DRA claim.
+    s.stack.apply(&json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "ls-n2", "namespace": NS, "labels": {
+            "app.kubernetes.io/component": "slurmd", MARK: "true", NODE_LABEL: "ls-n2"}},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "ls-n2-gpu"}],
+            "containers": [{"name": "slurmd", "image": "slurmd:e2e",
+                "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }));
+    let pod_status = |health: &str| {
+        json!({"status": {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{
+                "name": "slurmd", "image": "slurmd:e2e", "imageID": "", "ready": true,
+                "restartCount": 0, "started": true, "state": {"running": {}},
+                "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [
+                    {"resourceID": "gpu.nvidia.com/e2e-k9/gpu-1", "health": health}]}],
+            }],
+        }})
+        .to_string()
+    };
+    let patch_pod = |health: &str| {
+        s.stack.kubectl(
+            &[
+                "patch",
+                "pod",
+                "ls-n2",
+                "-n",
+                NS,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &pod_status(health),
+            ],
+            None,
+        );
+    };
+    patch_pod("Healthy");
+    let slice = |taints: Value| {
+        s.stack.apply(&json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "e2e-k9-gpus", "labels": {MARK: "true"}},
+            "spec": {
+                "driver": "gpu.nvidia.com", "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0", "taints": taints}, {"name": "gpu-1"}],
+            },
+        }));
+    };
+    slice(json!([]));
+    let mut policy = base_policy();
+    policy["health"]["device_faults"] = json!(true);
+    policy["health"]["resume_after_s"] = json!(0);
+    let mut l = s.start_leader("a", &policy);
+    let reason = |n: &str| {
+        let show = s.stack.slurm_node(n);
+        drained_by_lockstep(n)(&show).then(|| {
+            show.split("Reason=")
+                .nth(1)
+                .map(|r| r.split(" [").next().unwrap_or(r).trim().to_owned())
+                .unwrap_or_default()
+        })
+    };
+    let resumed = |n: &str| {
+        wait_for(&format!("{n} resumed"), MINUTE, || {
+            (!s.stack.slurm_node(n).contains("DRAIN")).then_some(())
+        });
+    };
+
+    // The driver taints gpu-0 for an XID: both Slurm nodes on the node out.
+    slice(json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]));
+    let fault = "gpu.nvidia.com/e2e-k9/gpu-0 gpu.nvidia.com/xid=79:NoSchedule";
+    for n in ["ls-n1", "ls-n2"] {
+        let r = wait_for(&format!("{n} drained for the device"), MINUTE, || reason(n));
+        assert!(r.contains(fault), "{r}\n{}", l.log());
+    }
+    slice(json!([]));
+    resumed("ls-n1");
+    resumed("ls-n2");
+
+    // An operator's DeviceTaintRule takes gpu-1 out; deleting it lets go.
+    s.stack.apply(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+        "metadata": {"name": "e2e-nvlink", "labels": {MARK: "true"}},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-1"},
+            "taint": {"key": "ops.example.com/nvlink", "value": "down", "effect": "NoExecute"},
+        },
+    }));
+    let r = wait_for("ls-n1 drained for the rule", MINUTE, || reason("ls-n1"));
+    assert!(
+        r.contains("gpu.nvidia.com/e2e-k9/gpu-1 ops.example.com/nvlink=down:NoExecute"),
+        "{r}"
+    );
+    s.stack
+        .kubectl(&["delete", "devicetaintrule", "e2e-nvlink"], None);
+    resumed("ls-n1");
+    resumed("ls-n2");
+
+    // The kubelet reports ls-n2's GPU Unhealthy: ls-n2 alone goes out.
+    patch_pod("Unhealthy");
+    let r = wait_for("ls-n2 drained for its GPU", MINUTE, || reason("ls-n2"));
+    assert!(r.contains("gpu.nvidia.com/e2e-k9/gpu-1 unhealthy"), "{r}");
+    assert!(
+        !s.stack.slurm_node("ls-n1").contains("DRAIN"),
+        "ls-n1 does not hold that GPU: {}",
+        l.log()
+    );
+    patch_pod("Healthy");
+    resumed("ls-n2");
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
 /// Patches a node's status (strategic merge: conditions by type).
 fn patch_node_status(s: &Scenario, node: &str, status: Value) {
     s.stack.kubectl(
@@ -1176,6 +1303,8 @@ fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deploym
         ("patch", "statefulsets/scale", Some(NS)),
         ("watch", "nodesets.slinky.slurm.net", Some(NS)),
         ("patch", "nodesets.slinky.slurm.net/scale", Some(NS)),
+        ("watch", "resourceslices.resource.k8s.io", None),
+        ("watch", "devicetaintrules.resource.k8s.io", None),
         ("update", "leases", Some("lockstep-system")),
     ] {
         assert!(can(verb, what, ns), "lockstep needs to {verb} {what}");
@@ -1241,6 +1370,8 @@ on!(planned_maintenance_announced_by_the_annotation:
     v22_05 = "22.05");
 on!(slurm_drains_show_on_the_kubernetes_node_itself:
     v22_05 = "22.05", v26_05 = "26.05");
+on!(a_gpu_fault_from_dra_drains_the_slurm_nodes_it_concerns:
+    v26_05 = "26.05");
 on!(a_node_back_as_another_machine_returns_only_once_its_health_check_passes:
     v26_05 = "26.05");
 on!(beside_an_existing_slurm_lockstep_runs_as_its_systemd_unit_says:

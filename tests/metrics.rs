@@ -255,6 +255,7 @@ fn kube_node(name: &str, cordoned: bool, ready: ConditionStatus) -> Envelope {
             labels: Default::default(),
             taints: vec![],
             identity: Default::default(),
+            devices: Default::default(),
             version: 0,
         }),
     )

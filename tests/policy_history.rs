@@ -171,6 +171,7 @@ fn kube_node(name: &str, cordoned: bool) -> Event {
         labels: Default::default(),
         taints: vec![],
         identity: Default::default(),
+        devices: Default::default(),
         version: 0,
     })
 }
@@ -204,6 +205,7 @@ fn world() -> Vec<Event> {
             conditions: vec![],
             owner: None,
             revision: None,
+            unhealthy_devices: Default::default(),
             version: 0,
         }));
     }

@@ -80,6 +80,11 @@ impl<O: Observed> Known<O> {
         self.objects.len()
     }
 
+    /// The last observation emitted of `key`.
+    pub(crate) fn get(&self, key: &O::Key) -> Option<&O> {
+        self.objects.get(key).map(|s| &s.obs)
+    }
+
     /// Every object known, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&O::Key, &O)> {
         self.objects.iter().map(|(k, s)| (k, &s.obs))

@@ -194,6 +194,7 @@ async fn pod_lifecycle_appears_as_observations() {
                 name: "compute".to_owned()
             }),
             revision: Some("compute-rev1".to_owned()),
+            unhealthy_devices: Default::default(),
             version: p.version,
         }
     );

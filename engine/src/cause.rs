@@ -124,6 +124,9 @@ pub(crate) enum HealthCause {
     NodeCondition(String),
     /// The Kubernetes node under it was deleted.
     KubeNodeGone,
+    /// A DRA device: tainted on the Kubernetes node (`DRIVER/POOL/DEVICE
+    /// KEY=VALUE:EFFECT`), or reported unhealthy to the pod (`ID unhealthy`).
+    Device(String),
 }
 
 impl HealthCause {
@@ -132,6 +135,7 @@ impl HealthCause {
             Self::NotReady => Rule::NotReady,
             Self::NodeCondition(_) => Rule::NodeCondition,
             Self::KubeNodeGone => Rule::KubeNodeGone,
+            Self::Device(_) => Rule::DeviceFault,
         }
     }
 
@@ -141,6 +145,7 @@ impl HealthCause {
             Self::NotReady => format!("kubernetes node {kube} not ready"),
             Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
             Self::KubeNodeGone => format!("kubernetes node {kube} deleted"),
+            Self::Device(d) => format!("kubernetes node {kube} device {d}"),
         }
     }
 }
@@ -200,6 +205,7 @@ impl Status {
             | Rule::NotReady
             | Rule::NodeCondition
             | Rule::KubeNodeGone
+            | Rule::DeviceFault
             | Rule::Maintenance => match status.phase {
                 Phase::Drained => format!("{}; slurm shows {}", cause(), slurm_state()),
                 _ => cause(),

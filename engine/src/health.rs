@@ -1,12 +1,14 @@
 //! Health policy, both directions.
 //!
-//! Kubernetes -> Slurm (rows 4-5 of the cause table that `drain` starts):
+//! Kubernetes -> Slurm (rows 4-8 of the cause table that `drain` starts):
 //!
 //! | row | holds when                                            | rule                    |
 //! |-----|-------------------------------------------------------|-------------------------|
 //! | 4   | Ready is False/Unknown for at least `not_ready_grace_s` | `health.not_ready`    |
 //! | 5   | a condition named in `node_conditions` is True        | `health.node_condition` |
 //! | 6   | the Kubernetes node under it was deleted (a delete, or missing from a relist), and no node of that name is Ready again yet | `health.kube_node_gone` |
+//! | 7   | `device_faults`: the kubelet reports a DRA device allocated to its pod Unhealthy (`allocatedResourcesStatus`) | `health.device_fault` |
+//! | 8   | `device_faults`: a DRA device on the Kubernetes node under it has a taint of effect NoSchedule or NoExecute (its ResourceSlice, or a DeviceTaintRule) | `health.device_fault` |
 //!
 //! Row 6 keeps the Slurm node out (drained, or DOWN with `action: down`)
 //! with the reason `kubernetes node X deleted`: its host is gone, and a
@@ -89,6 +91,21 @@ pub(crate) fn causes(
                 cond.type_.clone(),
             )));
         }
+    }
+    if policy.device_faults {
+        // Rows 7 and 8.
+        let pod = view.pod.map_or(&[][..], |p| &p.obs.unhealthy_devices[..]);
+        out.extend(
+            pod.iter()
+                .map(|d| Cause::Health(HealthCause::Device(format!("{d} unhealthy")))),
+        );
+        out.extend(
+            kube.obs
+                .devices
+                .faults
+                .iter()
+                .map(|f| Cause::Health(HealthCause::Device(f.clone()))),
+        );
     }
 }
 
@@ -525,6 +542,7 @@ mod tests {
                 labels: Default::default(),
                 taints: vec![],
                 identity: Default::default(),
+                devices: Default::default(),
                 version: 0,
             },
             gen: 0,

@@ -374,6 +374,7 @@ mod tests {
             read_labels: None,
             maintenance: m,
             identity: Default::default(),
+            devices: Default::default(),
             version: 0,
         }
     }

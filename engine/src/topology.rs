@@ -218,6 +218,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             taints: vec![],
             identity: Default::default(),
+            devices: Default::default(),
             version: 0,
         }
     }

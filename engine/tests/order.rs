@@ -52,6 +52,7 @@ fn events() -> Vec<Event> {
             labels: BTreeMap::from([("lockstep.io/gpu".into(), "h100".into())]),
             taints: vec![],
             identity: Default::default(),
+            devices: Default::default(),
             version: 0,
         }),
         Event::KubePod(KubePod {
@@ -67,6 +68,7 @@ fn events() -> Vec<Event> {
             owner: None,
             revision: None,
             ready: true,
+            unhealthy_devices: Default::default(),
             version: 0,
         }),
     ]

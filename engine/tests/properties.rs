@@ -274,6 +274,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                     vec![]
                 },
                 identity: Default::default(),
+                devices: Default::default(),
                 version: 0,
             }),
             Op::Pod {
@@ -317,6 +318,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                         "rev-1".into()
                     }),
                     ready: true,
+                    unhealthy_devices: Default::default(),
                     version: 0,
                 };
                 world.pods.insert(*node, pod.clone());

@@ -1185,6 +1185,7 @@ fn new_kube_node(name: &str) -> KubeNode {
         labels: BTreeMap::new(),
         taints: vec![],
         identity: Default::default(),
+        devices: Default::default(),
         version: 0,
     }
 }
@@ -1204,6 +1205,7 @@ fn new_pod(name: &str, node: &str) -> KubePod {
         conditions: vec![],
         owner: None,
         revision: None,
+        unhealthy_devices: Default::default(),
         version: 0,
     }
 }

@@ -216,6 +216,11 @@ pub const ALL: &[Incident] = &[
         about: "return to service gated on a health check (host mode): gpu-001's VM is replaced while drained and comes back Ready, resumed only once HealthCheckPassed is True on the new machine; gpu-002 reboots while cordoned and keeps a True left from before, resumed only after the check turns False then True; gpu-003 reboots in service and a later cordon cycle resumes at once",
         build: replaced_node_waits_for_health,
     },
+    Incident {
+        name: "gpu-fault-from-dra",
+        about: "GPU faults from DRA (health.device_faults): the driver taints gpu-3 of k1 for an XID, and n1 and n2 on k1 drain naming the device; an operator's DeviceTaintRule takes gpu-5 of k2 out; the kubelet reports a GPU of n4's pod Unhealthy and only n4 drains; each resumes after resume_after_s once its taint is gone or its GPU healthy",
+        build: gpu_fault_from_dra,
+    },
 ];
 
 /// The incident with this name.
@@ -940,6 +945,61 @@ fn replaced_node_waits_for_health() -> Sim {
     sim.advance_s(60).cordon("gpu-003").actuate();
     sim.advance_s(60).uncordon("gpu-003").actuate();
     sim.run_s(60, 30);
+    sim
+}
+
+fn gpu_fault_from_dra() -> Sim {
+    let mut policy = Policy::default();
+    policy.health.device_faults = true;
+    policy.health.resume_after_s = 60;
+    let mut sim = Sim::new(policy);
+    sim.versioned();
+    sim.add_kube_node("k1").add_kube_node("k2");
+    sim.add_slurm_node("n1").add_pod("n1", "k1");
+    sim.add_slurm_node("n2").add_pod("n2", "k1");
+    sim.add_slurm_node("n3").add_pod("n3", "k2");
+    sim.add_slurm_node("n4").add_pod("n4", "k2");
+    sim.actuate();
+    let faults = |faults: &[&str], version: u64| lockstep_schemas::NodeDevices {
+        faults: faults.iter().map(|f| (*f).to_owned()).collect(),
+        version,
+    };
+    // 03:01: the GPU driver taints gpu-3 of k1's slice for an XID.
+    sim.advance_s(60)
+        .kube_change("k1", |k| {
+            k.devices = faults(
+                &["gpu.nvidia.com/k1/gpu-3 gpu.nvidia.com/xid=79:NoSchedule"],
+                101,
+            );
+        })
+        .actuate();
+    // 03:03: an operator's DeviceTaintRule takes gpu-5 of k2 out.
+    sim.advance_s(120)
+        .kube_change("k2", |k| {
+            k.devices = faults(
+                &["gpu.nvidia.com/k2/gpu-5 ops.example.com/nvlink=down:NoExecute"],
+                102,
+            );
+        })
+        .actuate();
+    // 03:05: the rule is deleted; 03:06 the driver clears gpu-3 after a reset.
+    sim.advance_s(120)
+        .kube_change("k2", |k| k.devices = faults(&[], 103))
+        .actuate();
+    sim.advance_s(60)
+        .kube_change("k1", |k| k.devices = faults(&[], 104))
+        .actuate();
+    sim.run_s(120, 30);
+    // 03:09: the kubelet reports a GPU allocated to n4's pod Unhealthy.
+    sim.advance_s(60)
+        .pod_change("n4", |p| {
+            p.unhealthy_devices = vec!["gpu.nvidia.com/k2/gpu-1".to_owned()];
+        })
+        .actuate();
+    sim.advance_s(300)
+        .pod_change("n4", |p| p.unhealthy_devices.clear())
+        .actuate();
+    sim.run_s(120, 30);
     sim
 }
 

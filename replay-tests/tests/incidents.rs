@@ -1109,6 +1109,39 @@ fn a_node_back_as_another_machine_returns_once_its_health_check_passes() {
 }
 
 #[test]
+fn a_dra_device_fault_drains_the_slurm_nodes_it_concerns_naming_the_device() {
+    let sim = build("gpu-fault-from-dra");
+    let epoch = lockstep_replay_tests::EPOCH_MS;
+    let at = |kind: ActionKind, n: &str| -> Vec<u64> {
+        sim.actions
+            .iter()
+            .filter(|a| {
+                a.action.kind() == kind
+                    && a.action.target().to_string() == format!("slurm:{n}/state")
+            })
+            .map(|a| (a.time_ms - epoch) / 1000)
+            .collect()
+    };
+    // The tainted GPU of k1 takes both Slurm nodes there out, named.
+    for n in ["n1", "n2"] {
+        assert_eq!(drains_of(&sim, n), ["lockstep: kubernetes node k1 device gpu.nvidia.com/k1/gpu-3 gpu.nvidia.com/xid=79:NoSchedule"]);
+        assert_eq!(at(ActionKind::SlurmDrain, n), [60]);
+        // Cleared at 03:06, resumed resume_after_s later.
+        assert_eq!(at(ActionKind::SlurmResume, n), [420]);
+    }
+    // The rule's taint on k2: out 03:03 to 03:05 (+60 s).
+    assert_eq!(at(ActionKind::SlurmDrain, "n3"), [180]);
+    assert_eq!(at(ActionKind::SlurmResume, "n3"), [360]);
+    // The GPU unhealthy in n4's pod takes out n4 alone.
+    assert_eq!(at(ActionKind::SlurmDrain, "n4"), [180, 540]);
+    assert_eq!(at(ActionKind::SlurmResume, "n4"), [360, 900]);
+    assert_eq!(
+        drains_of(&sim, "n4").last().map(String::as_str),
+        Some("lockstep: kubernetes node k2 device gpu.nvidia.com/k2/gpu-1 unhealthy")
+    );
+}
+
+#[test]
 fn maintenance_reserves_ahead_drains_in_the_window_shows_progress_and_gives_back() {
     let sim = build("maintenance-window");
     let epoch = lockstep_replay_tests::EPOCH_MS;

@@ -213,6 +213,9 @@ impl Event {
                         s.push_str(&format!(" {what} {value}"));
                     }
                 }
+                for f in &n.devices.faults {
+                    s.push_str(&format!(" device {f}"));
+                }
                 s
             }
             Self::KubeNodeGone { name, .. } => format!("kubernetes node {name} gone"),
@@ -235,6 +238,9 @@ impl Event {
                 }
                 for c in &p.conditions {
                     s.push_str(&format!(" {}={:?}", c.type_, c.status));
+                }
+                for d in &p.unhealthy_devices {
+                    s.push_str(&format!(" device {d} unhealthy"));
                 }
                 s
             }
@@ -357,7 +363,8 @@ same_but_version!(KubeNode {
     taints,
     read_labels,
     maintenance,
-    identity
+    identity,
+    devices
 });
 same_but_version!(KubePod {
     namespace,
@@ -371,7 +378,8 @@ same_but_version!(KubePod {
     labels,
     conditions,
     owner,
-    revision
+    revision,
+    unhealthy_devices
 });
 same_but_version!(KubeScaleTarget {
     target,
@@ -740,6 +748,11 @@ pub struct KubeNode {
     /// logs written before.
     #[serde(default, skip_serializing_if = "NodeIdentity::is_empty")]
     pub identity: NodeIdentity,
+    /// Its DRA devices that a device taint marks faulty (from its
+    /// ResourceSlices and the DeviceTaintRules), read only under
+    /// `health.device_faults`.
+    #[serde(default, skip_serializing_if = "NodeDevices::is_empty")]
+    pub devices: NodeDevices,
     /// The object's own version: Kubernetes `metadata.resourceVersion` (an
     /// etcd revision), the Slurm observer's poll generation (poll time in ms,
     /// monotonic). 0: unknown, always applied. An observation older than the
@@ -783,6 +796,29 @@ impl NodeIdentity {
         } else {
             None
         }
+    }
+}
+
+/// The DRA devices of a Kubernetes node that device taints mark faulty.
+/// They come from other objects than the Node (its ResourceSlices, the
+/// DeviceTaintRules), so they carry their own version.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeDevices {
+    /// One per tainted device and taint, sorted:
+    /// `DRIVER/POOL/DEVICE KEY=VALUE:EFFECT`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<String>,
+    /// The newest `resourceVersion` (an etcd revision, ordered across
+    /// kinds) among the ResourceSlices and DeviceTaintRules when `faults`
+    /// last changed; 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
+}
+
+impl NodeDevices {
+    /// No fault, never one.
+    pub fn is_empty(&self) -> bool {
+        self.faults.is_empty() && self.version == 0
     }
 }
 
@@ -937,6 +973,11 @@ pub struct KubePod {
     /// Controller revision (`controller-revision-hash`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// The resources allocated to it that the kubelet reports Unhealthy
+    /// (`status.containerStatuses[].allocatedResourcesStatus`, a DRA device
+    /// by its resource ID), sorted; read only under `health.device_faults`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unhealthy_devices: Vec<String>,
     /// The object's own version: Kubernetes `metadata.resourceVersion` (an
     /// etcd revision), the Slurm observer's poll generation (poll time in ms,
     /// monotonic). 0: unknown, always applied. An observation older than the

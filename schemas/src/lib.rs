@@ -22,9 +22,9 @@ pub use action::{Action, ActionId, ActionKind, IssuedAction, Target};
 pub use envelope::{Envelope, EventId, Source, SourceDetail, SCHEMA_VERSION};
 pub use event::{
     ActionOutcome, ConditionStatus, Connector, Domain, Event, IdentityChange, KubeNode, KubePod,
-    KubeScaleTarget, Maintenance, NodeCondition, NodeIdentity, OutcomeResult, OwnerRef,
-    PodCondition, PodPhase, ScaleTargetRef, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode,
-    SlurmNodeFlag, SlurmPartition, Taint, TaintEffect, ANNOTATION_PREFIX, DRAINED,
+    KubeScaleTarget, Maintenance, NodeCondition, NodeDevices, NodeIdentity, OutcomeResult,
+    OwnerRef, PodCondition, PodPhase, ScaleTargetRef, SlurmBaseState, SlurmJob, SlurmJobState,
+    SlurmNode, SlurmNodeFlag, SlurmPartition, Taint, TaintEffect, ANNOTATION_PREFIX, DRAINED,
     DRAIN_IN_PROGRESS, POD_DELETION_COST,
 };
 pub use log::{EventRecord, Record};

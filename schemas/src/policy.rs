@@ -295,6 +295,15 @@ pub struct HealthPolicy {
     /// same Node object) counts as a different machine.
     #[serde(skip_serializing_if = "is_true")]
     pub return_after_reboot: bool,
+    /// GPU and other DRA device faults: a device taint (on a device of a
+    /// ResourceSlice, or from a DeviceTaintRule; effect NoSchedule or
+    /// NoExecute) takes the Slurm nodes on the device's Kubernetes node out,
+    /// and a device the kubelet reports Unhealthy in a pod's
+    /// `allocatedResourcesStatus` takes that pod's Slurm node out, the device
+    /// named in the reason; damped like every health cause, lifted when the
+    /// taint is gone or the device healthy again.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub device_faults: bool,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
@@ -351,6 +360,7 @@ impl Default for HealthPolicy {
             slurm_healthy_after_s: default_slurm_healthy_after_s(),
             return_condition: String::new(),
             return_after_reboot: true,
+            device_faults: false,
         }
     }
 }

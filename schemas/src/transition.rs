@@ -131,11 +131,13 @@ pub enum Rule {
     /// health: the node came back as a different machine; lockstep's drain
     /// is lifted once `return_condition` is True there.
     ReturnGate,
+    /// health: a DRA device on the node is tainted or reported unhealthy.
+    DeviceFault,
 }
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 37] = [
+    pub const ALL: [Rule; 38] = [
         Self::Observed,
         Self::Gone,
         Self::Cordoned,
@@ -173,6 +175,7 @@ impl Rule {
         Self::DrainConditions,
         Self::SlurmNodesAnnotation,
         Self::ReturnGate,
+        Self::DeviceFault,
     ];
 
     /// A static name, `policy.rule`.
@@ -215,6 +218,7 @@ impl Rule {
             Self::DrainConditions => "maintenance.drain_conditions",
             Self::SlurmNodesAnnotation => "node_signals.slurm_nodes",
             Self::ReturnGate => "health.return_gate",
+            Self::DeviceFault => "health.device_fault",
         }
     }
 }
@@ -294,6 +298,7 @@ mod tests {
                 Rule::DrainConditions => index(Rule::DrainConditions),
                 Rule::SlurmNodesAnnotation => index(Rule::SlurmNodesAnnotation),
                 Rule::ReturnGate => index(Rule::ReturnGate),
+                Rule::DeviceFault => index(Rule::DeviceFault),
             };
             assert!(covered.is_some());
         }

@@ -34,6 +34,7 @@ fn records() -> Vec<Record> {
             labels: [("topology.kubernetes.io/zone".to_owned(), "a".to_owned())].into(),
             taints: vec![],
             identity: Default::default(),
+            devices: Default::default(),
             version: 0,
         }),
         Event::Tick,

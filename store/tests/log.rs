@@ -20,6 +20,7 @@ fn node(i: u64) -> Envelope {
             labels: Default::default(),
             taints: vec![],
             identity: Default::default(),
+            devices: Default::default(),
             version: 0,
         }),
     )

@@ -171,6 +171,7 @@ impl Generator {
                 .into(),
                 taints: vec![],
                 identity: Default::default(),
+                devices: Default::default(),
                 version: 0,
             };
             g.kube.push(node.clone());
@@ -209,6 +210,7 @@ impl Generator {
                     }),
                 revision: shape.scaling_and_topology.then(|| "rev-1".to_owned()),
                 ready: true,
+                unhealthy_devices: Default::default(),
                 version: 0,
             };
             g.push(Source::Kubernetes, Event::KubePod(pod));

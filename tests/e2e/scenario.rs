@@ -341,16 +341,18 @@ pub fn clean(stack: &Stack) {
         ],
         None,
     );
-    stack.kubectl(
-        &[
-            "delete",
-            "nodes",
-            "-l",
-            &format!("{MARK}=true"),
-            "--ignore-not-found",
-        ],
-        None,
-    );
+    for kind in ["nodes", "resourceslices", "devicetaintrules"] {
+        stack.kubectl(
+            &[
+                "delete",
+                kind,
+                "-l",
+                &format!("{MARK}=true"),
+                "--ignore-not-found",
+            ],
+            None,
+        );
+    }
 }
 
 pub fn drained_by_lockstep(slurm_node: &str) -> impl Fn(&str) -> bool + '_ {

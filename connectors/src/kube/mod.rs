@@ -7,7 +7,9 @@
 //!   any [`ScaleKind`] the policy names, discovered: [`discover`]), each
 //!   object reduced to the observation the reducer
 //!   reads ([`reduce`]), deduplicated, with relists as
-//!   `SyncStarted` .. `SyncDone` and deletes as `*Gone` events. It sends
+//!   `SyncStarted` .. `SyncDone` and deletes as `*Gone` events; with
+//!   `health.device_faults`, also ResourceSlices and DeviceTaintRules, whose
+//!   taints reach the reducer on the nodes they concern ([`devices`]). It sends
 //!   [`Observation`]s into a bounded channel; the caller turns them into
 //!   envelopes ([`Observation::into_envelope`]) and appends them to the log.
 //! - [`Actuator`]: executes the `Kube*` actions idempotently and reports an
@@ -20,6 +22,7 @@
 //! leak into the events: only `lockstep_schemas` types leave this module.
 
 mod actuator;
+mod devices;
 mod discover;
 mod error;
 mod lease;

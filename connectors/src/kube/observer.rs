@@ -19,6 +19,7 @@ use std::time::Duration;
 use futures::stream::{AbortHandle, BoxStream, SelectAll};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
@@ -28,6 +29,7 @@ use lockstep_schemas::{
 };
 use tokio::sync::{mpsc, watch};
 
+use super::devices::Devices;
 use super::discover::discover;
 use super::error::{Error, Result};
 use super::reduce;
@@ -242,6 +244,16 @@ impl Observer {
                 h.abort();
             }
             watches.nodes = Some(watches.add(self.node_watch()));
+            for h in std::mem::take(&mut watches.devices) {
+                h.abort();
+            }
+            if self.spec.device_faults {
+                watches.devices = self
+                    .device_watches()
+                    .into_iter()
+                    .map(|w| watches.add(w))
+                    .collect();
+            }
         }
         if which.pods {
             if let Some(h) = watches.pods.take() {
@@ -284,6 +296,21 @@ impl Observer {
                 Err(e) => Item::Failed(Domain::KubeNodes, e),
             })
             .boxed()
+    }
+
+    /// The ResourceSlice and DeviceTaintRule watches (`health.device_faults`).
+    fn device_watches(&self) -> [BoxStream<'static, Item>; 2] {
+        let slices: Api<ResourceSlice> = Api::all(self.client.clone());
+        let rules: Api<DeviceTaintRule> = Api::all(self.client.clone());
+        let failed = |e| Item::Failed(Domain::KubeNodes, e);
+        [
+            self.watch(slices, None)
+                .map(move |r| r.map_or_else(failed, Item::Slice))
+                .boxed(),
+            self.watch(rules, None)
+                .map(move |r| r.map_or_else(failed, Item::Rule))
+                .boxed(),
+        ]
     }
 
     /// The pod watch; none without a pod selector.
@@ -351,6 +378,7 @@ impl Observer {
 struct Watches {
     merged: SelectAll<BoxStream<'static, Item>>,
     nodes: Option<AbortHandle>,
+    devices: Vec<AbortHandle>,
     pods: Option<AbortHandle>,
     scale_targets: Vec<AbortHandle>,
 }
@@ -486,6 +514,8 @@ where
 /// One watcher's output, reduced.
 enum Item {
     Node(Option<Step<String, KubeNode>>),
+    Slice(watcher::Event<ResourceSlice>),
+    Rule(watcher::Event<DeviceTaintRule>),
     Pod(Option<Step<(String, String), KubePod>>),
     Scale(usize, Option<Step<ScaleTargetRef, KubeScaleTarget>>),
     Failed(Domain, watcher::Error),
@@ -528,6 +558,8 @@ enum Sight {
 /// The observer's state: one tracker per watcher, and sight.
 struct State {
     nodes: Tracker<KubeNode>,
+    /// Each node's device faults, which its observation carries.
+    devices: Devices,
     pods: Tracker<KubePod>,
     scales: Vec<Tracker<KubeScaleTarget>>,
     sight: Sight,
@@ -538,6 +570,7 @@ impl State {
         let shared = spec.scale_kinds.len() > 1;
         Self {
             nodes: Tracker::new(true),
+            devices: Devices::default(),
             pods: Tracker::new(true),
             scales: spec
                 .scale_kinds
@@ -594,6 +627,8 @@ impl State {
             !matches!(
                 item,
                 Item::Node(Some(Step::Init) | None)
+                    | Item::Slice(watcher::Event::Init)
+                    | Item::Rule(watcher::Event::Init)
                     | Item::Pod(Some(Step::Init) | None)
                     | Item::Scale(_, Some(Step::Init) | None)
                     | Item::Failed(..)
@@ -607,7 +642,28 @@ impl State {
             self.see(out);
         }
         match item {
-            Item::Node(Some(s)) => self.nodes.step(s, out),
+            Item::Node(Some(s)) => {
+                let s = match s {
+                    Step::Listed(k, mut o) => {
+                        o.devices = self.devices.of(&k);
+                        Step::Listed(k, o)
+                    }
+                    Step::Applied(k, mut o) => {
+                        o.devices = self.devices.of(&k);
+                        Step::Applied(k, o)
+                    }
+                    s => s,
+                };
+                self.nodes.step(s, out);
+            }
+            Item::Slice(e) => {
+                let changed = self.devices.slice(e);
+                self.devices_changed(changed, out);
+            }
+            Item::Rule(e) => {
+                let changed = self.devices.rule(e);
+                self.devices_changed(changed, out);
+            }
             Item::Pod(Some(s)) => self.pods.step(s, out),
             Item::Scale(i, Some(s)) => self.scales[i].step(s, out),
             Item::Node(None) | Item::Pod(None) | Item::Scale(_, None) => {
@@ -622,6 +678,17 @@ impl State {
                 pods = self.pods.len(),
                 "kubernetes observations"
             );
+        }
+    }
+
+    /// The device faults of `nodes` changed: each node known is observed
+    /// again with them (one not known yet gets them when it is).
+    fn devices_changed(&mut self, nodes: Vec<String>, out: &mut Vec<Event>) {
+        for name in nodes {
+            if let Some(mut o) = self.nodes.get(&name).cloned() {
+                o.devices = self.devices.of(&name);
+                self.nodes.step(Step::Applied(name, o), out);
+            }
         }
     }
 

@@ -125,6 +125,7 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         } else {
             NodeIdentity::default()
         },
+        devices: Default::default(),
         version: resource_version(node.metadata.resource_version.as_deref()),
     })
 }
@@ -285,8 +286,36 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
         conditions: managed,
         owner,
         revision: all_labels.and_then(|l| l.get(REVISION_LABEL)).cloned(),
+        unhealthy_devices: if spec.device_faults {
+            unhealthy_devices(pod)
+        } else {
+            Vec::new()
+        },
         version: resource_version(meta.resource_version.as_deref()),
     })
+}
+
+/// The resources allocated to a pod's containers (init containers too)
+/// that the kubelet reports Unhealthy, by resource ID, sorted.
+fn unhealthy_devices(pod: &Pod) -> Vec<String> {
+    let Some(status) = pod.status.as_ref() else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = [
+        status.container_statuses.as_deref(),
+        status.init_container_statuses.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .flat_map(|c| c.allocated_resources_status.iter().flatten())
+    .flat_map(|r| r.resources.iter().flatten())
+    .filter(|h| h.health.as_deref() == Some("Unhealthy"))
+    .map(|h| h.resource_id.clone())
+    .collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 fn json_path<'a>(v: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
@@ -339,6 +368,37 @@ mod tests {
         policy.health.node_conditions = vec!["GpuXid".to_owned()];
         policy.mapping.node_name_label = Some("slurm.node".to_owned());
         ObserveSpec::from_policy(&policy, &["topology.kubernetes.io/zone", "annotation:rack"])
+    }
+
+    /// The devices the kubelet reports Unhealthy to a pod, read only under
+    /// `health.device_faults`: Healthy and Unknown ones are not faults.
+    #[test]
+    fn a_pod_s_unhealthy_devices_are_read_for_device_faults() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "namespace": "slurm", "uid": "u",
+                "labels": {"app.kubernetes.io/component": "slurmd"}},
+            "spec": {"nodeName": "k1", "containers": [{"name": "slurmd"}]},
+            "status": {"phase": "Running", "containerStatuses": [{
+                "name": "slurmd", "image": "", "imageID": "", "ready": true, "restartCount": 0,
+                "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [
+                    {"resourceID": "gpu.nvidia.com/k1/gpu-1", "health": "Unhealthy"},
+                    {"resourceID": "gpu.nvidia.com/k1/gpu-0", "health": "Healthy"},
+                    {"resourceID": "gpu.nvidia.com/k1/gpu-2", "health": "Unknown"},
+                ]}],
+            }]},
+        }))
+        .unwrap();
+        let mut policy = Policy::default();
+        assert!(pod(&p, &ObserveSpec::from_policy(&policy, &[]))
+            .unwrap()
+            .unhealthy_devices
+            .is_empty());
+        policy.health.device_faults = true;
+        let spec = ObserveSpec::from_policy(&policy, &[]);
+        assert_eq!(
+            pod(&p, &spec).unwrap().unhealthy_devices,
+            ["gpu.nvidia.com/k1/gpu-1"]
+        );
     }
 
     /// Which machine a node is, reported only while the policy gates a
@@ -557,6 +617,7 @@ mod tests {
                 },
             ],
             identity: Default::default(),
+            devices: Default::default(),
             version: 17,
         };
         assert_eq!(got, want);
@@ -644,6 +705,7 @@ mod tests {
                     name: "ss".to_owned()
                 }),
                 revision: Some("r-1".to_owned()),
+                unhealthy_devices: Default::default(),
                 version: 42,
             }
         );

@@ -180,6 +180,10 @@ pub struct ObserveSpec {
     /// Report which machine each node is (`health.return_condition`): its
     /// UID, boot ID and provider ID.
     pub node_identity: bool,
+    /// Watch DRA device faults (`health.device_faults`): ResourceSlices and
+    /// DeviceTaintRules for each node's tainted devices, and the devices the
+    /// kubelet reports unhealthy to each pod.
+    pub device_faults: bool,
 }
 
 impl ObserveSpec {
@@ -264,6 +268,7 @@ impl ObserveSpec {
             scale_selector: None,
             maintenance: policy.maintenance.enabled,
             node_identity: !policy.health.return_condition.is_empty(),
+            device_faults: policy.health.device_faults,
         };
         spec.normalize();
         spec
@@ -306,6 +311,7 @@ impl ObserveSpec {
             scale_selector,
             maintenance,
             node_identity,
+            device_faults,
         } = self;
         ChangedWatches {
             nodes: *node_selector != new.node_selector
@@ -315,8 +321,10 @@ impl ObserveSpec {
                 || *taint_prefixes != new.taint_prefixes
                 || *taint_keys != new.taint_keys
                 || *maintenance != new.maintenance
-                || *node_identity != new.node_identity,
+                || *node_identity != new.node_identity
+                || *device_faults != new.device_faults,
             pods: *pod_selector != new.pod_selector
+                || *device_faults != new.device_faults
                 || *namespace != new.namespace
                 || *pod_labels != new.pod_labels
                 || *pod_conditions != new.pod_conditions,
@@ -354,7 +362,8 @@ pub fn scale_kinds(policy: &Policy) -> Vec<ScaleKind> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChangedWatches {
     /// The node watch: its selector, or what it keeps of a node (labels,
-    /// conditions, taints, maintenance).
+    /// conditions, taints, maintenance, identity, device faults); the
+    /// ResourceSlice and DeviceTaintRule watches go with it.
     pub nodes: bool,
     /// The pod watch: its selector or namespace, or what it keeps of a pod
     /// (labels, conditions).

@@ -74,6 +74,11 @@ impl<O: Observed> Tracker<O> {
         self.known.len()
     }
 
+    /// The last observation emitted of `key`.
+    pub(crate) fn get(&self, key: &O::Key) -> Option<&O> {
+        self.known.get(key)
+    }
+
     /// Applies one step; pushes the events to append onto `out`.
     pub(crate) fn step(&mut self, step: Step<O::Key, O>, out: &mut Vec<Event>) {
         match step {

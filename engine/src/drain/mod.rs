@@ -318,6 +318,7 @@ mod tests {
                 conditions: vec![],
                 owner: None,
                 revision: None,
+                unhealthy_devices: Default::default(),
                 version: 0,
             },
             gen: 0,

@@ -408,11 +408,14 @@ impl Engine {
         entry.gen = gen;
         // The same version is the same object: a copy that looked
         // for fewer labels was taken under an earlier policy (a late
-        // re-delivery of it) and says less than the one held.
+        // re-delivery of it) and says less than the one held. Its device
+        // faults come from other objects and carry their own version: a
+        // newer one is news about the same Node.
         if !new
             && node.version != 0
             && node.version == entry.obs.version
             && !stale::reads_at_least(&node.read_labels, &entry.obs.read_labels)
+            && node.devices.version <= entry.obs.devices.version
         {
             return;
         }

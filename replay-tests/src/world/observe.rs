@@ -189,6 +189,7 @@ impl Spec {
             read_labels: Some(self.node_labels.clone()),
             maintenance: None,
             identity: Default::default(),
+            devices: Default::default(),
             version: n.rv,
         }
     }
@@ -240,6 +241,7 @@ impl Spec {
                 None
             },
             ready: p.ready,
+            unhealthy_devices: Default::default(),
             version: p.rv,
         }
     }
