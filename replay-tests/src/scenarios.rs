@@ -886,6 +886,9 @@ fn drains_shown_on_nodes() -> Sim {
     sim.advance_s(60).admin_resume("n4").actuate();
     // 03:32: n2's pod is gone: the annotation no longer names it.
     sim.advance_s(60).remove_pod("n2").actuate();
+    // 03:33: n3's slurmd stops answering; shown past the grace.
+    sim.advance_s(60).slurmd_not_responding("n3").actuate();
+    sim.run_s(90, 30);
     sim
 }
 

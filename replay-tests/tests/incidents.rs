@@ -1006,7 +1006,7 @@ fn slurm_to_kubernetes_is_damped_and_a_drained_node_that_stops_answering_shows_u
 
 #[test]
 fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
-    use lockstep_schemas::ConditionStatus::False;
+    use lockstep_schemas::ConditionStatus::{False, True};
     let sim = build("drains-shown-on-nodes");
     let epoch = lockstep_replay_tests::EPOCH_MS;
     let t = |s: u64| epoch + s * 1000;
@@ -1052,6 +1052,8 @@ fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
             w(1800, "k2", "SlurmNodeDrained=True SlurmDrain n4: fan failure"),
             w(1860, "k2", "SlurmNodeDrained=False SlurmNotDrained"),
             w(1920, "k1", &format!("{a}=Some(\"n1\")")),
+            // n3's slurmd stops answering at 03:33; shown after the 60 s grace.
+            w(2040, "k2", "SlurmNodeDrained=True SlurmDrain n3: Not responding"),
         ]
     );
     // What the nodes show at the end.
@@ -1064,7 +1066,7 @@ fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
     };
     assert_eq!(shown("k1", "Drained"), Some(False));
     assert_eq!(shown("k1", "DrainInProgress"), Some(False));
-    assert_eq!(shown("k2", "SlurmNodeDrained"), Some(False));
+    assert_eq!(shown("k2", "SlurmNodeDrained"), Some(True));
     assert_eq!(
         shown("k2", "Drained"),
         None,

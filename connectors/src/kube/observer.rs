@@ -779,6 +779,16 @@ async fn probe_api(client: Client, spec: Arc<ObserveSpec>, timeout_ms: u64) -> R
                 .await
                 .map_err(|e| Error::from_kube(format!("probe: list {}", kind.plural), e))?;
         }
+        if spec.device_faults {
+            Api::<ResourceSlice>::all(client.clone())
+                .list_metadata(&one)
+                .await
+                .map_err(|e| Error::from_kube("probe: list resourceslices", e))?;
+            Api::<DeviceTaintRule>::all(client.clone())
+                .list_metadata(&one)
+                .await
+                .map_err(|e| Error::from_kube("probe: list devicetaintrules", e))?;
+        }
         Ok(())
     };
     match tokio::time::timeout(Duration::from_millis(timeout_ms), reads).await {

@@ -271,7 +271,8 @@ impl Engine {
         for n in &names {
             if let Some(s) = self.model.slurm_nodes.get(n) {
                 let side = SlurmSide::of(&s.obs, &own);
-                if self.ctl.get(n).is_some_and(|c| c.health.shown()) {
+                let shown = self.ctl.get(n).is_some_and(|c| c.health.shown());
+                if shown {
                     // Shown and still unhealthy; or shown, recovered, and
                     // held by the hysteresis: that keeps a taint, never puts
                     // one on.
@@ -279,7 +280,9 @@ impl Engine {
                     on.held |= !side.unhealthy;
                 }
                 on.foreign |= side.held_by_other();
-                if signals_on && side.held_by_other() {
+                // Row 7 names every drain and DOWN not lockstep's: somebody
+                // else's, and Slurm's own once health damping shows it.
+                if signals_on && (side.held_by_other() || (side.unhealthy && shown)) {
                     foreign.push((&s.obs.name, s.obs.reason.as_deref().unwrap_or("")));
                 }
             }
