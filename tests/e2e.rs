@@ -82,15 +82,7 @@ fn an_admin_drain_shows_on_the_pod_and_an_uncordon_never_resumes_it(slurm_versio
     s.slurmd_pod("ls-n3", "e2e-k2", None);
     let mut l = s.start_leader("a", &base_policy());
 
-    s.stack.slurm(
-        "scontrol",
-        &[
-            "update",
-            "nodename=ls-n3",
-            "state=drain",
-            "reason=admin: reseat GPU",
-        ],
-    );
+    s.stack.admin_drain("ls-n3", "admin: reseat GPU");
     let condition = wait_for("pod condition SlurmNodeDrained=True", MINUTE, || {
         let pod = s.stack.get(&["pod", "ls-n3", "-n", NS])?;
         pod["status"]["conditions"]
@@ -292,15 +284,7 @@ fn scale_up(s: &Scenario, l: &Lockstep) -> String {
     s.slurmd_pod_named("slurm-0", "ls-n1", "e2e-k5", Some(("slurm", &uid)));
     // Nodes the StatefulSet has not made yet are not up in Slurm.
     for n in ["ls-n2", "ls-n3", "ls-n4"] {
-        s.stack.slurm(
-            "scontrol",
-            &[
-                "update",
-                &format!("nodename={n}"),
-                "state=drain",
-                "reason=e2e: not provisioned",
-            ],
-        );
+        s.stack.admin_drain(n, "e2e: not provisioned");
     }
     let busy = s.stack.sbatch(&["-w", "ls-n1", "--exclusive"], "sleep 300");
     let waiting = s.stack.sbatch(&["-N", "1"], "sleep 300");
@@ -312,8 +296,7 @@ fn scale_up(s: &Scenario, l: &Lockstep) -> String {
     });
     // The controller's part: the new pod, its slurmd registering.
     s.slurmd_pod_named("slurm-1", "ls-n2", "e2e-k5", Some(("slurm", &uid)));
-    s.stack
-        .slurm("scontrol", &["update", "nodename=ls-n2", "state=resume"]);
+    s.stack.admin_resume("ls-n2");
     wait_for("the waiting job runs on ls-n2", MINUTE, || {
         (s.stack.job_state(&waiting).as_deref() == Some("RUNNING")).then_some(())
     });
@@ -458,15 +441,7 @@ fn pending_jobs_scale_a_slinky_node_set_up(slurm_version: &str) {
         None,
     );
     for n in ["ls-n2", "ls-n3", "ls-n4"] {
-        s.stack.slurm(
-            "scontrol",
-            &[
-                "update",
-                &format!("nodename={n}"),
-                "state=drain",
-                "reason=e2e: not provisioned",
-            ],
-        );
+        s.stack.admin_drain(n, "e2e: not provisioned");
     }
     let busy = s.stack.sbatch(&["-w", "ls-n1", "--exclusive"], "sleep 300");
     let waiting = s.stack.sbatch(&["-N", "1"], "sleep 300");
@@ -585,16 +560,23 @@ fn a_node_label_change_updates_the_slurm_features(slurm_version: &str) {
 
 /// A node condition of `node` as the API server has it: (status, reason).
 fn node_condition(s: &Scenario, node: &str, type_: &str) -> Option<(String, String)> {
+    node_condition_message(s, node, type_).map(|(status, reason, _)| (status, reason))
+}
+
+/// A node condition as the API server has it: (status, reason, message).
+fn node_condition_message(
+    s: &Scenario,
+    node: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
     let n = s.stack.get(&["node", node])?;
     let c = n["status"]["conditions"]
         .as_array()?
         .iter()
         .find(|c| c["type"] == type_)?
         .clone();
-    Some((
-        c["status"].as_str()?.to_owned(),
-        c["reason"].as_str().unwrap_or_default().to_owned(),
-    ))
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Some((text("status"), text("reason"), text("message")))
 }
 
 /// Planned maintenance on a node: announced 75 s ahead, by the
@@ -732,22 +714,6 @@ fn planned_maintenance_announced_by_the_annotation(slurm_version: &str) {
     planned_maintenance_reserves_drains_and_gives_back(slurm_version, "annotation");
 }
 
-/// A node condition as the API server has it: (status, reason, message).
-fn node_condition_message(
-    s: &Scenario,
-    node: &str,
-    type_: &str,
-) -> Option<(String, String, String)> {
-    let n = s.stack.get(&["node", node])?;
-    let c = n["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?
-        .clone();
-    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-    Some((text("status"), text("reason"), text("message")))
-}
-
 /// Slurm's drains on the Kubernetes Node itself (`[node_signals]`): each
 /// node's annotation names its Slurm nodes; a cordon shows
 /// `DrainInProgress` while a job runs there and `Drained` once none does;
@@ -807,15 +773,7 @@ fn slurm_drains_show_on_the_kubernetes_node_itself(slurm_version: &str) {
     );
 
     // An admin's drain on the other node: shown there, named, with its reason.
-    s.stack.slurm(
-        "scontrol",
-        &[
-            "update",
-            "nodename=ls-n3",
-            "state=drain",
-            "reason=admin: reseat GPU",
-        ],
-    );
+    s.stack.admin_drain("ls-n3", "admin: reseat GPU");
     wait_for("SlurmNodeDrained=True on the node", MINUTE, || {
         (node_condition_message(&s, k7, "SlurmNodeDrained")
             == Some((
@@ -830,8 +788,7 @@ fn slurm_drains_show_on_the_kubernetes_node_itself(slurm_version: &str) {
         None,
         "an admin's drain is not lockstep's"
     );
-    s.stack
-        .slurm("scontrol", &["update", "nodename=ls-n3", "state=resume"]);
+    s.stack.admin_resume("ls-n3");
     wait_for("SlurmNodeDrained=False on the node", MINUTE, || {
         (node_condition(&s, k7, "SlurmNodeDrained")
             == Some(("False".into(), "SlurmNotDrained".into())))
@@ -1220,15 +1177,7 @@ fn beside_an_existing_slurm_lockstep_runs_as_its_systemd_unit_says(slurm_version
     wait_for("ls-n1 resumed", MINUTE, || {
         (!s.stack.slurm_node("ls-n1").contains("DRAIN")).then_some(())
     });
-    s.stack.slurm(
-        "scontrol",
-        &[
-            "update",
-            "nodename=ls-n2",
-            "state=drain",
-            "reason=admin: disk",
-        ],
-    );
+    s.stack.admin_drain("ls-n2", "admin: disk");
     wait_for("SlurmNodeDrained=True on ls-n2", MINUTE, || {
         (node_condition_message(&s, "ls-n2", "SlurmNodeDrained")
             == Some((
@@ -1238,8 +1187,7 @@ fn beside_an_existing_slurm_lockstep_runs_as_its_systemd_unit_says(slurm_version
             )))
         .then_some(())
     });
-    s.stack
-        .slurm("scontrol", &["update", "nodename=ls-n2", "state=resume"]);
+    s.stack.admin_resume("ls-n2");
     wait_for("SlurmNodeDrained=False on ls-n2", MINUTE, || {
         (node_condition(&s, "ls-n2", "SlurmNodeDrained")
             .map(|c| c.0)

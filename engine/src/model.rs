@@ -52,6 +52,19 @@ pub(crate) struct KubeEntry {
     pub unseen_labels: Vec<String>,
 }
 
+#[cfg(test)]
+impl KubeEntry {
+    /// The entry of a node first seen as `obs`, in no NotReady spell.
+    pub fn of(obs: KubeNode) -> Self {
+        Self {
+            obs,
+            gen: 0,
+            not_ready_since: None,
+            unseen_labels: Vec::new(),
+        }
+    }
+}
+
 /// What lockstep waits for after it sees Slurm again: a complete listing of
 /// its nodes and of its jobs, each started after sight came back. What it
 /// held from before the blackout may be wrong in every way (an admin drained,

@@ -623,13 +623,8 @@ mod tests {
     /// taints it has, retired taint keys) -> wants.
     #[test]
     fn taint_rows_table() {
-        let node = |taints: &[&str]| KubeEntry {
-            obs: KubeNode {
-                name: "k1".into(),
-                unschedulable: false,
-                ready: ConditionStatus::True,
-                conditions: vec![],
-                labels: Default::default(),
+        let node = |taints: &[&str]| {
+            KubeEntry::of(KubeNode {
                 taints: taints
                     .iter()
                     .map(|k| lockstep_schemas::Taint {
@@ -638,15 +633,8 @@ mod tests {
                         effect: TaintEffect::NoSchedule,
                     })
                     .collect(),
-                read_labels: None,
-                maintenance: None,
-                identity: Default::default(),
-                devices: Default::default(),
-                version: 0,
-            },
-            gen: 0,
-            not_ready_since: None,
-            unseen_labels: vec![],
+                ..KubeNode::ready("k1")
+            })
         };
         let on = |unhealthy, held, foreign| OnNode {
             unhealthy,
@@ -695,6 +683,9 @@ mod tests {
     /// condition's slot busy) -> the condition and annotation written.
     #[test]
     fn signal_rows_table() {
+        use lockstep_schemas::NodeCondition;
+        const KEY: &str = "annotation:lockstep.dev/slurm-nodes";
+        let key = KEY;
         use ConditionStatus::{False as F, True as T};
         type Shown = Option<(ConditionStatus, &'static str, &'static str)>;
         type Foreign<'a> = &'a [(&'a str, &'a str)];
@@ -706,46 +697,27 @@ mod tests {
             bool,
             Vec<String>,
         );
-        let node = |shown: Shown, annotation: Option<&str>| KubeEntry {
-            obs: KubeNode {
-                name: "k1".into(),
-                unschedulable: false,
-                ready: ConditionStatus::True,
+        let node = |shown: Shown, annotation: Option<&str>| {
+            KubeEntry::of(KubeNode {
                 conditions: shown
-                    .map(
-                        |(status, reason, message)| lockstep_schemas::NodeCondition {
-                            type_: "SlurmNodeDrained".into(),
-                            status,
-                            reason: reason.into(),
-                            message: message.into(),
-                        },
-                    )
-                    .into_iter()
-                    .collect(),
-                labels: annotation
-                    .map(|a| {
-                        (
-                            "annotation:lockstep.dev/slurm-nodes".to_owned(),
-                            a.to_owned(),
-                        )
+                    .map(|(status, reason, message)| NodeCondition {
+                        type_: "SlurmNodeDrained".into(),
+                        status,
+                        reason: reason.into(),
+                        message: message.into(),
                     })
                     .into_iter()
                     .collect(),
-                taints: vec![],
-                read_labels: None,
-                maintenance: None,
-                identity: Default::default(),
-                devices: Default::default(),
-                version: 0,
-            },
-            gen: 0,
-            not_ready_since: None,
-            unseen_labels: vec![],
+                labels: annotation
+                    .map(|a| (KEY.to_owned(), a.to_owned()))
+                    .into_iter()
+                    .collect(),
+                ..KubeNode::ready("k1")
+            })
         };
         let mut policy = Policy::default();
         policy.node_signals.foreign_drain_condition = "SlurmNodeDrained".into();
         policy.node_signals.slurm_nodes_annotation = "lockstep.dev/slurm-nodes".into();
-        let key = "annotation:lockstep.dev/slurm-nodes";
         let both = ["n1".to_owned(), "n2".to_owned()];
         let n1 = [("n1", "admin: bad dimm")];
         let two = [("n1", "admin: bad dimm"), ("n2", "")];

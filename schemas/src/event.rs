@@ -762,6 +762,26 @@ pub struct KubeNode {
     pub version: u64,
 }
 
+impl KubeNode {
+    /// A Ready, schedulable node that reports nothing else (no version):
+    /// what tests and tools start from, with `..KubeNode::ready(name)`.
+    pub fn ready(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            unschedulable: false,
+            ready: ConditionStatus::True,
+            conditions: Vec::new(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            read_labels: None,
+            maintenance: None,
+            identity: NodeIdentity::default(),
+            devices: NodeDevices::default(),
+            version: 0,
+        }
+    }
+}
+
 /// Which machine a Kubernetes node is. An empty field is unknown (not
 /// reported), never a change.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

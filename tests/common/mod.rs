@@ -254,6 +254,18 @@ impl Stack {
         self.slurm("scontrol", &["show", "node", node, "-o"])
     }
 
+    /// `scontrol update nodename=N state=drain reason=R`, as an admin does.
+    pub fn admin_drain(&self, node: &str, reason: &str) {
+        let (node, reason) = (format!("nodename={node}"), format!("reason={reason}"));
+        self.slurm("scontrol", &["update", &node, "state=drain", &reason]);
+    }
+
+    /// `scontrol update nodename=N state=resume`, as an admin does.
+    pub fn admin_resume(&self, node: &str) {
+        let node = format!("nodename={node}");
+        self.slurm("scontrol", &["update", &node, "state=resume"]);
+    }
+
     /// Submits `sbatch --wrap CMD` with these options; returns the job id.
     pub fn sbatch(&self, options: &[&str], cmd: &str) -> String {
         let mut a = vec!["--parsable", "--output=/dev/null"];
@@ -307,21 +319,13 @@ impl Lockstep {
             ),
         )
         .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
-            .args(["run", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockstep"));
+        cmd.args(["run", "--config"])
             .arg(dir.join("lockstep.toml"))
             .env_remove("SLURM_JWT")
             .envs(env.iter().map(|(k, v)| (*k, v)))
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
-            .spawn()
-            .unwrap();
-        Self {
-            child: Reap(Some(child)),
-            dir: dir.to_owned(),
-            telemetry,
-        }
+            .env("RUST_LOG", "info");
+        Self::spawn(cmd, dir, telemetry)
     }
 
     /// A `lockstep` started from `cmd` as the caller built it (its stderr
