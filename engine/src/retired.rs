@@ -1,6 +1,6 @@
 //! What lockstep set under an earlier policy and the current one no longer
-//! names: reason prefixes, taint keys, pod condition types, the busy label
-//! and feature prefixes. After a policy change lockstep removes what it set
+//! names: reason prefixes, taint keys, pod condition types, the busy label,
+//! feature prefixes, and the node condition and annotation of node signals. After a policy change lockstep removes what it set
 //! under an old name, and keeps owning the drains it made under an old
 //! prefix; without this memory a renamed condition or label, a taint turned
 //! off, or a changed prefix left lockstep's marks behind for good, and its
@@ -16,7 +16,7 @@
 //! `drain` (ownership), `topology` (features) and the engine's Kubernetes
 //! side (taints, pod conditions, labels). It never decides an action.
 
-use lockstep_schemas::Policy;
+use lockstep_schemas::{Policy, ANNOTATION_PREFIX};
 use serde::{Deserialize, Serialize};
 
 /// Retired names kept per kind. Each policy change retires at most a few;
@@ -42,11 +42,20 @@ pub(crate) struct Retired {
     /// Slurm feature prefixes lockstep managed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub feature_prefixes: Vec<String>,
+    /// Kubernetes node condition types lockstep set (the foreign drain
+    /// condition of `node_signals`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_conditions: Vec<String>,
+    /// Kubernetes node labels and (`annotation:`) annotations lockstep set
+    /// (the annotation naming a node's Slurm nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_labels: Vec<String>,
 }
 
 /// The names a policy makes lockstep set, by kind (the fields of [`Retired`]).
-fn names(p: &Policy) -> [Vec<String>; 5] {
+fn names(p: &Policy) -> [Vec<String>; 7] {
     let non_empty = |s: &str| (!s.trim().is_empty()).then(|| s.to_owned());
+    let signals = &p.node_signals;
     [
         non_empty(&p.drain.reason_prefix).into_iter().collect(),
         [
@@ -70,6 +79,13 @@ fn names(p: &Policy) -> [Vec<String>; 5] {
             .iter()
             .filter_map(|f| non_empty(&f.prefix))
             .collect(),
+        non_empty(&signals.foreign_drain_condition)
+            .into_iter()
+            .collect(),
+        non_empty(&signals.slurm_nodes_annotation)
+            .map(|a| format!("{ANNOTATION_PREFIX}{a}"))
+            .into_iter()
+            .collect(),
     ]
 }
 
@@ -80,18 +96,22 @@ impl Retired {
             && self.conditions.is_empty()
             && self.labels.is_empty()
             && self.feature_prefixes.is_empty()
+            && self.node_conditions.is_empty()
+            && self.node_labels.is_empty()
     }
 
     /// Rows 1 and 2, for a change from `old` to `new`.
     pub fn policy_changed(&mut self, old: &Policy, new: &Policy) {
-        let [op, ot, oc, ol, of] = names(old);
-        let [np, nt, nc, nl, nf] = names(new);
+        let [op, ot, oc, ol, of, onc, onl] = names(old);
+        let [np, nt, nc, nl, nf, nnc, nnl] = names(new);
         for (list, old, new) in [
             (&mut self.prefixes, op, np),
             (&mut self.taints, ot, nt),
             (&mut self.conditions, oc, nc),
             (&mut self.labels, ol, nl),
             (&mut self.feature_prefixes, of, nf),
+            (&mut self.node_conditions, onc, nnc),
+            (&mut self.node_labels, onl, nnl),
         ] {
             list.retain(|n| !new.contains(n));
             for n in old {
@@ -177,6 +197,20 @@ mod tests {
                 &[],
             ),
         ];
+        // Node signals: the node condition and the annotation lockstep set.
+        let mut on = base.clone();
+        on.node_signals.foreign_drain_condition = "SlurmNodeDrained".into();
+        on.node_signals.slurm_nodes_annotation = "lockstep.dev/slurm-nodes".into();
+        let mut renamed = on.clone();
+        renamed.node_signals.foreign_drain_condition = "SlurmDrainedByOthers".into();
+        renamed.node_signals.slurm_nodes_annotation = String::new();
+        let mut r = Retired::default();
+        r.policy_changed(&on, &renamed);
+        assert_eq!(r.node_conditions, ["SlurmNodeDrained"]);
+        assert_eq!(r.node_labels, ["annotation:lockstep.dev/slurm-nodes"]);
+        r.policy_changed(&renamed, &on);
+        assert_eq!(r.node_conditions, ["SlurmDrainedByOthers"]);
+        assert!(r.node_labels.is_empty());
         for (i, (change, prefixes, taints, conditions, labels)) in rows.iter().enumerate() {
             let mut new = base.clone();
             change(&mut new);
@@ -189,7 +223,7 @@ mod tests {
             // And back: the names are the policy's again (and the new ones
             // retired in turn).
             r.policy_changed(&new, &base);
-            let [p, t, c, l, _] = names(&base);
+            let [p, t, c, l, _, _, _] = names(&base);
             assert!(
                 p.iter().all(|n| !r.prefixes.contains(n))
                     && t.iter().all(|n| !r.taints.contains(n))

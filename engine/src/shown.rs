@@ -8,7 +8,7 @@
 //! | 3   | pod label `busy_label` = `true`                     | the pod's Slurm node runs or finishes a job                   | `scaling.busy`           |
 //! | 4   | node taint `unhealthy_taint`                        | a Slurm node on the Kubernetes node is shown unhealthy; one recovered and still held keeps a taint that is there, never puts one on | `health.slurm_unhealthy` |
 //! | 5   | node taint `foreign_drain_taint`                    | a Slurm node on the Kubernetes node is drained by somebody else | `drain.foreign`        |
-//! | 6   | a condition, label or taint lockstep set under a name the policy no longer has (`retired`) | condition: Unknown, reason [`NOT_MANAGED`]; label and taint: removed | `policy.retired` |
+//! | 6   | a condition, label, annotation or taint lockstep set on a pod or node under a name the policy no longer has (`retired`) | condition: Unknown, reason [`NOT_MANAGED`]; label, annotation and taint: removed | `policy.retired` |
 //! | 7   | node condition `foreign_drain_condition` of `[node_signals]` True, each such Slurm node and its reason in the message | a Slurm node on the Kubernetes node is drained or down by somebody else, or DOWN, NOT_RESPONDING or FAIL by Slurm's own doing once health damping shows it | `drain.foreign` |
 //! | 8   | node annotation `slurm_nodes_annotation` of `[node_signals]` = the Slurm nodes on it, sorted, comma-separated | Slurm reports a Slurm node on the Kubernetes node | `node_signals.slurm_nodes` |
 //!
@@ -316,6 +316,54 @@ pub(crate) fn signal_wants<'a>(
         let aspect = AspectRef::Label(annotation_key);
         if want.is_some() || holds(aspect) {
             out.push((aspect, want, Rule::SlurmNodesAnnotation));
+        }
+    }
+}
+
+/// Row 6 for node signals: the foreign drain condition lockstep set under
+/// a type the policy no longer has says Unknown ([`NOT_MANAGED`]); the
+/// annotation it set under a key the policy no longer has is removed.
+pub(crate) fn retired_signal_wants<'a>(
+    node: &KubeEntry,
+    retired: &'a Retired,
+    holds: impl Fn(AspectRef<'_>) -> bool,
+    out: &mut Vec<Want<'a>>,
+) {
+    let name = &node.obs.name;
+    for ty in &retired.node_conditions {
+        let want = node
+            .obs
+            .conditions
+            .iter()
+            .find(|c| c.type_ == *ty)
+            .filter(|c| !(c.status == ConditionStatus::Unknown && c.reason == NOT_MANAGED))
+            .map(|_| Action::KubeSetNodeCondition {
+                node: name.clone(),
+                condition: PodCondition {
+                    type_: ty.clone(),
+                    status: ConditionStatus::Unknown,
+                    reason: NOT_MANAGED.to_owned(),
+                    message: "lockstep no longer manages this condition".to_owned(),
+                },
+            });
+        let aspect = AspectRef::Condition(ty);
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want, Rule::Retired));
+        }
+    }
+    for key in &retired.node_labels {
+        let want = node
+            .obs
+            .labels
+            .contains_key(key)
+            .then(|| Action::KubeLabelNode {
+                node: name.clone(),
+                key: key.clone(),
+                value: None,
+            });
+        let aspect = AspectRef::Label(key);
+        if want.is_some() || holds(aspect) {
+            out.push((aspect, want, Rule::Retired));
         }
     }
 }

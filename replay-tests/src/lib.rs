@@ -435,6 +435,11 @@ impl Sim {
             .map(|f| f.label.clone())
             .chain(policy.topology.unit_label.iter().cloned())
             .chain(["topology.kubernetes.io/zone".to_owned()])
+            .chain(
+                Some(&policy.node_signals.slurm_nodes_annotation)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| format!("{}{a}", lockstep_schemas::ANNOTATION_PREFIX)),
+            )
             .collect();
         labels.sort();
         labels.dedup();

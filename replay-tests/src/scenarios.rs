@@ -865,7 +865,7 @@ fn drains_shown_on_nodes() -> Sim {
     policy.node_signals.drain_conditions = true;
     policy.node_signals.foreign_drain_condition = "SlurmNodeDrained".to_owned();
     policy.node_signals.slurm_nodes_annotation = "lockstep.dev/slurm-nodes".to_owned();
-    let mut sim = Sim::new(policy);
+    let mut sim = Sim::new(policy.clone());
     sim.add_kube_node("k1").add_kube_node("k2");
     sim.add_slurm_node("n1").add_pod("n1", "k1");
     sim.add_slurm_node("n2").add_pod("n2", "k1");
@@ -889,6 +889,12 @@ fn drains_shown_on_nodes() -> Sim {
     // 03:33: n3's slurmd stops answering; shown past the grace.
     sim.advance_s(60).slurmd_not_responding("n3").actuate();
     sim.run_s(90, 30);
+    // 03:36: the policy renames the annotation and turns the condition off:
+    // what lockstep set under the old names is taken back.
+    policy.node_signals.foreign_drain_condition = String::new();
+    policy.node_signals.slurm_nodes_annotation = "example.com/slurm".to_owned();
+    sim.advance_s(60).change_policy(policy).actuate();
+    sim.run_s(60, 30);
     sim
 }
 

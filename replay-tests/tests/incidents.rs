@@ -1006,7 +1006,7 @@ fn slurm_to_kubernetes_is_damped_and_a_drained_node_that_stops_answering_shows_u
 
 #[test]
 fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
-    use lockstep_schemas::ConditionStatus::{False, True};
+    use lockstep_schemas::ConditionStatus::False;
     let sim = build("drains-shown-on-nodes");
     let epoch = lockstep_replay_tests::EPOCH_MS;
     let t = |s: u64| epoch + s * 1000;
@@ -1054,6 +1054,12 @@ fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
             w(1920, "k1", &format!("{a}=Some(\"n1\")")),
             // n3's slurmd stops answering at 03:33; shown after the 60 s grace.
             w(2040, "k2", "SlurmNodeDrained=True SlurmDrain n3: Not responding"),
+            // 03:35:30 a policy renames the annotation and drops the condition.
+            w(2130, "k1", &format!("{a}=None")),
+            w(2130, "k1", "annotation:example.com/slurm=Some(\"n1\")"),
+            w(2130, "k2", "SlurmNodeDrained=Unknown LockstepNotManaged lockstep no longer manages this condition"),
+            w(2130, "k2", &format!("{a}=None")),
+            w(2130, "k2", "annotation:example.com/slurm=Some(\"n3,n4\")"),
         ]
     );
     // What the nodes show at the end.
@@ -1066,15 +1072,23 @@ fn drains_show_on_the_kubernetes_nodes_and_are_taken_back() {
     };
     assert_eq!(shown("k1", "Drained"), Some(False));
     assert_eq!(shown("k1", "DrainInProgress"), Some(False));
-    assert_eq!(shown("k2", "SlurmNodeDrained"), Some(True));
+    assert_eq!(
+        shown("k2", "SlurmNodeDrained"),
+        Some(lockstep_schemas::ConditionStatus::Unknown)
+    );
     assert_eq!(
         shown("k2", "Drained"),
         None,
         "netops' drains are not lockstep's"
     );
-    assert_eq!(sim.kube["k1"].labels.get(a).map(String::as_str), Some("n1"));
+    let renamed = "annotation:example.com/slurm";
+    assert_eq!(sim.kube["k1"].labels.get(a), None);
     assert_eq!(
-        sim.kube["k2"].labels.get(a).map(String::as_str),
+        sim.kube["k1"].labels.get(renamed).map(String::as_str),
+        Some("n1")
+    );
+    assert_eq!(
+        sim.kube["k2"].labels.get(renamed).map(String::as_str),
         Some("n3,n4")
     );
 }
