@@ -674,6 +674,7 @@ fn targets(
         | Target::PodLabel {
             namespace, pod: p, ..
         }
+        | Target::PodEviction { namespace, pod: p }
         | Target::Pod { namespace, pod: p } => pod == Some(format!("{namespace}/{p}").as_str()),
         Target::NodeTaint { node: n, .. }
         | Target::NodeCondition { node: n, .. }

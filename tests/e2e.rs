@@ -947,6 +947,266 @@ fn a_gpu_fault_from_dra_drains_the_slurm_nodes_it_concerns(slurm_version: &str) 
     s.stop_and_verify(&mut l);
 }
 
+/// lockstep's eviction responder name in the tests.
+const RESPONDER: &str = "lockstep.dev/slurm-drain";
+const EVICTOR: &str = "imperative-eviction.k8s.io/evictor";
+
+/// A slurmd pod that names lockstep among its eviction responders, as a
+/// site's pod template would; returns its UID.
+fn slurmd_pod_answered_by_lockstep(s: &Scenario, slurm_node: &str, node: &str) -> String {
+    s.stack.apply(&json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": slurm_node, "namespace": NS, "labels": {
+            "app.kubernetes.io/component": "slurmd", MARK: "true", NODE_LABEL: slurm_node}},
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 0,
+            "evictionResponders": [{"name": RESPONDER, "priority": 10000}],
+            "containers": [{"name": "slurmd", "image": "slurmd:e2e"}],
+        },
+    }));
+    s.stack.kubectl(
+        &[
+            "patch", "pod", slurm_node, "-n", NS, "--subresource=status", "--type=merge", "-p",
+            r#"{"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}"#,
+        ],
+        None,
+    );
+    let pod = s.stack.get(&["pod", slurm_node, "-n", NS]).unwrap();
+    assert_eq!(
+        pod["spec"]["evictionResponders"][0]["name"], RESPONDER,
+        "the API server dropped spec.evictionResponders: is the EvictionRequestAPI gate on?"
+    );
+    pod["metadata"]["uid"].as_str().unwrap().to_owned()
+}
+
+/// What Kubernetes' evictionrequest-controller (kube-controller-manager
+/// v1.38) writes of an Eviction's status, as it was seen doing it: the
+/// responders' states, each responder's `name` and the `startTime` it gave
+/// the active ones, the requesters and the conditions; applied with its
+/// field manager, so the responders' own fields stay theirs.
+fn controller_writes(
+    s: &Scenario,
+    eviction: &str,
+    states: [(&str, &str); 2],
+    started: [Option<&str>; 2],
+    failed: Option<&str>,
+) {
+    let names = [RESPONDER, EVICTOR];
+    let now = now_rfc3339();
+    let responders: Vec<Value> = names
+        .iter()
+        .zip(started)
+        .map(|(name, start)| match start {
+            Some(t) => json!({"name": name, "startTime": t}),
+            None => json!({"name": name}),
+        })
+        .collect();
+    let (failed_status, failed_reason, evicted_reason) = match failed {
+        Some(reason) => ("True", reason, "EvictionFailed"),
+        None => ("False", "AwaitingEviction", "AwaitingEviction"),
+    };
+    let intent = if failed.is_some() {
+        "Withdrawn"
+    } else {
+        "Eviction"
+    };
+    let status = json!({
+        "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "Eviction",
+        "metadata": {"name": eviction, "namespace": NS},
+        "status": {
+            "observedGeneration": 1,
+            "requesters": [{"name": "example.com/upgrader", "intent": intent}],
+            "targetResponders": [
+                {"name": names[0], "priority": 10000, "state": states[0].1},
+                {"name": names[1], "priority": 100, "state": states[1].1},
+            ],
+            "responders": responders,
+            "conditions": [
+                {"type": "Failed", "status": failed_status, "reason": failed_reason, "message": "", "lastTransitionTime": now},
+                {"type": "TargetEvicted", "status": "False", "reason": evicted_reason, "message": "", "lastTransitionTime": now},
+            ],
+        },
+    });
+    s.stack.kubectl(
+        &[
+            "apply",
+            "--server-side",
+            "--subresource=status",
+            "--field-manager=evictionrequest-controller",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        Some(&status.to_string()),
+    );
+}
+
+/// An eviction of `pod` is requested, and the controller makes lockstep its
+/// active responder: the EvictionRequest, then the Eviction it creates
+/// (labelled with each participant), lockstep Active. Returns the start.
+fn eviction_requested(s: &Scenario, eviction: &str, pod: &str, uid: &str) -> String {
+    let target = json!({"pod": {"name": pod, "uid": uid}});
+    s.stack.apply(&json!({
+        "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "EvictionRequest",
+        "metadata": {"name": format!("upgrade-{pod}"), "namespace": NS},
+        "spec": {"target": target, "requester": "example.com/upgrader", "intent": "Eviction"},
+    }));
+    s.stack.apply(&json!({
+        "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "Eviction",
+        "metadata": {"name": eviction, "namespace": NS, "labels": {
+            "example.com/upgrader": "requester", RESPONDER: "responder", EVICTOR: "responder"}},
+        "spec": {"target": target},
+    }));
+    let start = now_rfc3339();
+    controller_writes(
+        s,
+        eviction,
+        [(RESPONDER, "Active"), (EVICTOR, "Inactive")],
+        [Some(&start), None],
+        None,
+    );
+    start
+}
+
+/// lockstep's entry in an Eviction's `status.responders`.
+fn lockstep_report(s: &Scenario, eviction: &str) -> Value {
+    s.stack
+        .get(&["eviction.lifecycle.k8s.io", eviction, "-n", NS])
+        .and_then(|e| {
+            e["status"]["responders"]
+                .as_array()?
+                .iter()
+                .find(|r| r["name"] == RESPONDER)
+                .cloned()
+        })
+        .unwrap_or(Value::Null)
+}
+
+/// Eviction through Slurm (`drain.eviction_responder`, the EvictionRequest
+/// API served by the API server with its alpha gate): an Eviction of a
+/// slurmd pod that names lockstep drains its Slurm node at once; lockstep,
+/// the active responder, reports (server-side apply of its own status
+/// entry, validated by the API server), and completes once the job has
+/// ended, after which the evictor evicts the pod. Another pod's eviction,
+/// withdrawn while its job runs, lifts its drain. The test plays the
+/// evictionrequest-controller and the evictor (kube-controller-manager
+/// v1.38; v1.37.2 serves the API but has no controller for it), writing
+/// what the real one was seen writing.
+fn an_eviction_of_a_slurmd_pod_goes_through_slurm(slurm_version: &str) {
+    let s = Scenario::new("eviction", slurm_version);
+    let node = "e2e-k11";
+    s.node(node, json!({}));
+    let uid1 = slurmd_pod_answered_by_lockstep(&s, "ls-n1", node);
+    let uid2 = slurmd_pod_answered_by_lockstep(&s, "ls-n2", node);
+    let mut policy = base_policy();
+    policy["drain"] = json!({"eviction_responder": RESPONDER});
+    let mut l = s.start_leader("a", &policy);
+    let job1 = s.stack.sbatch(&["-w", "ls-n1", "--time=10"], "sleep 600");
+    let job2 = s.stack.sbatch(&["-w", "ls-n2", "--time=10"], "sleep 600");
+    for job in [&job1, &job2] {
+        wait_for("the job runs", MINUTE, || {
+            (s.stack.job_state(job).as_deref() == Some("RUNNING")).then_some(())
+        });
+    }
+    let drained = |n: &str| {
+        let show = s.stack.slurm_node(n);
+        (drained_by_lockstep(n)(&show)
+            && show.contains(&format!("pod {NS}/{n} eviction requested")))
+        .then_some(())
+    };
+
+    // ls-n1's eviction: drained at once, lockstep reports while the job runs.
+    eviction_requested(&s, "pod-1-ls-n1", "ls-n1", &uid1);
+    wait_for("ls-n1 drained for its eviction", MINUTE, || {
+        drained("ls-n1")
+    });
+    let report = wait_for("lockstep's report", MINUTE, || {
+        let r = lockstep_report(&s, "pod-1-ls-n1");
+        r["heartbeatTime"].is_string().then_some(r)
+    });
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("jobs still run")
+            && report["completionTime"].is_null(),
+        "{report}\n{}",
+        l.log()
+    );
+    // The job ends: lockstep completes.
+    s.stack.slurm("scancel", &[&job1]);
+    let report = wait_for("lockstep completes", MINUTE, || {
+        let r = lockstep_report(&s, "pod-1-ls-n1");
+        r["completionTime"].is_string().then_some(r)
+    });
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no job runs"),
+        "{report}"
+    );
+    // The controller moves on to the evictor, which evicts the pod.
+    let start = report["startTime"].as_str().unwrap().to_owned();
+    let now = now_rfc3339();
+    controller_writes(
+        &s,
+        "pod-1-ls-n1",
+        [(RESPONDER, "Completed"), (EVICTOR, "Active")],
+        [Some(&start), Some(&now)],
+        None,
+    );
+    s.stack.kubectl(
+        &[
+            "create",
+            "--raw",
+            &format!("/api/v1/namespaces/{NS}/pods/ls-n1/eviction"),
+            "-f",
+            "-",
+        ],
+        Some(
+            &json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": "ls-n1", "namespace": NS}})
+            .to_string(),
+        ),
+    );
+    // (With a grace period of 0 and no kubelet, the pod is gone at once.)
+    wait_for("the pod evicted", MINUTE, || {
+        let pod = s.stack.get(&["pod", "ls-n1", "-n", NS]);
+        pod.is_none_or(|p| p["metadata"]["deletionTimestamp"].is_string())
+            .then_some(())
+    });
+    assert!(drained("ls-n1").is_some(), "{}", l.log());
+
+    // ls-n2's eviction, withdrawn while its job runs: the drain is lifted.
+    let start = eviction_requested(&s, "pod-1-ls-n2", "ls-n2", &uid2);
+    wait_for("ls-n2 drained for its eviction", MINUTE, || {
+        drained("ls-n2")
+    });
+    wait_for("lockstep's report on ls-n2", MINUTE, || {
+        lockstep_report(&s, "pod-1-ls-n2")["heartbeatTime"]
+            .is_string()
+            .then_some(())
+    });
+    controller_writes(
+        &s,
+        "pod-1-ls-n2",
+        [(RESPONDER, "Canceled"), (EVICTOR, "Inactive")],
+        [Some(&start), None],
+        Some("CanceledDueToNoRequesters"),
+    );
+    wait_for("ls-n2 resumed", MINUTE, || {
+        (!s.stack.slurm_node("ls-n2").contains("DRAIN")).then_some(())
+    });
+    assert!(
+        lockstep_report(&s, "pod-1-ls-n2")["completionTime"].is_null(),
+        "a withdrawn eviction is never completed"
+    );
+    assert_eq!(s.stack.job_state(&job2).as_deref(), Some("RUNNING"));
+    s.assert_each_action_carried_out_at_most_once();
+    s.stop_and_verify(&mut l);
+}
+
 /// Patches a node's status (strategic merge: conditions by type).
 fn patch_node_status(s: &Scenario, node: &str, status: Value) {
     s.stack.kubectl(
@@ -1253,6 +1513,8 @@ fn the_service_account_has_the_rights_lockstep_needs_and_no_more_and_the_deploym
         ("patch", "nodesets.slinky.slurm.net/scale", Some(NS)),
         ("watch", "resourceslices.resource.k8s.io", None),
         ("watch", "devicetaintrules.resource.k8s.io", None),
+        ("watch", "evictions.lifecycle.k8s.io", Some(NS)),
+        ("patch", "evictions.lifecycle.k8s.io/status", Some(NS)),
         ("update", "leases", Some("lockstep-system")),
     ] {
         assert!(can(verb, what, ns), "lockstep needs to {verb} {what}");
@@ -1318,6 +1580,8 @@ on!(planned_maintenance_announced_by_the_annotation:
     v22_05 = "22.05");
 on!(slurm_drains_show_on_the_kubernetes_node_itself:
     v22_05 = "22.05", v26_05 = "26.05");
+on!(an_eviction_of_a_slurmd_pod_goes_through_slurm:
+    v26_05 = "26.05");
 on!(a_gpu_fault_from_dra_drains_the_slurm_nodes_it_concerns:
     v26_05 = "26.05");
 on!(a_node_back_as_another_machine_returns_only_once_its_health_check_passes:

@@ -206,6 +206,7 @@ fn world() -> Vec<Event> {
             owner: None,
             revision: None,
             unhealthy_devices: Default::default(),
+            eviction: Default::default(),
             version: 0,
         }));
     }

@@ -195,6 +195,7 @@ async fn pod_lifecycle_appears_as_observations() {
             }),
             revision: Some("compute-rev1".to_owned()),
             unhealthy_devices: Default::default(),
+            eviction: Default::default(),
             version: p.version,
         }
     );

@@ -16,6 +16,8 @@ pub(crate) enum DrainCause {
     PodDeleting,
     PodEvicted,
     PodMissing,
+    /// An eviction of the pod lockstep answers as its eviction responder.
+    EvictionRequested,
 }
 
 impl DrainCause {
@@ -25,12 +27,16 @@ impl DrainCause {
             Self::PodDeleting => Rule::PodDeleting,
             Self::PodEvicted => Rule::PodEvicted,
             Self::PodMissing => Rule::PodMissing,
+            Self::EvictionRequested => Rule::EvictionRequested,
         }
     }
 
     /// The slurmd pod is being lost or is gone (rows 2-4).
     pub fn is_pod_loss(self) -> bool {
-        self != Self::Cordoned
+        matches!(
+            self,
+            Self::PodDeleting | Self::PodEvicted | Self::PodMissing
+        )
     }
 
     fn describe(self, view: &NodeView<'_>) -> String {
@@ -43,6 +49,7 @@ impl DrainCause {
             Self::PodDeleting => format!("pod {pod} being deleted"),
             Self::PodEvicted => format!("pod {pod} evicted"),
             Self::PodMissing => "slurmd pod gone, waiting for its replacement".to_owned(),
+            Self::EvictionRequested => format!("pod {pod} eviction requested"),
         }
     }
 }
@@ -202,6 +209,7 @@ impl Status {
             | Rule::PodDeleting
             | Rule::PodEvicted
             | Rule::PodMissing
+            | Rule::EvictionRequested
             | Rule::NotReady
             | Rule::NodeCondition
             | Rule::KubeNodeGone
@@ -264,7 +272,8 @@ impl Status {
             | Rule::Reserve
             | Rule::Release
             | Rule::DrainConditions
-            | Rule::SlurmNodesAnnotation => String::new(),
+            | Rule::SlurmNodesAnnotation
+            | Rule::EvictionResponse => String::new(),
         }
     }
 }

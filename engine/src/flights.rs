@@ -64,6 +64,8 @@ pub(crate) enum Aspect {
     Taint(String),
     /// A Kubernetes node's maintenance reservation.
     Reservation,
+    /// A pod's eviction: lockstep's response to it.
+    Eviction,
 }
 
 /// An [`Aspect`] by borrowed name, for look-ups that allocate nothing.
@@ -77,6 +79,7 @@ pub(crate) enum AspectRef<'a> {
     Delete,
     Taint(&'a str),
     Reservation,
+    Eviction,
 }
 
 impl Aspect {
@@ -120,6 +123,9 @@ impl Aspect {
             Target::NodeLabel { node, key } => {
                 (Owner::KubeNode, node.clone(), Self::Label(key.clone()))
             }
+            Target::PodEviction { namespace, pod } => {
+                (Owner::Pod, pod_key(namespace, pod), Self::Eviction)
+            }
             Target::SlurmReservation { .. } | Target::Scale { .. } => return None,
         })
     }
@@ -142,7 +148,7 @@ impl Aspect {
     /// A pod's aspects that live and go with the pod: its conditions and
     /// labels (its deletion belongs to the scale-in victim).
     pub fn shown_on_pod(&self) -> bool {
-        matches!(self, Self::Condition(_) | Self::Label(_))
+        matches!(self, Self::Condition(_) | Self::Label(_) | Self::Eviction)
     }
 
     pub fn as_ref(&self) -> AspectRef<'_> {
@@ -155,6 +161,7 @@ impl Aspect {
             Self::Delete => AspectRef::Delete,
             Self::Taint(t) => AspectRef::Taint(t),
             Self::Reservation => AspectRef::Reservation,
+            Self::Eviction => AspectRef::Eviction,
         }
     }
 }
@@ -170,6 +177,7 @@ impl AspectRef<'_> {
             Self::Delete => Aspect::Delete,
             Self::Taint(t) => Aspect::Taint(t.to_owned()),
             Self::Reservation => Aspect::Reservation,
+            Self::Eviction => Aspect::Eviction,
         }
     }
 }

@@ -34,6 +34,7 @@ mod cause;
 mod ctx;
 mod drain;
 mod engine;
+mod evict;
 mod flights;
 mod health;
 mod maintenance;
@@ -60,9 +61,10 @@ mod rule_tables {
     use lockstep_schemas::Rule;
 
     /// The sources whose module documentation holds rule tables.
-    const TABLES: [(&str, &str); 8] = [
+    const TABLES: [(&str, &str); 9] = [
         ("lib.rs", include_str!("lib.rs")),
         ("drain/mod.rs", include_str!("drain/mod.rs")),
+        ("evict.rs", include_str!("evict.rs")),
         ("health.rs", include_str!("health.rs")),
         ("topology.rs", include_str!("topology.rs")),
         ("scaling/mod.rs", include_str!("scaling/mod.rs")),

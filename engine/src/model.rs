@@ -39,6 +39,14 @@ pub(crate) struct PodEntry {
     pub gen: u32,
 }
 
+#[cfg(test)]
+impl PodEntry {
+    /// The entry of a pod first seen as `obs`.
+    pub fn of(obs: KubePod) -> Self {
+        Self { obs, gen: 0 }
+    }
+}
+
 /// A Kubernetes node, and since when it is not Ready.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct KubeEntry {

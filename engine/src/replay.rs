@@ -503,6 +503,7 @@ impl Audit {
             | Target::SlurmNodeTopology { node } => *node == self.node,
             Target::PodCondition { namespace, pod, .. }
             | Target::PodLabel { namespace, pod, .. }
+            | Target::PodEviction { namespace, pod }
             | Target::Pod { namespace, pod } => {
                 engine.pod_key_of(&self.node).as_deref()
                     == Some(format!("{namespace}/{pod}").as_str())

@@ -539,6 +539,7 @@ mod tests {
                 owner: None,
                 revision: None,
                 unhealthy_devices: Default::default(),
+                eviction: Default::default(),
                 version: 0,
             },
             gen: 0,

@@ -69,6 +69,7 @@ fn events() -> Vec<Event> {
             revision: None,
             ready: true,
             unhealthy_devices: Default::default(),
+            eviction: Default::default(),
             version: 0,
         }),
     ]

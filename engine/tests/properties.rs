@@ -319,6 +319,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                     }),
                     ready: true,
                     unhealthy_devices: Default::default(),
+                    eviction: Default::default(),
                     version: 0,
                 };
                 world.pods.insert(*node, pod.clone());

@@ -675,6 +675,7 @@ impl Sim {
             | Action::SlurmSetTopology { node, .. } => self.slurm.contains_key(node),
             Action::KubeSetPodCondition { pod, .. }
             | Action::KubeLabelPod { pod, .. }
+            | Action::KubeRespondEviction { pod, .. }
             | Action::KubeDeletePod { pod, .. } => self.pods.contains_key(&format!("slurm/{pod}")),
             Action::KubeTaintNode { node, .. } | Action::KubeUntaintNode { node, .. } => {
                 self.kube.contains_key(node)
@@ -709,6 +710,19 @@ impl Sim {
 
     fn carry_out(&mut self, action: &Action) {
         match action {
+            // A report changes nothing lockstep reads back; the one that
+            // completes makes the controller mark lockstep Completed.
+            Action::KubeRespondEviction { pod, complete, .. } => {
+                if *complete {
+                    self.pod_change(pod, |p| {
+                        if let Some(e) = &mut p.eviction {
+                            e.state = lockstep_schemas::ResponderState::Completed;
+                            e.completed = true;
+                            e.version += 1;
+                        }
+                    });
+                }
+            }
             Action::SlurmDrain { node, reason } => {
                 let reason = reason.clone();
                 self.slurm_change(node, |n| set_drain(n, &reason, "lockstep"));
@@ -1211,6 +1225,7 @@ fn new_pod(name: &str, node: &str) -> KubePod {
         owner: None,
         revision: None,
         unhealthy_devices: Default::default(),
+        eviction: Default::default(),
         version: 0,
     }
 }

@@ -221,6 +221,11 @@ pub const ALL: &[Incident] = &[
         about: "GPU faults from DRA (health.device_faults): the driver taints gpu-3 of k1 for an XID, and n1 and n2 on k1 drain naming the device; an operator's DeviceTaintRule takes gpu-5 of k2 out; the kubelet reports a GPU of n4's pod Unhealthy and only n4 drains; each resumes after resume_after_s once its taint is gone or its GPU healthy",
         build: gpu_fault_from_dra,
     },
+    Incident {
+        name: "eviction-through-slurm",
+        about: "eviction through Slurm (drain.eviction_responder): an eviction of n1's pod drains n1 at once; lockstep reports every 5 minutes while job 1001 runs, completes when it ends, and Kubernetes' evictor then evicts the pod; n2's eviction is withdrawn while its job still runs, and its drain is lifted",
+        build: eviction_through_slurm,
+    },
 ];
 
 /// The incident with this name.
@@ -1009,6 +1014,62 @@ fn gpu_fault_from_dra() -> Sim {
         .pod_change("n4", |p| p.unhealthy_devices.clear())
         .actuate();
     sim.run_s(120, 30);
+    sim
+}
+
+fn eviction_through_slurm() -> Sim {
+    use lockstep_schemas::{PodEviction, ResponderState};
+    let mut policy = Policy::default();
+    policy.drain.eviction_responder = "lockstep.dev/slurm-drain".to_owned();
+    let mut sim = cluster(policy, 2);
+    sim.versioned();
+    let eviction = |name: &str, state: ResponderState, over: bool, version: u64| PodEviction {
+        name: name.to_owned(),
+        state,
+        completed: false,
+        over,
+        version,
+    };
+    sim.advance_s(10)
+        .start_job(1001, &["n1"])
+        .start_job(1002, &["n2"])
+        .actuate();
+    // 03:01: an eviction of n1's pod is requested; another responder first.
+    sim.advance_s(50)
+        .pod_change("n1", |p| {
+            p.eviction = Some(eviction("pod-1-n1", ResponderState::Inactive, false, 101));
+        })
+        .actuate();
+    // 03:01:10 lockstep's turn; 03:02 n2's eviction, lockstep's turn at once.
+    sim.advance_s(10)
+        .pod_change("n1", |p| {
+            p.eviction = Some(eviction("pod-1-n1", ResponderState::Active, false, 102));
+        })
+        .actuate();
+    sim.advance_s(50)
+        .pod_change("n2", |p| {
+            p.eviction = Some(eviction("pod-1-n2", ResponderState::Active, false, 103));
+        })
+        .actuate();
+    // 03:04: every requester of n2's eviction withdraws.
+    sim.advance_s(120)
+        .pod_change("n2", |p| {
+            p.eviction = Some(eviction("pod-1-n2", ResponderState::Canceled, true, 104));
+        })
+        .actuate();
+    // Job 1001 runs until 03:16; lockstep reports meanwhile, then completes.
+    sim.run_s(720, 60);
+    sim.end_job(1001).actuate();
+    sim.run_s(10, 5);
+    // Kubernetes' evictor evicts the pod; it goes.
+    sim.advance_s(5)
+        .pod_change("n1", |p| {
+            p.deleting = true;
+            p.disruption_target = true;
+        })
+        .actuate();
+    sim.advance_s(30).remove_pod("n1").actuate();
+    sim.run_s(60, 30);
     sim
 }
 

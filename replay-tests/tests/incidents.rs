@@ -1158,6 +1158,60 @@ fn a_dra_device_fault_drains_the_slurm_nodes_it_concerns_naming_the_device() {
 }
 
 #[test]
+fn an_eviction_goes_through_slurm_and_a_withdrawn_one_lifts_its_drain() {
+    let sim = build("eviction-through-slurm");
+    let epoch = lockstep_replay_tests::EPOCH_MS;
+    let reports = |pod: &str| -> Vec<(u64, bool)> {
+        sim.actions
+            .iter()
+            .filter_map(|a| match &a.action {
+                Action::KubeRespondEviction {
+                    pod: p, complete, ..
+                } if p == pod => Some(((a.time_ms - epoch) / 1000, *complete)),
+                _ => None,
+            })
+            .collect()
+    };
+    let at = |kind: ActionKind, n: &str| -> Vec<u64> {
+        sim.actions
+            .iter()
+            .filter(|a| {
+                a.action.kind() == kind
+                    && a.action.target().to_string() == format!("slurm:{n}/state")
+            })
+            .map(|a| (a.time_ms - epoch) / 1000)
+            .collect()
+    };
+    // n1 drains as soon as its eviction is requested, before lockstep's turn.
+    assert_eq!(at(ActionKind::SlurmDrain, "n1"), [60]);
+    assert_eq!(
+        drains_of(&sim, "n1"),
+        ["lockstep: pod slurm/n1 eviction requested"]
+    );
+    // Its turn at 03:01:10: a report, then one every 5 minutes while job
+    // 1001 runs, none retried; complete as soon as the job ends (03:16).
+    assert_eq!(
+        reports("n1"),
+        [
+            (70, false),
+            (300, false),
+            (600, false),
+            (900, false),
+            (960, true)
+        ]
+    );
+    assert!(
+        at(ActionKind::SlurmResume, "n1").is_empty(),
+        "the pod was evicted"
+    );
+    // n2's eviction is withdrawn at 03:04 while its job runs: resumed, never
+    // completed.
+    assert_eq!(at(ActionKind::SlurmDrain, "n2"), [120]);
+    assert_eq!(at(ActionKind::SlurmResume, "n2"), [240]);
+    assert!(reports("n2").iter().all(|(_, complete)| !complete));
+}
+
+#[test]
 fn maintenance_reserves_ahead_drains_in_the_window_shows_progress_and_gives_back() {
     let sim = build("maintenance-window");
     let epoch = lockstep_replay_tests::EPOCH_MS;

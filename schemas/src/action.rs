@@ -127,6 +127,26 @@ pub enum Action {
         /// The condition as it should be (the shape pods and nodes share).
         condition: PodCondition,
     },
+    /// Report lockstep's progress on an eviction of a pod as its eviction
+    /// responder (a server-side apply of its `status.responders` entry:
+    /// `heartbeatTime` and `message`, and `completionTime` when `complete`).
+    KubeRespondEviction {
+        /// Pod namespace (the Eviction's).
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// The Eviction object.
+        eviction: String,
+        /// lockstep's responder name.
+        responder: String,
+        /// What lockstep says of it.
+        message: String,
+        /// The heartbeat's period number (log time / period): a new one is
+        /// a new report.
+        beat: u64,
+        /// lockstep is done: the eviction may go ahead.
+        complete: bool,
+    },
     /// Set or remove one label on a Kubernetes node; with a key
     /// `annotation:<key>`, one annotation (as for [`Action::KubeLabelPod`]),
     /// e.g. the annotation naming the node's Slurm nodes.
@@ -176,12 +196,14 @@ pub enum ActionKind {
     KubeSetNodeCondition,
     /// [`Action::KubeLabelNode`].
     KubeLabelNode,
+    /// [`Action::KubeRespondEviction`].
+    KubeRespondEviction,
 }
 
 impl ActionKind {
     /// Every kind, in declaration order: for what must exist for each kind
     /// before its first action (a metric series an alert reads at 0).
-    pub const ALL: [ActionKind; 15] = [
+    pub const ALL: [ActionKind; 16] = [
         Self::SlurmDrain,
         Self::SlurmResume,
         Self::SlurmDown,
@@ -197,6 +219,7 @@ impl ActionKind {
         Self::SlurmUnreserve,
         Self::KubeSetNodeCondition,
         Self::KubeLabelNode,
+        Self::KubeRespondEviction,
     ];
 
     /// A static name, usable as a metric label.
@@ -217,6 +240,7 @@ impl ActionKind {
             Self::SlurmUnreserve => "slurm_unreserve",
             Self::KubeSetNodeCondition => "kube_set_node_condition",
             Self::KubeLabelNode => "kube_label_node",
+            Self::KubeRespondEviction => "kube_respond_eviction",
         }
     }
 
@@ -238,7 +262,8 @@ impl ActionKind {
             | Self::KubeDeletePod
             | Self::KubeScale
             | Self::KubeSetNodeCondition
-            | Self::KubeLabelNode => Connector::Kubernetes,
+            | Self::KubeLabelNode
+            | Self::KubeRespondEviction => Connector::Kubernetes,
         }
     }
 }
@@ -319,6 +344,13 @@ pub enum Target {
         /// Condition type.
         condition: String,
     },
+    /// lockstep's response to the eviction of one pod.
+    PodEviction {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+    },
     /// One label (or `annotation:` key) on one Kubernetes node.
     NodeLabel {
         /// Kubernetes node.
@@ -352,6 +384,7 @@ impl std::fmt::Display for Target {
                 write!(f, "node:{node}/condition/{condition}")
             }
             Self::NodeLabel { node, key } => write!(f, "node:{node}/label/{key}"),
+            Self::PodEviction { namespace, pod } => write!(f, "pod:{namespace}/{pod}/eviction"),
         }
     }
 }
@@ -375,6 +408,7 @@ impl Action {
             Self::SlurmUnreserve { .. } => ActionKind::SlurmUnreserve,
             Self::KubeSetNodeCondition { .. } => ActionKind::KubeSetNodeCondition,
             Self::KubeLabelNode { .. } => ActionKind::KubeLabelNode,
+            Self::KubeRespondEviction { .. } => ActionKind::KubeRespondEviction,
         }
     }
 
@@ -430,6 +464,10 @@ impl Action {
             Self::KubeLabelNode { node, key, .. } => Target::NodeLabel {
                 node: node.clone(),
                 key: key.clone(),
+            },
+            Self::KubeRespondEviction { namespace, pod, .. } => Target::PodEviction {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
             },
         }
     }
@@ -488,6 +526,17 @@ impl Action {
             } => describe_label(key, value.as_deref(), &format!("pod {namespace}/{pod}")),
             Self::KubeLabelNode { node, key, value } => {
                 describe_label(key, value.as_deref(), &format!("kubernetes node {node}"))
+            }
+            Self::KubeRespondEviction {
+                namespace,
+                pod,
+                eviction,
+                message,
+                complete,
+                ..
+            } => {
+                let what = if *complete { "complete" } else { "report on" };
+                format!("{what} eviction {eviction} of pod {namespace}/{pod}: {message}")
             }
             Self::KubeDeletePod {
                 namespace,
@@ -602,6 +651,7 @@ mod tests {
                 ActionKind::SlurmUnreserve => index(ActionKind::SlurmUnreserve),
                 ActionKind::KubeSetNodeCondition => index(ActionKind::KubeSetNodeCondition),
                 ActionKind::KubeLabelNode => index(ActionKind::KubeLabelNode),
+                ActionKind::KubeRespondEviction => index(ActionKind::KubeRespondEviction),
             };
             assert!(covered.is_some());
         }
@@ -631,6 +681,7 @@ mod tests {
             (KubeScale, Connector::Kubernetes),
             (KubeSetNodeCondition, Connector::Kubernetes),
             (KubeLabelNode, Connector::Kubernetes),
+            (KubeRespondEviction, Connector::Kubernetes),
         ];
         for kind in ActionKind::ALL {
             assert!(

@@ -379,6 +379,7 @@ same_but_version!(KubePod {
     conditions,
     owner,
     revision,
+    eviction,
     unhealthy_devices
 });
 same_but_version!(KubeScaleTarget {
@@ -819,6 +820,46 @@ impl NodeIdentity {
     }
 }
 
+/// The latest eviction of a pod (Kubernetes `lifecycle.k8s.io/v1alpha1`
+/// Eviction), as lockstep's eviction responder sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PodEviction {
+    /// The Eviction object's name (in the pod's namespace).
+    pub name: String,
+    /// lockstep's responder's state in it.
+    pub state: ResponderState,
+    /// lockstep reported it complete (its `completionTime` is set).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub completed: bool,
+    /// The Eviction is over (`TargetEvicted` or `Failed` True: the pod is
+    /// gone, or every requester withdrew, or no responder got it done):
+    /// nothing is under way.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub over: bool,
+    /// The Eviction's `resourceVersion`: it comes from another object than
+    /// the pod, so it carries its own version.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
+}
+
+/// An eviction responder's state (`status.targetResponders[].state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ResponderState {
+    /// Another responder goes first.
+    Inactive,
+    /// Its turn: it is to report progress, then complete.
+    Active,
+    /// It missed its heartbeat deadline; the next responder goes on.
+    Interrupted,
+    /// Every requester withdrew.
+    Canceled,
+    /// It completed; the next responder goes on.
+    Completed,
+    /// A state this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
 /// The DRA devices of a Kubernetes node that device taints mark faulty.
 /// They come from other objects than the Node (its ResourceSlices, the
 /// DeviceTaintRules), so they carry their own version.
@@ -993,6 +1034,10 @@ pub struct KubePod {
     /// Controller revision (`controller-revision-hash`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// The latest eviction of it that lockstep answers as its eviction
+    /// responder (`drain.eviction_responder`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<PodEviction>,
     /// The resources allocated to it that the kubelet reports Unhealthy
     /// (`status.containerStatuses[].allocatedResourcesStatus`, a DRA device
     /// by its resource ID), sorted; read only under `health.device_faults`.

@@ -188,6 +188,17 @@ pub struct DrainPolicy {
     /// used under an earlier policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slurm_user: Option<String>,
+    /// Answer the EvictionRequest API (Kubernetes `lifecycle.k8s.io/v1alpha1`,
+    /// feature gate `EvictionRequestAPI`) as this eviction responder: slurmd
+    /// pods that list it in `spec.evictionResponders` are evicted through
+    /// Slurm. An Eviction of such a pod drains its Slurm node at once;
+    /// lockstep reports progress on it while it is the active responder, and
+    /// completes once the node is drained and runs no job, so that the
+    /// eviction goes ahead; an eviction withdrawn lifts the drain. A
+    /// prefixed name outside `k8s.io`, e.g. `lockstep.dev/slurm-drain`.
+    /// Empty: off.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub eviction_responder: String,
 }
 
 impl Default for DrainPolicy {
@@ -199,6 +210,7 @@ impl Default for DrainPolicy {
             foreign_drain_condition: "SlurmNodeDrained".to_owned(),
             foreign_drain_taint: None,
             slurm_user: None,
+            eviction_responder: String::new(),
         }
     }
 }
@@ -792,6 +804,21 @@ impl Policy {
                 "must be a comma-separated list of Slurm user names",
             );
         }
+        let responder = self.drain.eviction_responder.as_str();
+        if !responder.is_empty() {
+            let domain = responder.split_once('/').map(|(d, _)| d);
+            let reserved = domain.is_some_and(|d| {
+                ["k8s.io", "kubernetes.io"]
+                    .iter()
+                    .any(|r| d == *r || d.ends_with(&format!(".{r}")))
+            });
+            if domain.is_none() || reserved || !valid_qualified_name(responder) {
+                return range(
+                    "drain.eviction_responder",
+                    "must be a prefixed name (DOMAIN/NAME) outside k8s.io and kubernetes.io, as Kubernetes requires of eviction responders",
+                );
+            }
+        }
         let rc = self.health.return_condition.as_str();
         if !rc.is_empty() {
             if !valid_qualified_name(rc) {
@@ -1129,6 +1156,18 @@ mod tests {
                 "{doc}: {err}"
             );
         }
+        for doc in [
+            r#"{"drain": {"eviction_responder": "slurm-drain"}}"#,
+            r#"{"drain": {"eviction_responder": "lockstep.k8s.io/slurm-drain"}}"#,
+        ] {
+            let err = refused(doc);
+            assert!(
+                err.starts_with("invalid policy: drain.eviction_responder: "),
+                "{doc}: {err}"
+            );
+        }
+        Policy::from_json(r#"{"drain": {"eviction_responder": "lockstep.dev/slurm-drain"}}"#)
+            .unwrap();
         for doc in [
             r#"{"health": {"node_conditions": ["Ok"], "return_condition": "Ok"}}"#,
             r#"{"health": {"return_condition": "ok ok"}}"#,

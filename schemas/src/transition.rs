@@ -133,11 +133,17 @@ pub enum Rule {
     ReturnGate,
     /// health: a DRA device on the node is tainted or reported unhealthy.
     DeviceFault,
+    /// drain: an eviction of the slurmd pod is under way (lockstep answers it
+    /// as its eviction responder).
+    EvictionRequested,
+    /// drain: lockstep reports its progress on the pod's eviction, and
+    /// completes once the Slurm node is drained.
+    EvictionResponse,
 }
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 38] = [
+    pub const ALL: [Rule; 40] = [
         Self::Observed,
         Self::Gone,
         Self::Cordoned,
@@ -176,6 +182,8 @@ impl Rule {
         Self::SlurmNodesAnnotation,
         Self::ReturnGate,
         Self::DeviceFault,
+        Self::EvictionRequested,
+        Self::EvictionResponse,
     ];
 
     /// A static name, `policy.rule`.
@@ -219,6 +227,8 @@ impl Rule {
             Self::SlurmNodesAnnotation => "node_signals.slurm_nodes",
             Self::ReturnGate => "health.return_gate",
             Self::DeviceFault => "health.device_fault",
+            Self::EvictionRequested => "drain.eviction_requested",
+            Self::EvictionResponse => "drain.eviction_response",
         }
     }
 }
@@ -299,6 +309,8 @@ mod tests {
                 Rule::SlurmNodesAnnotation => index(Rule::SlurmNodesAnnotation),
                 Rule::ReturnGate => index(Rule::ReturnGate),
                 Rule::DeviceFault => index(Rule::DeviceFault),
+                Rule::EvictionRequested => index(Rule::EvictionRequested),
+                Rule::EvictionResponse => index(Rule::EvictionResponse),
             };
             assert!(covered.is_some());
         }

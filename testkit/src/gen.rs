@@ -211,6 +211,7 @@ impl Generator {
                 revision: shape.scaling_and_topology.then(|| "rev-1".to_owned()),
                 ready: true,
                 unhealthy_devices: Default::default(),
+                eviction: Default::default(),
                 version: 0,
             };
             g.push(Source::Kubernetes, Event::KubePod(pod));

@@ -322,7 +322,12 @@ pub fn clean(stack: &Stack) {
         s.lines().all(|l| l.ends_with(" idle")).then_some(())
     });
     stack.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
-    for kind in ["statefulsets", "poddisruptionbudgets"] {
+    for kind in [
+        "statefulsets",
+        "poddisruptionbudgets",
+        "evictionrequests.lifecycle.k8s.io",
+        "evictions.lifecycle.k8s.io",
+    ] {
         stack.kubectl(
             &["delete", kind, "-n", NS, "--all", "--ignore-not-found"],
             None,

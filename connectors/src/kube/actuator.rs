@@ -10,8 +10,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::Client;
 use lockstep_schemas::{
     Action, ActionOutcome, IssuedAction, OutcomeResult, PodCondition, ScaleTargetRef, Taint,
@@ -190,6 +191,17 @@ impl Actuator {
             Action::KubeLabelNode { node, key, value } => {
                 self.label_node(node, key, value.as_deref()).await
             }
+            Action::KubeRespondEviction {
+                namespace,
+                eviction,
+                responder,
+                message,
+                complete,
+                ..
+            } => {
+                self.respond_eviction(namespace, eviction, responder, message, *complete)
+                    .await
+            }
             // Every other action is Slurm's (the dispatcher routes by
             // `ActionKind::connector`): refused, as the Slurm actuator
             // refuses what is not its own, so that a new Slurm action does
@@ -286,6 +298,64 @@ impl Actuator {
     ) -> Result<Done> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         label(&api, name, &format!("pod {namespace}/{name}"), key, value).await
+    }
+
+    /// Reports on an eviction as its responder: a server-side apply of
+    /// lockstep's own `status.responders` entry (`heartbeatTime`, `message`;
+    /// `completionTime` when `complete`), as the EvictionRequest API asks of
+    /// a responder. Only the active responder may write its entry; one that
+    /// completed already is done.
+    async fn respond_eviction(
+        &self,
+        namespace: &str,
+        name: &str,
+        responder: &str,
+        message: &str,
+        complete: bool,
+    ) -> Result<Done> {
+        let api: Api<Eviction> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("eviction {namespace}/{name}");
+        let eviction = api
+            .get(name)
+            .await
+            .map_err(|e| Error::from_kube(format!("get {what}"), e))?;
+        let status = eviction.status.as_ref();
+        let mine = status
+            .and_then(|s| s.responders.as_deref())
+            .and_then(|r| r.iter().find(|r| r.name == responder));
+        if mine.is_some_and(|m| m.completion_time.is_some()) {
+            return Ok(Done::Already);
+        }
+        let state = status
+            .and_then(|s| s.target_responders.as_deref())
+            .and_then(|t| t.iter().find(|r| r.name == responder))
+            .map(|r| r.state.as_str());
+        if state != Some("Active") {
+            return Err(Error::Malformed {
+                what,
+                detail: format!(
+                    "the responder {responder} is {}, not Active: it may not report",
+                    state.unwrap_or("not among the eviction's responders")
+                ),
+            });
+        }
+        let now = rfc3339_now();
+        let mut entry = serde_json::json!({
+            "name": responder, "heartbeatTime": now, "message": message,
+        });
+        if complete {
+            entry["completionTime"] = serde_json::json!(now);
+        }
+        let body = serde_json::json!({
+            "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"responders": [entry]},
+        });
+        let params = PatchParams::apply(wire::FIELD_MANAGER).force();
+        api.patch_status(name, &params, &Patch::Apply(body))
+            .await
+            .map_err(|e| Error::from_kube(format!("report on {what}"), e))?;
+        Ok(Done::Changed)
     }
 
     /// Sets or removes a node label, or with a key `annotation:<key>` an
@@ -610,6 +680,15 @@ mod tests {
                 node: node(),
                 key: "annotation:lockstep.dev/slurm-nodes".to_owned(),
                 value: Some("n1".to_owned()),
+            },
+            ActionKind::KubeRespondEviction => Action::KubeRespondEviction {
+                namespace,
+                pod,
+                eviction: "pod-1-n1".to_owned(),
+                responder: "lockstep.dev/slurm-drain".to_owned(),
+                message: "Slurm node n1 drained; no job runs".to_owned(),
+                beat: 0,
+                complete: true,
             },
         }
     }

@@ -25,6 +25,7 @@ mod actuator;
 mod devices;
 mod discover;
 mod error;
+mod evictions;
 mod lease;
 mod observer;
 pub mod reduce;

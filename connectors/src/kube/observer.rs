@@ -19,6 +19,7 @@ use std::time::Duration;
 use futures::stream::{AbortHandle, BoxStream, SelectAll};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
 use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::watcher::{self, watcher};
@@ -32,6 +33,7 @@ use tokio::sync::{mpsc, watch};
 use super::devices::Devices;
 use super::discover::discover;
 use super::error::{Error, Result};
+use super::evictions::Evictions;
 use super::reduce;
 use super::spec::{ChangedWatches, ObserveSpec, ScaleKind};
 use super::tracker::{Step, Tracker};
@@ -260,6 +262,10 @@ impl Observer {
                 h.abort();
             }
             watches.pods = self.pod_watch().map(|w| watches.add(w));
+            if let Some(h) = watches.evictions.take() {
+                h.abort();
+            }
+            watches.evictions = self.eviction_watch().map(|w| watches.add(w));
         }
         if which.scale_targets {
             for handle in std::mem::take(&mut watches.scale_targets) {
@@ -311,6 +317,22 @@ impl Observer {
                 .map(move |r| r.map_or_else(failed, Item::Rule))
                 .boxed(),
         ]
+    }
+
+    /// The Eviction watch (`drain.eviction_responder`): the Evictions
+    /// labelled with the responder's name, as Kubernetes labels those of
+    /// every participant.
+    fn eviction_watch(&self) -> Option<BoxStream<'static, Item>> {
+        let responder = self.spec.eviction_responder.as_deref()?;
+        let evictions: Api<Eviction> = match &self.spec.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        Some(
+            self.watch(evictions, Some(responder))
+                .map(|r| r.map_or_else(|e| Item::Failed(Domain::KubePods, e), Item::Eviction))
+                .boxed(),
+        )
     }
 
     /// The pod watch; none without a pod selector.
@@ -380,6 +402,7 @@ struct Watches {
     nodes: Option<AbortHandle>,
     devices: Vec<AbortHandle>,
     pods: Option<AbortHandle>,
+    evictions: Option<AbortHandle>,
     scale_targets: Vec<AbortHandle>,
 }
 
@@ -516,6 +539,7 @@ enum Item {
     Node(Option<Step<String, KubeNode>>),
     Slice(watcher::Event<ResourceSlice>),
     Rule(watcher::Event<DeviceTaintRule>),
+    Eviction(watcher::Event<Eviction>),
     Pod(Option<Step<(String, String), KubePod>>),
     Scale(usize, Option<Step<ScaleTargetRef, KubeScaleTarget>>),
     Failed(Domain, watcher::Error),
@@ -560,6 +584,8 @@ struct State {
     nodes: Tracker<KubeNode>,
     /// Each node's device faults, which its observation carries.
     devices: Devices,
+    /// Each pod's eviction under way, which its observation carries.
+    evictions: Evictions,
     pods: Tracker<KubePod>,
     scales: Vec<Tracker<KubeScaleTarget>>,
     sight: Sight,
@@ -571,6 +597,7 @@ impl State {
         Self {
             nodes: Tracker::new(true),
             devices: Devices::default(),
+            evictions: Evictions::new(spec.eviction_responder.as_deref().unwrap_or_default()),
             pods: Tracker::new(true),
             scales: spec
                 .scale_kinds
@@ -597,6 +624,9 @@ impl State {
     ) {
         if changed.pods && new.pod_selector.is_none() {
             self.pods.forget_all(out);
+        }
+        if changed.pods {
+            self.evictions = Evictions::new(new.eviction_responder.as_deref().unwrap_or_default());
         }
         if changed.scale_targets {
             let shared = new.scale_kinds.len() > 1;
@@ -629,6 +659,7 @@ impl State {
                 Item::Node(Some(Step::Init) | None)
                     | Item::Slice(watcher::Event::Init)
                     | Item::Rule(watcher::Event::Init)
+                    | Item::Eviction(watcher::Event::Init)
                     | Item::Pod(Some(Step::Init) | None)
                     | Item::Scale(_, Some(Step::Init) | None)
                     | Item::Failed(..)
@@ -664,7 +695,35 @@ impl State {
                 let changed = self.devices.rule(e);
                 self.devices_changed(changed, out);
             }
-            Item::Pod(Some(s)) => self.pods.step(s, out),
+            Item::Pod(Some(s)) => {
+                let with = |(ns, name): &(String, String), mut o: KubePod| {
+                    o.eviction = self.evictions.of(ns, name, &o.uid);
+                    o
+                };
+                let s = match s {
+                    Step::Listed(k, o) => {
+                        let o = with(&k, o);
+                        Step::Listed(k, o)
+                    }
+                    Step::Applied(k, o) => {
+                        let o = with(&k, o);
+                        Step::Applied(k, o)
+                    }
+                    s => s,
+                };
+                self.pods.step(s, out);
+            }
+            Item::Eviction(e) => {
+                for key in self.evictions.step(e) {
+                    if let Some(mut o) = self.pods.get(&key).cloned() {
+                        let eviction = self.evictions.of(&key.0, &key.1, &o.uid);
+                        if eviction != o.eviction {
+                            o.eviction = eviction;
+                            self.pods.step(Step::Applied(key, o), out);
+                        }
+                    }
+                }
+            }
             Item::Scale(i, Some(s)) => self.scales[i].step(s, out),
             Item::Node(None) | Item::Pod(None) | Item::Scale(_, None) => {
                 tracing::debug!("kubernetes object without a name ignored");
@@ -778,6 +837,16 @@ async fn probe_api(client: Client, spec: Arc<ObserveSpec>, timeout_ms: u64) -> R
             api.list_metadata(&one)
                 .await
                 .map_err(|e| Error::from_kube(format!("probe: list {}", kind.plural), e))?;
+        }
+        if spec.eviction_responder.is_some() {
+            let evictions: Api<Eviction> = match &spec.namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            };
+            evictions
+                .list_metadata(&one)
+                .await
+                .map_err(|e| Error::from_kube("probe: list evictions", e))?;
         }
         if spec.device_faults {
             Api::<ResourceSlice>::all(client.clone())

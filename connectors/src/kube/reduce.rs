@@ -291,6 +291,7 @@ pub fn pod(pod: &Pod, spec: &ObserveSpec) -> Option<KubePod> {
         } else {
             Vec::new()
         },
+        eviction: Default::default(),
         version: resource_version(meta.resource_version.as_deref()),
     })
 }
@@ -706,6 +707,7 @@ mod tests {
                 }),
                 revision: Some("r-1".to_owned()),
                 unhealthy_devices: Default::default(),
+                eviction: Default::default(),
                 version: 42,
             }
         );

@@ -184,6 +184,9 @@ pub struct ObserveSpec {
     /// DeviceTaintRules for each node's tainted devices, and the devices the
     /// kubelet reports unhealthy to each pod.
     pub device_faults: bool,
+    /// Watch the Evictions of pods that name this eviction responder
+    /// (`drain.eviction_responder`): each pod's eviction under way.
+    pub eviction_responder: Option<String>,
 }
 
 impl ObserveSpec {
@@ -269,6 +272,7 @@ impl ObserveSpec {
             maintenance: policy.maintenance.enabled,
             node_identity: !policy.health.return_condition.is_empty(),
             device_faults: policy.health.device_faults,
+            eviction_responder: non_empty(&policy.drain.eviction_responder),
         };
         spec.normalize();
         spec
@@ -312,6 +316,7 @@ impl ObserveSpec {
             maintenance,
             node_identity,
             device_faults,
+            eviction_responder,
         } = self;
         ChangedWatches {
             nodes: *node_selector != new.node_selector
@@ -325,6 +330,7 @@ impl ObserveSpec {
                 || *device_faults != new.device_faults,
             pods: *pod_selector != new.pod_selector
                 || *device_faults != new.device_faults
+                || *eviction_responder != new.eviction_responder
                 || *namespace != new.namespace
                 || *pod_labels != new.pod_labels
                 || *pod_conditions != new.pod_conditions,
@@ -366,7 +372,8 @@ pub struct ChangedWatches {
     /// ResourceSlice and DeviceTaintRule watches go with it.
     pub nodes: bool,
     /// The pod watch: its selector or namespace, or what it keeps of a pod
-    /// (labels, conditions).
+    /// (labels, conditions, devices, its eviction); the Eviction watch goes
+    /// with it.
     pub pods: bool,
     /// The scale target watches: their kinds, selector or namespace.
     pub scale_targets: bool,

@@ -20,8 +20,14 @@ READY_TIMEOUT=${LOCKSTEP_KUBE_READY_TIMEOUT:-120}
 SERVICE_CIDR=${LOCKSTEP_KUBE_SERVICE_CIDR:-10.96.0.0/24}
 # Node lifecycle conditions (MaintenancePlanned, MaintenanceInProgress,
 # DrainInProgress, Drained; alpha in v1.37) are on, as lockstep's
-# maintenance policy reads and writes them.
-FEATURE_GATES=${LOCKSTEP_KUBE_FEATURE_GATES:-NodeLifecycleConditions=true}
+# maintenance policy reads and writes them; so is the EvictionRequest API
+# (alpha, lifecycle.k8s.io/v1alpha1), which lockstep answers as an eviction
+# responder.
+FEATURE_GATES=${LOCKSTEP_KUBE_FEATURE_GATES:-NodeLifecycleConditions=true,EvictionRequestAPI=true}
+RUNTIME_CONFIG=${LOCKSTEP_KUBE_RUNTIME_CONFIG-lifecycle.k8s.io/v1alpha1=true}
+# What a running kube-apiserver must have been started with; one started
+# with other gates or API groups (by an older up.sh) is restarted.
+SERVES="feature-gates=$FEATURE_GATES runtime-config=$RUNTIME_CONFIG"
 # No controller-manager runs, so nothing creates the "default" ServiceAccount
 # of a namespace, and the ServiceAccount admission plugin rejects every Pod
 # (see README "Quirks").  Set to "" to keep the plugin on.
@@ -147,10 +153,12 @@ wait_for() {
   log "$name ready after $(( SECONDS - t0 ))s"
 }
 
-# A running kube-apiserver still serves the old certificate: restart it.
-if (( new_cert )) && alive kube-apiserver; then
+# A running kube-apiserver still serves the old certificate, or other
+# feature gates and API groups: restart it.
+serves_other() { [[ $(cat "$RUN/kube-apiserver.serves" 2>/dev/null) != "$SERVES" ]]; }
+if { (( new_cert )) || serves_other; } && alive kube-apiserver; then
   pid=$(<"$RUN/kube-apiserver.pid")
-  log "restarting kube-apiserver (pid $pid) to serve the new certificate"
+  log "restarting kube-apiserver (pid $pid): a new certificate, or to serve $SERVES"
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
   kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid" 2>/dev/null || true; sleep 0.5; }
@@ -187,6 +195,7 @@ else
   log "starting kube-apiserver on $SERVER"
   extra=()
   [[ -n $DISABLE_ADMISSION ]] && extra+=(--disable-admission-plugins="$DISABLE_ADMISSION")
+  [[ -n $RUNTIME_CONFIG ]] && extra+=(--runtime-config="$RUNTIME_CONFIG")
   extra+=("${APISERVER_EXTRA_ARGS[@]}")
   (( ${#APISERVER_EXTRA_ARGS[@]} )) && log "extra kube-apiserver flags: ${APISERVER_EXTRA_ARGS[*]}"
   start kube-apiserver "$BIN/kube-apiserver" \
@@ -207,6 +216,7 @@ else
     --profiling=false \
     --feature-gates="$FEATURE_GATES" \
     "${extra[@]}"
+  echo "$SERVES" > "$RUN/kube-apiserver.serves"
 fi
 wait_for kube-apiserver api_ready
 

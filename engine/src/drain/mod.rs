@@ -7,6 +7,7 @@
 //! | 2   | the pod is being deleted                     | `drain.pod_deleting` |
 //! | 3   | the pod is evicted (DisruptionTarget=True)   | `drain.pod_evicted` |
 //! | 4   | pod mode, row 2, 3 or 4 held before (or the pod went without a `deleting` phase: a force delete, a relist that no longer lists it) and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
+//! | 5   | `eviction_responder`: an eviction of the pod that lockstep answers is under way, not canceled (`evict` has the response) | `drain.eviction_requested` |
 //!
 //! The maintenance window (`maintenance`, row 3) follows, then the health
 //! rows (`health`). The first row that holds names the drain. What Slurm
@@ -48,7 +49,7 @@ use crate::cause::{Cause, DrainCause};
 use crate::model::NodeView;
 use lockstep_schemas::Rule;
 
-/// Rows 1-4 of the table. `had_pod_loss`: a pod loss (rows 2-4) was among
+/// Rows 1-5 of the table. `had_pod_loss`: a pod loss (rows 2-4) was among
 /// the causes in force before.
 pub(crate) fn causes(
     view: &NodeView<'_>,
@@ -77,6 +78,9 @@ pub(crate) fn causes(
             // not serve yet: slurmd in it may not even have started.
             out.push(Cause::Drain(DrainCause::PodMissing));
         }
+    }
+    if crate::evict::requested(view, policy) {
+        out.push(Cause::Drain(DrainCause::EvictionRequested));
     }
 }
 
@@ -319,6 +323,7 @@ mod tests {
                 owner: None,
                 revision: None,
                 unhealthy_devices: Default::default(),
+                eviction: Default::default(),
                 version: 0,
             },
             gen: 0,

@@ -349,7 +349,7 @@ impl Engine {
                     && SlurmSide::of(node, &own).held_by_other();
                 if side_changed || foreign_news {
                     self.touch_slurm(&node.name);
-                } else if relevant || (busy_changed && !self.policy.scaling.busy_label.is_empty()) {
+                } else if relevant || (busy_changed && self.follows_busy()) {
                     self.dirty.push(Wake::Slurm(node.name.clone()));
                 }
                 if busy_changed {
@@ -700,7 +700,9 @@ impl Engine {
     /// and their busy label.
     pub(super) fn jobs_flipped(&mut self, flipped: &mut Vec<String>, ctx: &Ctx<'_>) {
         let now_ms = ctx.now_ms;
-        let label = !self.policy.scaling.busy_label.is_empty();
+        // The busy label follows a node's jobs, and so does the report on an
+        // eviction lockstep answers (it completes once no job runs).
+        let label = self.follows_busy();
         for node in flipped.drain(..) {
             self.scaling.follow_idle(&node, &self.model, now_ms);
             self.update_busy(&node);
@@ -709,6 +711,13 @@ impl Engine {
                 self.dirty.push(Wake::Slurm(node));
             }
         }
+    }
+
+    /// Whether a Slurm node's evaluation reads whether it is busy: the busy
+    /// label, and the report on an eviction (`evict`).
+    fn follows_busy(&self) -> bool {
+        !self.policy.scaling.busy_label.is_empty()
+            || !self.policy.drain.eviction_responder.is_empty()
     }
 
     /// Scaling's busy count of `node` follows the model.

@@ -18,7 +18,7 @@ use crate::scaling::{self, Victim};
 use crate::shown::{self, OnNode, Want};
 use crate::timers::{Wake, WakeOf};
 use crate::units::ms;
-use crate::{health, maintenance, topology};
+use crate::{evict, health, maintenance, topology};
 
 impl Engine {
     /// The router: evaluates the wakes raised so far, in order and each
@@ -189,8 +189,24 @@ impl Engine {
             let busy = || self.model.jobs_on(name) > 0 || scaling::slurm_busy(slurm);
             let pod_idle = flights.idle(Owner::Pod, key);
             let holds = |a: AspectRef<'_>| !pod_idle && flights.holds(Key::Pod(key, a));
-            let wants: Vec<Want<'_>> =
+            let mut wants: Vec<Want<'_>> =
                 shown::pod_wants(pod, slurm, side, shown, busy, policy, &self.retired, holds);
+            // The pod's eviction, where lockstep answers it (`evict`).
+            let out_of_service = !side.unseen && (side.drained || side.down);
+            let (report, next) = evict::response(
+                pod,
+                slurm,
+                out_of_service,
+                busy(),
+                &policy.drain,
+                ctx.now_ms,
+            );
+            if let Some(at) = next {
+                crate::timers::min_wake(&mut wake, at);
+            }
+            if report.is_some() || holds(AspectRef::Eviction) {
+                wants.push((AspectRef::Eviction, report, Rule::EvictionResponse));
+            }
             for (aspect, want, rule) in wants {
                 let issue = ctx.issue(rule);
                 let key = Key::Pod(key, aspect);

@@ -277,13 +277,15 @@ impl World {
         };
         let issued_ms = *issued_ms;
         match action {
-            // This world announces no maintenance, and its policies turn
-            // neither the maintenance policy nor node signals on: such an
-            // action is unwanted.
+            // This world announces no maintenance and requests no eviction,
+            // and its policies turn neither the maintenance policy nor node
+            // signals nor the eviction responder on: such an action is
+            // unwanted.
             Action::SlurmReserve { .. }
             | Action::SlurmUnreserve { .. }
             | Action::KubeSetNodeCondition { .. }
-            | Action::KubeLabelNode { .. } => {
+            | Action::KubeLabelNode { .. }
+            | Action::KubeRespondEviction { .. } => {
                 let msg = format!(
                     "lockstep acted on maintenance or node signals nobody asked for: {}",
                     action.describe()

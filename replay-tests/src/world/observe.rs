@@ -242,6 +242,7 @@ impl Spec {
             },
             ready: p.ready,
             unhealthy_devices: Default::default(),
+            eviction: Default::default(),
             version: p.rv,
         }
     }
