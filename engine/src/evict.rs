@@ -75,22 +75,10 @@ pub(crate) fn response(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_schemas::{KubePod, PodEviction, PodPhase, SlurmBaseState};
+    use lockstep_schemas::{KubePod, PodEviction};
 
     fn pod(eviction: Option<(ResponderState, bool)>) -> PodEntry {
-        let obs = KubePod {
-            namespace: "slurm".into(),
-            name: "n1".into(),
-            uid: "u1".into(),
-            node_name: Some("k1".into()),
-            phase: PodPhase::Running,
-            ready: true,
-            deleting: false,
-            disruption_target: false,
-            labels: Default::default(),
-            conditions: vec![],
-            owner: None,
-            revision: None,
+        PodEntry::of(KubePod {
             eviction: eviction.map(|(state, completed)| PodEviction {
                 name: "pod-1-n1".into(),
                 state,
@@ -98,10 +86,8 @@ mod tests {
                 over: false,
                 version: 7,
             }),
-            unhealthy_devices: vec![],
-            version: 1,
-        };
-        PodEntry::of(obs)
+            ..KubePod::running("slurm", "n1", "k1")
+        })
     }
 
     /// One case a line: (lockstep's state in the eviction, completed, Slurm
@@ -114,17 +100,7 @@ mod tests {
             eviction_responder: "lockstep.dev/slurm-drain".into(),
             ..DrainPolicy::default()
         };
-        let slurm = SlurmNode {
-            name: "n1".into(),
-            state: SlurmBaseState::Idle,
-            flags: vec![],
-            reason: None,
-            reason_user: None,
-            features: vec![],
-            topology: None,
-            partitions: vec![],
-            version: 0,
-        };
+        let slurm = SlurmNode::idle("n1");
         let m = HEARTBEAT_MS;
         type Case = (
             Option<(ResponderState, bool)>,

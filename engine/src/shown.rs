@@ -136,14 +136,7 @@ pub(crate) fn pod_wants<'a>(
             .iter()
             .find(|c| c.type_ == *ty)
             .filter(|c| !(c.status == ConditionStatus::Unknown && c.reason == NOT_MANAGED))
-            .map(|_| {
-                set(PodCondition {
-                    type_: ty.clone(),
-                    status: ConditionStatus::Unknown,
-                    reason: NOT_MANAGED.to_owned(),
-                    message: "lockstep no longer manages this condition".to_owned(),
-                })
-            });
+            .map(|_| set(not_managed(ty)));
         let aspect = AspectRef::Condition(ty);
         if want.is_some() || holds(aspect) {
             out.push((aspect, want, Rule::Retired));
@@ -320,6 +313,17 @@ pub(crate) fn signal_wants<'a>(
     }
 }
 
+/// Row 6: what a condition lockstep set under a type the policy no longer
+/// has says once left: Unknown, no longer kept current.
+fn not_managed(ty: &str) -> PodCondition {
+    PodCondition {
+        type_: ty.to_owned(),
+        status: ConditionStatus::Unknown,
+        reason: NOT_MANAGED.to_owned(),
+        message: "lockstep no longer manages this condition".to_owned(),
+    }
+}
+
 /// Row 6 for node signals: the foreign drain condition lockstep set under
 /// a type the policy no longer has says Unknown ([`NOT_MANAGED`]); the
 /// annotation it set under a key the policy no longer has is removed.
@@ -339,12 +343,7 @@ pub(crate) fn retired_signal_wants<'a>(
             .filter(|c| !(c.status == ConditionStatus::Unknown && c.reason == NOT_MANAGED))
             .map(|_| Action::KubeSetNodeCondition {
                 node: name.clone(),
-                condition: PodCondition {
-                    type_: ty.clone(),
-                    status: ConditionStatus::Unknown,
-                    reason: NOT_MANAGED.to_owned(),
-                    message: "lockstep no longer manages this condition".to_owned(),
-                },
+                condition: not_managed(ty),
             });
         let aspect = AspectRef::Condition(ty);
         if want.is_some() || holds(aspect) {

@@ -1194,39 +1194,14 @@ impl Sim {
 
 /// A Ready Kubernetes node.
 fn new_kube_node(name: &str) -> KubeNode {
-    KubeNode {
-        read_labels: None,
-        maintenance: None,
-        name: name.to_owned(),
-        unschedulable: false,
-        ready: ConditionStatus::True,
-        conditions: vec![],
-        labels: BTreeMap::new(),
-        taints: vec![],
-        identity: Default::default(),
-        devices: Default::default(),
-        version: 0,
-    }
+    KubeNode::ready(name)
 }
 
 /// A Running and Ready slurmd pod in namespace `slurm`.
 fn new_pod(name: &str, node: &str) -> KubePod {
     KubePod {
-        namespace: "slurm".to_owned(),
-        name: name.to_owned(),
         uid: format!("uid-{name}"),
-        node_name: Some(node.to_owned()),
-        phase: PodPhase::Running,
-        ready: true,
-        deleting: false,
-        disruption_target: false,
-        labels: BTreeMap::new(),
-        conditions: vec![],
-        owner: None,
-        revision: None,
-        unhealthy_devices: Default::default(),
-        eviction: Default::default(),
-        version: 0,
+        ..KubePod::running("slurm", name, node)
     }
 }
 

@@ -131,6 +131,17 @@ fn build(name: &str) -> Sim {
     (scenarios::by_name(name).unwrap().build)()
 }
 
+/// When (seconds into the story) lockstep issued actions of `kind` on the
+/// state of Slurm node `node`.
+fn state_actions_s(sim: &lockstep_replay_tests::Sim, kind: ActionKind, node: &str) -> Vec<u64> {
+    let target = format!("slurm:{node}/state");
+    sim.actions
+        .iter()
+        .filter(|a| a.action.kind() == kind && a.action.target().to_string() == target)
+        .map(|a| (a.time_ms - lockstep_replay_tests::EPOCH_MS) / 1000)
+        .collect()
+}
+
 fn drains_of(sim: &Sim, node: &str) -> Vec<String> {
     sim.actions
         .iter()
@@ -1127,17 +1138,7 @@ fn a_node_back_as_another_machine_returns_once_its_health_check_passes() {
 #[test]
 fn a_dra_device_fault_drains_the_slurm_nodes_it_concerns_naming_the_device() {
     let sim = build("gpu-fault-from-dra");
-    let epoch = lockstep_replay_tests::EPOCH_MS;
-    let at = |kind: ActionKind, n: &str| -> Vec<u64> {
-        sim.actions
-            .iter()
-            .filter(|a| {
-                a.action.kind() == kind
-                    && a.action.target().to_string() == format!("slurm:{n}/state")
-            })
-            .map(|a| (a.time_ms - epoch) / 1000)
-            .collect()
-    };
+    let at = |kind: ActionKind, n: &str| state_actions_s(&sim, kind, n);
     // The tainted GPU of k1 takes both Slurm nodes there out, named.
     for n in ["n1", "n2"] {
         assert_eq!(drains_of(&sim, n), ["lockstep: kubernetes node k1 device gpu.nvidia.com/k1/gpu-3 gpu.nvidia.com/xid=79:NoSchedule"]);
@@ -1172,16 +1173,7 @@ fn an_eviction_goes_through_slurm_and_a_withdrawn_one_lifts_its_drain() {
             })
             .collect()
     };
-    let at = |kind: ActionKind, n: &str| -> Vec<u64> {
-        sim.actions
-            .iter()
-            .filter(|a| {
-                a.action.kind() == kind
-                    && a.action.target().to_string() == format!("slurm:{n}/state")
-            })
-            .map(|a| (a.time_ms - epoch) / 1000)
-            .collect()
-    };
+    let at = |kind: ActionKind, n: &str| state_actions_s(&sim, kind, n);
     // n1 drains as soon as its eviction is requested, before lockstep's turn.
     assert_eq!(at(ActionKind::SlurmDrain, "n1"), [60]);
     assert_eq!(

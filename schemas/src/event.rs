@@ -572,6 +572,23 @@ pub struct SlurmNode {
 }
 
 impl SlurmNode {
+    /// An IDLE node in no partition that reports nothing else (no
+    /// version): what tests and tools start from, with
+    /// `..SlurmNode::idle(name)`.
+    pub fn idle(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            state: SlurmBaseState::Idle,
+            flags: Vec::new(),
+            reason: None,
+            reason_user: None,
+            features: Vec::new(),
+            topology: None,
+            partitions: Vec::new(),
+            version: 0,
+        }
+    }
+
     /// Whether a flag is set.
     pub fn has(&self, flag: &SlurmNodeFlag) -> bool {
         self.flags.contains(flag)
@@ -1097,6 +1114,29 @@ pub struct KubeScaleTarget {
 }
 
 impl KubePod {
+    /// A Running, Ready pod bound to `node` that reports nothing else (no
+    /// owner, no version): what tests and tools start from, with
+    /// `..KubePod::running(namespace, name, node)`.
+    pub fn running(namespace: &str, name: &str, node: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: String::new(),
+            node_name: Some(node.to_owned()),
+            phase: PodPhase::Running,
+            ready: true,
+            deleting: false,
+            disruption_target: false,
+            labels: BTreeMap::new(),
+            conditions: Vec::new(),
+            owner: None,
+            revision: None,
+            eviction: None,
+            unhealthy_devices: Vec::new(),
+            version: 0,
+        }
+    }
+
     /// Phase Running and the Ready condition True: the pod serves.
     pub fn running_and_ready(&self) -> bool {
         self.phase == PodPhase::Running && self.ready
