@@ -7,6 +7,33 @@ use lockstep_schemas::{Phase, Rule, Transition};
 use lockstep_store::{store::Error, Checkpoint, Commit, LogPosition, Store};
 use lockstep_testkit::temp_dir;
 
+/// How long a test waits for a store's lock: sled finishes a dropped
+/// store's last writes on its own threads, which hold the directory's lock
+/// a moment longer (as `lockstep run` waits for a predecessor's).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The store in `dir`, opened once a store dropped a moment ago lets go.
+fn reopen(dir: &std::path::Path) -> Store {
+    Store::open_waiting(dir, LOCK_WAIT).unwrap()
+}
+
+/// sled's database in `dir` itself, waiting the same way.
+fn sled_open(dir: &std::path::Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match sled::open(dir) {
+            Ok(db) => return db,
+            Err(sled::Error::Io(e))
+                if e.to_string().starts_with("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            Err(e) => panic!("open {}: {e}", dir.display()),
+        }
+    }
+}
+
 fn issued(seq: u64, node: &str) -> IssuedAction {
     let action = Action::SlurmDrain {
         node: node.into(),
@@ -39,7 +66,7 @@ fn transition(seq: u64, node: &str) -> Transition {
 #[test]
 fn a_commit_is_all_or_nothing_and_re_applying_changes_nothing() {
     let dir = temp_dir("store-commit");
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     assert_eq!(store.checkpoint().unwrap(), None);
     assert_eq!(store.log_position().unwrap(), None);
     let position = LogPosition {
@@ -118,7 +145,7 @@ fn a_checkpoint_goes_through_its_file_and_replaces_the_last() {
     let dir = temp_dir("store-checkpoint");
     let snapshot: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     {
-        let store = Store::open(&dir).unwrap();
+        let store = reopen(&dir);
         assert_eq!(store.checkpoint().unwrap(), None);
         assert_eq!(read(&store), None);
         let bytes = write(&store, 7, b"older state");
@@ -129,7 +156,7 @@ fn a_checkpoint_goes_through_its_file_and_replaces_the_last() {
         let bytes = write(&store, 10, &snapshot);
         assert_eq!(bytes, 20 + snapshot.len() as u64 + 32);
     }
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     assert_eq!(read(&store), Some((10, snapshot.clone())));
     assert_eq!(
         store.checkpoint().unwrap(),
@@ -151,11 +178,11 @@ fn a_checkpoint_goes_through_its_file_and_replaces_the_last() {
 fn a_damaged_checkpoint_is_detected() {
     let dir = temp_dir("store-corrupt");
     {
-        let store = Store::open(&dir).unwrap();
+        let store = reopen(&dir);
         write(&store, 42, &[7; 1000]);
         store.damage_checkpoint().unwrap();
     }
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     let err = store.checkpoint().unwrap_err();
     assert!(matches!(err, Error::CorruptCheckpoint { seq: 42 }), "{err}");
     // Whatever the decoder made of it.
@@ -169,7 +196,7 @@ fn a_damaged_checkpoint_is_detected() {
 #[test]
 fn a_truncated_checkpoint_is_detected() {
     let dir = temp_dir("store-truncated");
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     write(&store, 42, &[7; 1000]);
     let path = store.checkpoint_path();
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -188,7 +215,7 @@ fn a_truncated_checkpoint_is_detected() {
 #[test]
 fn a_checkpoint_whose_writing_fails_leaves_the_last_one_and_no_temporary_file() {
     let dir = temp_dir("store-checkpoint-fails");
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     write(&store, 5, b"state at 5");
     let err = store
         .write_checkpoint(9, |w| {
@@ -212,10 +239,10 @@ fn a_checkpoint_whose_writing_fails_leaves_the_last_one_and_no_temporary_file() 
 fn a_checkpoint_in_the_database_is_read_until_a_file_replaces_it() {
     let dir = temp_dir("store-legacy-checkpoint");
     {
-        let store = Store::open(&dir).unwrap();
+        let store = reopen(&dir);
         store.write_legacy_checkpoint(3, b"old layout").unwrap();
     }
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     assert_eq!(read(&store), Some((3, b"old layout".to_vec())));
     store.damage_checkpoint().unwrap();
     let err = store.checkpoint().unwrap_err();
@@ -226,7 +253,7 @@ fn a_checkpoint_in_the_database_is_read_until_a_file_replaces_it() {
     // Gone from the database: without the file, there is no checkpoint.
     drop(store);
     std::fs::remove_file(dir.join("engine.checkpoint")).unwrap();
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     assert_eq!(store.checkpoint().unwrap(), None);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -234,7 +261,7 @@ fn a_checkpoint_in_the_database_is_read_until_a_file_replaces_it() {
 #[test]
 fn undispatched_actions_come_in_pages_in_issue_order_and_leave_when_dispatched_done_or_forgotten() {
     let dir = temp_dir("store-undispatched");
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     // Issued out of order across batches; offered in (seq, id) order.
     let all: Vec<IssuedAction> = (0..10u64)
         .map(|i| issued(100 - i, &format!("n{i}")))
@@ -298,7 +325,7 @@ fn a_format_1_store_is_upgraded_with_its_undispatched_actions_indexed() {
     let dir = temp_dir("store-upgrade");
     let (a, b, c) = (issued(1, "n1"), issued(2, "n2"), issued(3, "n3"));
     {
-        let store = Store::open(&dir).unwrap();
+        let store = reopen(&dir);
         store
             .commit(&Commit {
                 issued: &[a.clone(), b.clone(), c.clone()],
@@ -309,7 +336,7 @@ fn a_format_1_store_is_upgraded_with_its_undispatched_actions_indexed() {
     }
     {
         // What a format 1 lockstep left: no index, format 1.
-        let db = sled::open(&dir).unwrap();
+        let db = sled_open(&dir);
         db.drop_tree("undispatched").unwrap();
         db.open_tree("meta")
             .unwrap()
@@ -317,10 +344,10 @@ fn a_format_1_store_is_upgraded_with_its_undispatched_actions_indexed() {
             .unwrap();
         db.flush().unwrap();
     }
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     assert_eq!(store.undispatched(None, 10).unwrap(), [a, c]);
     drop(store);
-    let db = sled::open(&dir).unwrap();
+    let db = sled_open(&dir);
     assert_eq!(
         db.open_tree("meta")
             .unwrap()
@@ -337,14 +364,14 @@ fn a_format_1_store_is_upgraded_with_its_undispatched_actions_indexed() {
 fn a_store_from_a_newer_lockstep_is_refused() {
     let dir = temp_dir("store-newer");
     {
-        let db = sled::open(&dir).unwrap();
+        let db = sled_open(&dir);
         db.open_tree("meta")
             .unwrap()
             .insert("format", &99u32.to_be_bytes())
             .unwrap();
         db.flush().unwrap();
     }
-    let err = Store::open(&dir).err().unwrap();
+    let err = Store::open_waiting(&dir, LOCK_WAIT).err().unwrap();
     assert!(err.to_string().contains("has format 99"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -352,7 +379,7 @@ fn a_store_from_a_newer_lockstep_is_refused() {
 #[test]
 fn a_store_locked_by_a_process_on_its_way_out_is_waited_for_and_a_live_lock_is_an_error() {
     let dir = temp_dir("store-lock");
-    let held = Store::open(&dir).unwrap();
+    let held = reopen(&dir);
     // Held for good: the wait runs out, and the error is the lock's.
     let started = std::time::Instant::now();
     assert!(matches!(
@@ -373,7 +400,7 @@ fn a_store_locked_by_a_process_on_its_way_out_is_waited_for_and_a_live_lock_is_a
 #[test]
 fn the_retention_horizon_drops_older_ledger_entries_and_transitions_only() {
     let dir = temp_dir("store-trim");
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     assert_eq!(store.retained_from().unwrap(), None);
     // Times are the sequences (see `issued` and `transition`).
     let actions: Vec<IssuedAction> = (1..=20)
@@ -427,7 +454,7 @@ fn the_retention_horizon_drops_older_ledger_entries_and_transitions_only() {
     assert_eq!(store.trim(11).unwrap(), Default::default());
     store.trim(5).unwrap();
     drop(store);
-    let store = Store::open(&dir).unwrap();
+    let store = reopen(&dir);
     assert_eq!(store.retained_from().unwrap(), Some(11));
     assert_eq!(store.ledger().unwrap().len(), 10);
 }
