@@ -384,8 +384,8 @@ impl Gate<'_> {
 
     /// One evaluation of a return that waits (the table's last row):
     /// `good` whether the Kubernetes node shows `return_condition` True
-    /// now; `held` whether lockstep still has a drain to lift or a cause
-    /// keeps the node out. The wait ends once the condition is True after
+    /// now; `held` whether lockstep still has a drain to lift, one on its
+    /// way, or a cause keeps the node out. The wait ends once the condition is True after
     /// having been seen not True since the change (at once on a new Node
     /// object), or when there is nothing left to hold, or with the policy.
     pub fn follow_return(&mut self, good: bool, held: bool) {

@@ -120,7 +120,9 @@ pub(crate) fn decide(
                 .iter()
                 .any(|c| c.type_ == rc && c.status == ConditionStatus::True)
         });
-    gate.follow_return(good, !causes.is_empty() || side.owned_out());
+    // Something is left to hold while a cause holds, lockstep's drain is
+    // in Slurm, or one of lockstep's is on its way (sent, not seen yet).
+    gate.follow_return(good, !causes.is_empty() || side.owned_out() || side.unseen);
     let resume_hold = || gate.resume_hold();
     let StateWant {
         phase,
