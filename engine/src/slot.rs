@@ -118,7 +118,7 @@ impl Slot {
             ),
             // A report whose effect lockstep never reads back is done
             // once the actuator says so.
-            Flight::Done { .. } if !effect_observed(&cur.action) => return (Step::Quiet, None),
+            Flight::Done { .. } if !cur.action.effect_observed() => return (Step::Quiet, None),
             Flight::Done { at_ms } => (
                 after_ms(*at_ms, timeout_ms),
                 "effect not observed before the timeout",
@@ -229,19 +229,6 @@ pub(crate) fn backoff_ms(policy: &ActionPolicy, attempt: u32) -> u64 {
         .saturating_mul(1 << shift)
         .min(policy.retry_backoff_max_s)
         .saturating_mul(1000)
-}
-
-/// Whether lockstep observes an action's effect (and so retries one whose
-/// effect does not show). An eviction report's heartbeat is not read back;
-/// the report that completes it is (the pod's eviction says completed).
-fn effect_observed(action: &Action) -> bool {
-    !matches!(
-        action,
-        Action::KubeRespondEviction {
-            complete: false,
-            ..
-        }
-    )
 }
 
 #[cfg(test)]

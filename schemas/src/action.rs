@@ -412,6 +412,20 @@ impl Action {
         }
     }
 
+    /// Whether lockstep reads this action's effect back from what it
+    /// observes (and so retries one whose effect does not show). An
+    /// eviction report's heartbeat is not read back; the report that
+    /// completes it is (the pod's eviction says completed).
+    pub const fn effect_observed(&self) -> bool {
+        !matches!(
+            self,
+            Self::KubeRespondEviction {
+                complete: false,
+                ..
+            }
+        )
+    }
+
     /// The aspect of the object this action changes.
     pub fn target(&self) -> Target {
         match self {

@@ -107,53 +107,73 @@ impl<T> Default for Known<T> {
     }
 }
 
-impl<T> Known<T> {
-    /// Applies one watcher event; whether what is known changed.
-    fn step<K: kube::Resource>(&mut self, e: watcher::Event<K>, of: impl Fn(&K) -> T) -> bool
-    where
-        T: PartialEq,
-    {
+/// What one watcher event changed of what is known.
+enum Changed<T> {
+    Nothing,
+    /// One object, named, changed; what was known of it before (`None`:
+    /// it is new). What is known now is in `by_name` (absent: deleted).
+    One(String, Option<T>),
+    /// A listing replaced everything.
+    All,
+}
+
+impl<T: PartialEq> Known<T> {
+    /// Applies one watcher event.
+    fn step<K: kube::Resource>(
+        &mut self,
+        e: watcher::Event<K>,
+        of: impl Fn(&K) -> T,
+    ) -> Changed<T> {
         let name = |o: &K| o.meta().name.clone();
         match e {
             watcher::Event::Init => {
                 self.listing = Some(HashMap::new());
-                false
+                Changed::Nothing
             }
             watcher::Event::InitApply(o) => {
                 if let (Some(l), Some(n)) = (self.listing.as_mut(), name(&o)) {
                     l.insert(n, of(&o));
                 }
-                false
+                Changed::Nothing
             }
             watcher::Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
-                self.by_name = listed;
-                true
+                self.by_name = self.listing.take().unwrap_or_default();
+                Changed::All
             }
             watcher::Event::Apply(o) => match name(&o) {
                 Some(n) => {
                     let new = of(&o);
-                    let changed = self.by_name.get(&n) != Some(&new);
-                    self.by_name.insert(n, new);
-                    changed
+                    match self.by_name.insert(n.clone(), new) {
+                        Some(old) if Some(&old) == self.by_name.get(&n) => Changed::Nothing,
+                        old => Changed::One(n, old),
+                    }
                 }
-                None => false,
+                None => Changed::Nothing,
             },
-            watcher::Event::Delete(o) => {
-                name(&o).is_some_and(|n| self.by_name.remove(&n).is_some())
-            }
+            watcher::Event::Delete(o) => match name(&o) {
+                Some(n) => match self.by_name.remove(&n) {
+                    Some(old) => Changed::One(n, Some(old)),
+                    None => Changed::Nothing,
+                },
+                None => Changed::Nothing,
+            },
         }
     }
 }
 
 /// The device faults of every node, from the slices and rules known.
+///
+/// A slice that changes re-derives the nodes of its devices only; a rule,
+/// which may select devices anywhere, and a listing re-derive every node.
 #[derive(Debug, Default)]
 pub(crate) struct Devices {
     slices: Known<Slice>,
     rules: Known<Rule>,
+    /// The slices with devices on each node, by name.
+    slices_on: HashMap<String, BTreeSet<String>>,
     /// The newest resourceVersion seen of either kind.
     revision: u64,
-    /// The faults last derived, per node (nodes without any are absent).
+    /// The faults last derived, per node (nodes never faulty are absent).
     faults: BTreeMap<String, NodeDevices>,
 }
 
@@ -161,20 +181,36 @@ impl Devices {
     /// A ResourceSlice watcher event; the nodes whose faults changed.
     pub(crate) fn slice(&mut self, e: watcher::Event<ResourceSlice>) -> Vec<String> {
         self.see(&e);
-        if self.slices.step(e, Slice::of) {
-            self.derive()
-        } else {
-            Vec::new()
+        match self.slices.step(e, Slice::of) {
+            Changed::Nothing => Vec::new(),
+            Changed::All => {
+                self.slices_on.clear();
+                for (name, s) in &self.slices.by_name {
+                    index(&mut self.slices_on, name, s, true);
+                }
+                self.derive_all()
+            }
+            Changed::One(name, old) => {
+                let mut nodes = BTreeSet::new();
+                if let Some(old) = &old {
+                    index(&mut self.slices_on, &name, old, false);
+                    nodes.extend(old.devices.iter().map(|(_, n, _)| n.clone()));
+                }
+                if let Some(new) = self.slices.by_name.get(&name) {
+                    index(&mut self.slices_on, &name, new, true);
+                    nodes.extend(new.devices.iter().map(|(_, n, _)| n.clone()));
+                }
+                nodes.into_iter().filter(|n| self.derive(n)).collect()
+            }
         }
     }
 
     /// A DeviceTaintRule watcher event; the nodes whose faults changed.
     pub(crate) fn rule(&mut self, e: watcher::Event<DeviceTaintRule>) -> Vec<String> {
         self.see(&e);
-        if self.rules.step(e, Rule::of) {
-            self.derive()
-        } else {
-            Vec::new()
+        match self.rules.step(e, Rule::of) {
+            Changed::Nothing => Vec::new(),
+            Changed::All | Changed::One(..) => self.derive_all(),
         }
     }
 
@@ -199,44 +235,70 @@ impl Devices {
         self.revision = self.revision.max(v);
     }
 
-    /// Derives every node's faults again; returns the nodes whose faults
-    /// changed, and versions those with the newest revision.
-    fn derive(&mut self) -> Vec<String> {
-        let mut now: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for s in self.slices.by_name.values() {
-            for (device, node, taints) in &s.devices {
-                let id = format!("{}/{}/{device}", s.driver, s.pool);
+    /// Derives every node's faults again; the nodes whose faults changed,
+    /// in name order.
+    fn derive_all(&mut self) -> Vec<String> {
+        let nodes: BTreeSet<String> = self
+            .slices_on
+            .keys()
+            .chain(self.faults.keys())
+            .cloned()
+            .collect();
+        nodes.into_iter().filter(|n| self.derive(n)).collect()
+    }
+
+    /// Derives `node`'s faults again; whether they changed. Changed ones
+    /// are versioned with the newest revision.
+    fn derive(&mut self, node: &str) -> bool {
+        let mut now = BTreeSet::new();
+        for s in self
+            .slices_on
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.slices.by_name.get(name))
+        {
+            for (device, _, taints) in s.devices.iter().filter(|(_, n, _)| n == node) {
                 let ruled = self
                     .rules
                     .by_name
                     .values()
                     .filter(|r| r.selects(&s.driver, &s.pool, device))
-                    .filter_map(|r| r.taint.clone());
-                for t in taints.iter().cloned().chain(ruled) {
-                    now.entry(node.clone())
-                        .or_default()
-                        .insert(format!("{id} {t}"));
+                    .filter_map(|r| r.taint.as_deref());
+                for t in taints.iter().map(String::as_str).chain(ruled) {
+                    now.insert(format!("{}/{}/{device} {t}", s.driver, s.pool));
                 }
             }
         }
-        let mut changed = Vec::new();
-        let names: BTreeSet<String> = now.keys().chain(self.faults.keys()).cloned().collect();
-        for node in names {
-            let faults: Vec<String> = now.remove(&node).unwrap_or_default().into_iter().collect();
-            let before = self.faults.get(&node).map(|d| &d.faults[..]).unwrap_or(&[]);
-            if before == faults.as_slice() {
-                continue;
-            }
-            changed.push(node.clone());
-            self.faults.insert(
-                node,
-                NodeDevices {
-                    faults,
-                    version: self.revision,
-                },
-            );
+        let faults: Vec<String> = now.into_iter().collect();
+        let before = self.faults.get(node).map_or(&[][..], |d| &d.faults[..]);
+        if before == faults.as_slice() {
+            return false;
         }
-        changed
+        // Cleared faults are kept, empty, with the revision that cleared
+        // them: the node's next observation carries that news.
+        self.faults.insert(
+            node.to_owned(),
+            NodeDevices {
+                faults,
+                version: self.revision,
+            },
+        );
+        true
+    }
+}
+
+/// Adds (or removes) slice `name` to (from) the nodes of its devices.
+fn index(on: &mut HashMap<String, BTreeSet<String>>, name: &str, s: &Slice, add: bool) {
+    for (_, node, _) in &s.devices {
+        if add {
+            on.entry(node.clone()).or_default().insert(name.to_owned());
+        } else if let Some(set) = on.get_mut(node) {
+            set.remove(name);
+            if set.is_empty() {
+                on.remove(node);
+            }
+        }
     }
 }
 

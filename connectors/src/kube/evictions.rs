@@ -32,6 +32,8 @@ pub(crate) struct Evictions {
     responder: String,
     /// By (namespace, Eviction name).
     known: HashMap<(String, String), Entry>,
+    /// The Evictions of each pod, as keys of `known`.
+    of_pod: HashMap<PodRef, BTreeSet<(String, String)>>,
     listing: Option<HashMap<(String, String), Entry>>,
 }
 
@@ -41,15 +43,18 @@ impl Evictions {
         Self {
             responder: responder.to_owned(),
             known: HashMap::new(),
+            of_pod: HashMap::new(),
             listing: None,
         }
     }
 
     /// The latest eviction of the pod `(namespace, name)` with `uid`.
     pub(crate) fn of(&self, namespace: &str, name: &str, uid: &str) -> Option<PodEviction> {
-        self.known
-            .values()
-            .filter(|e| e.pod.0 == namespace && e.pod.1 == name)
+        self.of_pod
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.known.get(k))
             .filter(|e| e.pod_uid.is_empty() || uid.is_empty() || e.pod_uid == uid)
             .map(|e| &e.eviction)
             .max_by_key(|e| e.version)
@@ -78,6 +83,10 @@ impl Evictions {
                     .map(|e| e.pod.clone())
                     .collect();
                 self.known = listed;
+                self.of_pod.clear();
+                for (k, e) in &self.known {
+                    link(&mut self.of_pod, &e.pod, k, true);
+                }
                 pods.into_iter().collect()
             }
             watcher::Event::Apply(o) => {
@@ -86,7 +95,11 @@ impl Evictions {
                 };
                 let new = entry(&o, &self.responder);
                 let pod = new.pod.clone();
-                let old = self.known.insert(key, new.clone());
+                let old = self.known.insert(key.clone(), new.clone());
+                if let Some(old) = &old {
+                    link(&mut self.of_pod, &old.pod, &key, false);
+                }
+                link(&mut self.of_pod, &pod, &key, true);
                 if old.as_ref() == Some(&new) {
                     Vec::new()
                 } else {
@@ -95,10 +108,31 @@ impl Evictions {
                     pods
                 }
             }
-            watcher::Event::Delete(o) => key(&o)
-                .and_then(|k| self.known.remove(&k))
-                .map(|e| vec![e.pod])
-                .unwrap_or_default(),
+            watcher::Event::Delete(o) => {
+                let Some((k, e)) = key(&o).and_then(|k| self.known.remove(&k).map(|e| (k, e)))
+                else {
+                    return Vec::new();
+                };
+                link(&mut self.of_pod, &e.pod, &k, false);
+                vec![e.pod]
+            }
+        }
+    }
+}
+
+/// Adds (or removes) Eviction `key` to (from) the pod's.
+fn link(
+    of_pod: &mut HashMap<PodRef, BTreeSet<(String, String)>>,
+    pod: &PodRef,
+    key: &(String, String),
+    add: bool,
+) {
+    if add {
+        of_pod.entry(pod.clone()).or_default().insert(key.clone());
+    } else if let Some(set) = of_pod.get_mut(pod) {
+        set.remove(key);
+        if set.is_empty() {
+            of_pod.remove(pod);
         }
     }
 }
