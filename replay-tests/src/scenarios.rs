@@ -959,6 +959,19 @@ fn replaced_node_waits_for_health() -> Sim {
     sim.advance_s(60).cordon("gpu-003").actuate();
     sim.advance_s(60).uncordon("gpu-003").actuate();
     sim.run_s(60, 30);
+    // gpu-001's Node is deleted again and registers as another machine
+    // before Slurm shows the drain lockstep sent for the deletion: while
+    // that drain is on its way the return still waits for the check.
+    sim.advance_s(30).delete_kube_node("gpu-001");
+    sim.advance_s(1)
+        .register_kube_node("gpu-001", ConditionStatus::True)
+        .kube_change("gpu-001", |k| k.identity = identity("uid-10", "boot-10a"))
+        .actuate();
+    sim.run_s(120, 30);
+    sim.advance_s(30)
+        .set_node_condition("gpu-001", CHECK, ConditionStatus::True)
+        .actuate();
+    sim.run_s(60, 30);
     sim
 }
 

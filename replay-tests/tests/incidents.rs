@@ -1124,8 +1124,12 @@ fn a_node_back_as_another_machine_returns_once_its_health_check_passes() {
     };
     // gpu-001: registered again Ready at 03:08:20, held there; resumed when
     // the check is True on the new machine (03:11:20), not before.
-    assert_eq!(held_at("gpu-001"), [500]);
-    assert_eq!(resumes("gpu-001"), [680]);
+    // Deleted again at 03:23:50 and back as another machine a second
+    // later, before Slurm showed the drain sent for the deletion: held all
+    // the same once the drain shows (03:23:51), resumed when the check is
+    // True (03:26:21).
+    assert_eq!(held_at("gpu-001"), [500, 1431]);
+    assert_eq!(resumes("gpu-001"), [680, 1581]);
     // gpu-002: uncordoned at 03:15:20 after a reboot, the True from before
     // does not count; False at 03:17:50, True at 03:19:20: resumed then.
     assert_eq!(held_at("gpu-002"), [920]);
