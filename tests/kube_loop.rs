@@ -290,3 +290,153 @@ fn a_policy_change_restarts_the_watch_it_changes_without_a_restart() {
     k.kubectl(&["delete", "node", &node], None);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A leader cut off from the API server past its renew deadline (an API
+/// server that stalls, a network cut) stops acting, stays up as a follower,
+/// and leads and acts again once the API server answers, in the same
+/// process: nothing restarts it, as nothing would in a Pod before its
+/// restart back-off.
+#[test]
+fn a_leader_that_loses_its_lease_steps_down_and_leads_again_in_the_same_process() {
+    let k = Stack::up();
+    let run = format!("{}", std::process::id());
+    let node = format!("lease-node-{run}");
+    let pod = format!("lease-slurmd-{run}");
+    let lease = format!("lease-loop-{run}");
+    k.apply(&serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+    k.apply(&serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": "default", "labels": {"app.kubernetes.io/component": "slurmd"}},
+        "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurmd:test"}]}
+    }));
+
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let log = rt
+        .block_on(EventLog::connect_nats(
+            &nats.url(),
+            &StreamLimits::default(),
+        ))
+        .unwrap();
+    // lockstep reaches the API server through a proxy the test can cut.
+    let kubeconfig = std::fs::read_to_string(&k.lockstep_kubeconfig).unwrap();
+    let api = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .expect("the API server's address in the kubeconfig")
+        .to_owned();
+    let listen = format!("127.0.0.1:{}", lockstep_testkit::free_port());
+    let mut cut = Some(rt.block_on(proxy(&listen, &api)));
+    let dir = temp_dir("lease-loop");
+    std::fs::create_dir_all(&dir).unwrap();
+    let proxied = dir.join("proxied.kubeconfig");
+    std::fs::write(
+        &proxied,
+        kubeconfig.replace(&format!("https://{api}"), &format!("https://{listen}")),
+    )
+    .unwrap();
+    let mut lockstep = Lockstep::start(
+        &dir,
+        &format!(
+            "[log]\nnats_url = \"{}\"\n[service]\ntick_interval_ms = 500\n[kubernetes]\nkubeconfig = \"{}\"\n\
+             [leader_election]\nnamespace = \"lockstep-system\"\nlease_name = \"{lease}\"\nidentity = \"a\"\n\
+             lease_duration_ms = 4000\nrenew_deadline_ms = 2000\nretry_period_ms = 250\n",
+            nats.url(),
+            proxied.display()
+        ),
+        &serde_json::json!({}),
+    );
+    wait_for("it leads", Duration::from_secs(60), || {
+        lockstep.leads().then_some(())
+    });
+    let slurm = SlurmNode {
+        name: pod.clone(),
+        state: SlurmBaseState::Idle,
+        flags: vec![],
+        reason: None,
+        reason_user: None,
+        features: vec![],
+        topology: None,
+        partitions: vec![],
+        version: 0,
+    };
+    rt.block_on(log.append(&Envelope::new(Source::Test, 1, Event::SlurmNode(slurm))))
+        .unwrap();
+
+    // Cut off: it steps down and stays up.
+    let task = cut.take().unwrap();
+    task.abort();
+    let _ = rt.block_on(task);
+    wait_for("it steps down", Duration::from_secs(30), || {
+        lockstep.log().contains("stepping down").then_some(())
+    });
+    assert!(!lockstep.leads(), "{}", lockstep.log());
+    let child = lockstep.child.0.as_mut().expect("running");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "it exited:\n{}",
+        lockstep.log()
+    );
+    // Back: it leads again without a restart, and acts.
+    let _back = rt.block_on(proxy(&listen, &api));
+    wait_for("it leads again", Duration::from_secs(60), || {
+        lockstep.leads().then_some(())
+    });
+    k.kubectl(&["cordon", &node], None);
+    wait_for(
+        "a drain for the cordon on the action stream",
+        Duration::from_secs(60),
+        || {
+            rt.block_on(log.actions())
+                .ok()?
+                .into_iter()
+                .find(|a| matches!(&a.action, Action::SlurmDrain { node: n, .. } if *n == pod))
+        },
+    );
+    let status = lockstep.child.stop();
+    assert!(status.success(), "{}", lockstep.log());
+    k.kubectl(
+        &[
+            "delete",
+            "pod",
+            &pod,
+            "-n",
+            "default",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    k.kubectl(&["delete", "node", &node], None);
+    k.kubectl(
+        &[
+            "delete",
+            "lease",
+            &lease,
+            "-n",
+            "lockstep-system",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A TCP proxy from `listen` to the API server at `to`; aborting the task
+/// closes its listener and every connection through it.
+async fn proxy(listen: &str, to: &str) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+    let to = to.to_owned();
+    tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let to = to.clone();
+            conns.spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    })
+}

@@ -13,7 +13,11 @@
 //! leader election is off) observes, publishes and carries out actions.
 //! That is its `Role`: a follower competes for the Lease, a candidate
 //! holds it and catches up, a leader acts, with everything it runs for that
-//! in one `JoinSet` that stops with the leadership (`acting`).
+//! in one `JoinSet` that stops with the leadership (`acting`). A leader
+//! that loses the Lease (its renewals failed for the renew deadline: an API
+//! server that stalls, a network cut) stops that `JoinSet` and is a follower
+//! again, in the same process: no restart, and no restart back-off of its
+//! supervisor, before it may lead again.
 //! When it starts acting it publishes what the reducer issued that was
 //! never published (a batch committed just before a crash, the last moments
 //! of a previous leader) and carries out those still in flight, off the
@@ -67,8 +71,8 @@ pub use open::{bootstrap, restore, STORE_LOCK_WAIT};
 /// Every instance folds the log into its own store. Only the acting one,
 /// the leader once it has caught up with the log (every instance, without
 /// leader election), observes, dispatches and carries out actions. An
-/// instance that loses the leader Lease returns an error, so that its
-/// supervisor restarts it as a candidate.
+/// instance that loses the leader Lease stops acting, goes on folding the
+/// log and competes for the Lease again.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<()> {
     let health = Arc::new(Health::default());
     // `/why` questions, answered by the apply loop, which owns the engine.
@@ -93,7 +97,6 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<()> 
     service.stop().await?;
     match stop {
         Stop::Shutdown => Ok(()),
-        Stop::LostLease => anyhow::bail!("lost the leader lease"),
         Stop::Broken(b) => {
             // Not an exit: a restart would meet the same log. It stays up,
             // acting on nothing, and says why until it is told to stop.
@@ -141,9 +144,6 @@ impl Role {
 enum Stop {
     /// Asked to.
     Shutdown,
-    /// The leader Lease was lost: stop, so that only the new leader acts,
-    /// and be restarted as a follower.
-    LostLease,
     /// The log no longer continues what the store applied
     /// ([`continuity`]): stop acting and folding until an operator
     /// recovers.
@@ -247,7 +247,7 @@ impl Service {
     }
 
     /// Reads, applies, commits and acts until `shutdown` resolves or the
-    /// Lease is lost.
+    /// log breaks.
     async fn run_until(
         &mut self,
         shutdown: &mut Pin<&mut impl Future<Output = ()>>,
@@ -270,10 +270,12 @@ impl Service {
                         }
                         continue;
                     }
-                    // Leadership ends for good (the elector stops): stop, to be
-                    // restarted as a candidate.
-                    error!(acting = self.role.acting().is_some(), "lost the leader lease; stopping so that only the new leader acts");
-                    return Ok(Stop::LostLease);
+                    // That leadership ends for good (its elector stops):
+                    // stop acting, so that only the next leader acts, then
+                    // compete again as a follower.
+                    error!(acting = self.role.acting().is_some(), "lost the leader lease; stepping down so that only the next leader acts");
+                    self.step_down().await?;
+                    continue;
                 }
                 batch = self.log.read(self.next, self.cfg.service.batch_max, read_wait) => batch,
             };
@@ -421,6 +423,24 @@ impl Service {
         let newest = snapshots.last().map(|s| s.seq);
         self.broken = Some(continuity::gap(from, to, &state, newest));
         Vec::new()
+    }
+
+    /// After the Lease was lost: stops everything the leadership ran
+    /// (waiting until it is gone, well within the Lease's term left to the
+    /// others: the renew deadline is shorter than the Lease), then competes
+    /// for the Lease again as a follower. What it had not published stays
+    /// undispatched in the ledger, for whichever replica leads next (this
+    /// one too). It goes on folding the log meanwhile, as a follower does.
+    async fn step_down(&mut self) -> Result<()> {
+        if let Role::Leader(acting) = std::mem::replace(&mut self.role, Role::Follower) {
+            acting.stop().await;
+        }
+        self.health.leader.store(false, Ordering::Relaxed);
+        telemetry::record_leader(false);
+        if let Some(le) = &self.cfg.leader_election {
+            self.leadership = Some(start_leadership(&self.cfg, le).await?);
+        }
+        Ok(())
     }
 
     /// Stops acting, writes a final checkpoint of everything applied, then

@@ -14,10 +14,11 @@
 //!   leader at once, before any other candidate may consider the Lease
 //!   expired. Every API call is bounded by the time left to that deadline,
 //!   so a hung connection cannot keep a stale leader acting.
-//! - Leadership ends for good: once lost, [`Leadership::changed`] reports
-//!   `false` and the elector stops. The service exits and its supervisor
-//!   restarts it as a candidate, which is simpler to reason about than a
-//!   process that steps down and up again.
+//! - A leadership ends for good: once lost, [`Leadership::changed`]
+//!   reports `false` and the elector stops. The service stops everything
+//!   it runs as the leader, waits until it is gone, and only then starts a
+//!   new [`Leadership`] to compete again: the next term never overlaps the
+//!   last one's work.
 //! - On a graceful stop the leader releases the Lease (empty holder), so a
 //!   follower takes over within one `retry_period` instead of waiting for
 //!   the Lease to expire.
