@@ -90,13 +90,6 @@ pub(crate) fn decide(
     let now = ctx.now_ms;
     let had_health = ctl.causes.iter().any(|(c, _)| c.is_health());
     let has_health = causes.iter().any(Cause::is_health);
-    let mut gate = health::Gate {
-        cluster: damping,
-        node: &mut ctl.health,
-        policy: &policy.health,
-        now_ms: now,
-    };
-    gate.follow(had_health, has_health);
     carry_origins(ctl, causes, view, ctx);
     let primary = causes.first();
     let before = Before {
@@ -110,6 +103,7 @@ pub(crate) fn decide(
         policy: &policy.health,
         now_ms: now,
     };
+    gate.follow(had_health, has_health);
     // A return to service that waits for the health signal: the signal,
     // and whether anything is left to hold.
     let rc = policy.health.return_condition.as_str();
