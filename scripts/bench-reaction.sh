@@ -15,7 +15,8 @@
 # of their Slurm nodes shows DRAIN. LOCKSTEP_SLURM_VERSION picks the Slurm
 # (22.05, the machine's own, by default; 24.11 or 26.05 from Debian roots);
 # LOCKSTEP_BENCH_LOCKSTEP another lockstep binary to measure (an older build,
-# for a comparison interleaved on the same machine).
+# for a comparison interleaved on the same machine); LOCKSTEP_BENCH_SLURM=scontrol
+# has lockstep read and write Slurm through scontrol alone (no slurmrestd).
 #
 # The API server is the bench's own (state in /tmp/lockstep-bench-kube, its
 # own ports), stopped at the end: nothing it creates meets the test suite's.
@@ -36,6 +37,11 @@ pool=()
 if [[ -n ${LOCKSTEP_BENCH_POOL:-} ]]; then
   pool=(--pool "$LOCKSTEP_BENCH_POOL")
 fi
+case ${LOCKSTEP_BENCH_SLURM:-rest} in
+  rest) ;;
+  scontrol) pool+=(--scontrol) ;;
+  *) echo "LOCKSTEP_BENCH_SLURM is rest or scontrol, not $LOCKSTEP_BENCH_SLURM" >&2; exit 2 ;;
+esac
 state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-bench-kube}
 export LOCKSTEP_KUBE_API_PORT=${LOCKSTEP_KUBE_API_PORT:-16543}
 export LOCKSTEP_ETCD_CLIENT_PORT=${LOCKSTEP_ETCD_CLIENT_PORT:-2579}

@@ -50,6 +50,9 @@ struct Args {
     poll_ms: u64,
     cluster: bool,
     pool: usize,
+    /// lockstep reads and writes Slurm through scontrol alone (no
+    /// slurmrestd in its configuration).
+    scontrol: bool,
 }
 
 fn args() -> Args {
@@ -60,6 +63,7 @@ fn args() -> Args {
         poll_ms: 1000,
         cluster: false,
         pool: 0,
+        scontrol: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -75,9 +79,10 @@ fn args() -> Args {
             "--poll-ms" => a.poll_ms = value(),
             "--cluster" => a.cluster = true,
             "--pool" => a.pool = value() as usize,
+            "--scontrol" => a.scontrol = true,
             "-h" | "--help" => {
                 println!(
-                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster] [--pool N]"
+                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster] [--pool N] [--scontrol]"
                 );
                 std::process::exit(0);
             }
@@ -302,21 +307,34 @@ async fn main() {
              [log]\nnats_url = \"{nats}\"\nreplicas = {replicas}\n\
              [telemetry]\nlisten = \"127.0.0.1:{port}\"\n\
              [kubernetes]\nkubeconfig = \"{kc}\"\n\
-             [slurm]\nrest_url = \"{rest}\"\njwt_file = \"{jwt}\"\nslurm_conf = \"{conf}\"\npoll_interval_ms = {poll}\n\
+             [slurm]\n{rest}slurm_conf = \"{conf}\"\npoll_interval_ms = {poll}\n\
              [leader_election]\nnamespace = \"lockstep-system\"\nlease_name = \"bench\"\n",
             nats = nats_url,
             kc = env("LOCKSTEP_KUBECONFIG"),
-            rest = env("SLURMRESTD_URL"),
-            jwt = env("SLURM_JWT_FILE"),
+            rest = if a.scontrol {
+                String::new()
+            } else {
+                format!(
+                    "rest_url = \"{}\"\njwt_file = \"{}\"\n",
+                    env("SLURMRESTD_URL"),
+                    env("SLURM_JWT_FILE")
+                )
+            },
             conf = env("SLURM_CONF"),
             poll = a.poll_ms,
         ),
     )
     .unwrap();
+    // This Slurm's client programs first (scontrol of its version).
+    let path = match (std::env::var("LOCKSTEP_SLURM_BIN"), std::env::var("PATH")) {
+        (Ok(bin), Ok(path)) => format!("{bin}:{path}"),
+        (_, path) => path.unwrap_or_default(),
+    };
     let child = Command::new(lockstep_bin())
         .args(["run", "--config"])
         .arg(dir.join("lockstep.toml"))
         .env_remove("SLURM_JWT")
+        .env("PATH", path)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
         .spawn()
