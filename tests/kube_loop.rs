@@ -9,8 +9,7 @@
 use std::time::Duration;
 
 use lockstep_schemas::{
-    Action, ConditionStatus, Envelope, Event, KubeNode, SlurmBaseState, SlurmNode, SlurmNodeFlag,
-    Source,
+    Action, ConditionStatus, Envelope, Event, KubeNode, SlurmNode, SlurmNodeFlag, Source,
 };
 mod common;
 
@@ -24,13 +23,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
     let run = format!("{}", std::process::id());
     let node = format!("loop-node-{run}");
     let pod = format!("loop-slurmd-{run}");
-    k.apply(&serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
-    k.apply(&serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod, "namespace": "default", "labels": {"app.kubernetes.io/component": "slurmd"}},
-        "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurmd:test"}]}
-    }));
-
+    node_with_slurmd_pod(&k, &node, &pod);
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
@@ -53,17 +46,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
     let run_log = || lockstep.log();
 
     // The Slurm side: the node exists, idle.
-    let mut slurm = SlurmNode {
-        name: pod.clone(),
-        state: SlurmBaseState::Idle,
-        flags: vec![],
-        reason: None,
-        reason_user: None,
-        features: vec![],
-        topology: None,
-        partitions: vec![],
-        version: 0,
-    };
+    let mut slurm = SlurmNode::idle(pod.clone());
     rt.block_on(log.append(&Envelope::new(
         Source::Test,
         1,
@@ -128,19 +111,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
 
     let status = lockstep.child.stop();
     assert!(status.success(), "{}", lockstep.log());
-    k.kubectl(
-        &[
-            "delete",
-            "pod",
-            &pod,
-            "-n",
-            "default",
-            "--grace-period=0",
-            "--force",
-        ],
-        None,
-    );
-    k.kubectl(&["delete", "node", &node], None);
+    remove_node_and_pod(&k, &node, &pod);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -303,13 +274,7 @@ fn a_leader_that_loses_its_lease_steps_down_and_leads_again_in_the_same_process(
     let node = format!("lease-node-{run}");
     let pod = format!("lease-slurmd-{run}");
     let lease = format!("lease-loop-{run}");
-    k.apply(&serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
-    k.apply(&serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod, "namespace": "default", "labels": {"app.kubernetes.io/component": "slurmd"}},
-        "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurmd:test"}]}
-    }));
-
+    node_with_slurmd_pod(&k, &node, &pod);
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
@@ -350,17 +315,7 @@ fn a_leader_that_loses_its_lease_steps_down_and_leads_again_in_the_same_process(
     wait_for("it leads", Duration::from_secs(60), || {
         lockstep.leads().then_some(())
     });
-    let slurm = SlurmNode {
-        name: pod.clone(),
-        state: SlurmBaseState::Idle,
-        flags: vec![],
-        reason: None,
-        reason_user: None,
-        features: vec![],
-        topology: None,
-        partitions: vec![],
-        version: 0,
-    };
+    let slurm = SlurmNode::idle(pod.clone());
     rt.block_on(log.append(&Envelope::new(Source::Test, 1, Event::SlurmNode(slurm))))
         .unwrap();
 
@@ -396,19 +351,7 @@ fn a_leader_that_loses_its_lease_steps_down_and_leads_again_in_the_same_process(
     );
     let status = lockstep.child.stop();
     assert!(status.success(), "{}", lockstep.log());
-    k.kubectl(
-        &[
-            "delete",
-            "pod",
-            &pod,
-            "-n",
-            "default",
-            "--grace-period=0",
-            "--force",
-        ],
-        None,
-    );
-    k.kubectl(&["delete", "node", &node], None);
+    remove_node_and_pod(&k, &node, &pod);
     k.kubectl(
         &[
             "delete",
@@ -439,4 +382,31 @@ async fn proxy(listen: &str, to: &str) -> tokio::task::JoinHandle<()> {
             });
         }
     })
+}
+
+/// A Node and a slurmd pod bound to it (in `default`).
+fn node_with_slurmd_pod(k: &Stack, node: &str, pod: &str) {
+    k.apply(&serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+    k.apply(&serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": "default", "labels": {"app.kubernetes.io/component": "slurmd"}},
+        "spec": {"nodeName": node, "containers": [{"name": "slurmd", "image": "slurmd:test"}]}
+    }));
+}
+
+/// Takes them away again.
+fn remove_node_and_pod(k: &Stack, node: &str, pod: &str) {
+    k.kubectl(
+        &[
+            "delete",
+            "pod",
+            pod,
+            "-n",
+            "default",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    k.kubectl(&["delete", "node", node], None);
 }
