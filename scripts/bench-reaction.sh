@@ -37,9 +37,10 @@ pool=()
 if [[ -n ${LOCKSTEP_BENCH_POOL:-} ]]; then
   pool=(--pool "$LOCKSTEP_BENCH_POOL")
 fi
+via=()
 case ${LOCKSTEP_BENCH_SLURM:-rest} in
   rest) ;;
-  scontrol) pool+=(--scontrol) ;;
+  scontrol) via=(--scontrol) ;;
   *) echo "LOCKSTEP_BENCH_SLURM is rest or scontrol, not $LOCKSTEP_BENCH_SLURM" >&2; exit 2 ;;
 esac
 state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-bench-kube}
@@ -66,7 +67,7 @@ run() { # slurm-state-dir nodes
   # shellcheck disable=SC1091
   (. "$1/env.sh"
    KUBECONFIG=$kubeconfig LOCKSTEP_KUBECONFIG=$lockstep_kubeconfig \
-     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll" "${cluster[@]}" "${pool[@]}")
+     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll" "${cluster[@]}" "${pool[@]}" "${via[@]}")
 }
 
 for size in $sizes; do

@@ -27,12 +27,7 @@ fn cordons_reach_the_log_and_decisions_reach_the_api_server() {
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
+    let log = log_on(&rt, &nats);
     let dir = temp_dir("kube-loop");
     let mut lockstep = Lockstep::start(
         &dir,
@@ -134,12 +129,7 @@ fn a_policy_change_restarts_the_watch_it_changes_without_a_restart() {
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
+    let log = log_on(&rt, &nats);
     let dir = temp_dir("kube-loop-policy-watch");
     let mut lockstep = Lockstep::start(
         &dir,
@@ -278,12 +268,7 @@ fn a_leader_that_loses_its_lease_steps_down_and_leads_again_in_the_same_process(
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(
-            &nats.url(),
-            &StreamLimits::default(),
-        ))
-        .unwrap();
+    let log = log_on(&rt, &nats);
     // lockstep reaches the API server through a proxy the test can cut.
     let kubeconfig = std::fs::read_to_string(&k.lockstep_kubeconfig).unwrap();
     let api = kubeconfig
@@ -409,4 +394,14 @@ fn remove_node_and_pod(k: &Stack, node: &str, pod: &str) {
         None,
     );
     k.kubectl(&["delete", "node", node], None);
+}
+
+/// The log on `nats`, through `rt` (entered by the caller, so that the
+/// client it leaves behind is dropped inside it).
+fn log_on(rt: &tokio::runtime::Runtime, nats: &NatsServer) -> EventLog {
+    rt.block_on(EventLog::connect_nats(
+        &nats.url(),
+        &StreamLimits::default(),
+    ))
+    .unwrap()
 }

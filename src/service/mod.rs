@@ -432,23 +432,27 @@ impl Service {
     /// undispatched in the ledger, for whichever replica leads next (this
     /// one too). It goes on folding the log meanwhile, as a follower does.
     async fn step_down(&mut self) -> Result<()> {
-        if let Role::Leader(acting) = std::mem::replace(&mut self.role, Role::Follower) {
-            acting.stop().await;
-        }
-        self.health.leader.store(false, Ordering::Relaxed);
-        telemetry::record_leader(false);
+        self.stop_acting().await;
         if let Some(le) = &self.cfg.leader_election {
             self.leadership = Some(start_leadership(&self.cfg, le).await?);
         }
         Ok(())
     }
 
-    /// Stops acting, writes a final checkpoint of everything applied, then
-    /// hands the Lease to the next leader.
-    async fn stop(mut self) -> Result<()> {
+    /// Stops everything the leadership runs, waits until it is gone, and
+    /// says it no longer leads.
+    async fn stop_acting(&mut self) {
         if let Role::Leader(acting) = std::mem::replace(&mut self.role, Role::Follower) {
             acting.stop().await;
         }
+        self.health.leader.store(false, Ordering::Relaxed);
+        telemetry::record_leader(false);
+    }
+
+    /// Stops acting, writes a final checkpoint of everything applied, then
+    /// hands the Lease to the next leader.
+    async fn stop(mut self) -> Result<()> {
+        self.stop_acting().await;
         self.snapshot_kept(true).await;
         // Every batch applied is committed and flushed already.
         apply::write_checkpoint(&self.store, &self.engine)
@@ -458,8 +462,6 @@ impl Service {
         if let Some(l) = self.leadership {
             l.release(Duration::from_secs(5)).await;
         }
-        self.health.leader.store(false, Ordering::Relaxed);
-        telemetry::record_leader(false);
         info!(applied_seq = self.next - 1, "stopped");
         Ok(())
     }

@@ -43,6 +43,11 @@ struct Slice {
 }
 
 impl Slice {
+    /// The nodes its devices are on.
+    fn nodes(&self) -> BTreeSet<&String> {
+        self.devices.iter().map(|(_, node, _)| node).collect()
+    }
+
     fn of(s: &ResourceSlice) -> Self {
         let spec = &s.spec;
         let slice_node = spec.node_name.clone();
@@ -194,11 +199,11 @@ impl Devices {
                 let mut nodes = BTreeSet::new();
                 if let Some(old) = &old {
                     index(&mut self.slices_on, &name, old, false);
-                    nodes.extend(old.devices.iter().map(|(_, n, _)| n.clone()));
+                    nodes.extend(old.nodes().into_iter().cloned());
                 }
                 if let Some(new) = self.slices.by_name.get(&name) {
                     index(&mut self.slices_on, &name, new, true);
-                    nodes.extend(new.devices.iter().map(|(_, n, _)| n.clone()));
+                    nodes.extend(new.nodes().into_iter().cloned());
                 }
                 nodes.into_iter().filter(|n| self.derive(n)).collect()
             }
@@ -290,15 +295,9 @@ impl Devices {
 
 /// Adds (or removes) slice `name` to (from) the nodes of its devices.
 fn index(on: &mut HashMap<String, BTreeSet<String>>, name: &str, s: &Slice, add: bool) {
-    for (_, node, _) in &s.devices {
-        if add {
-            on.entry(node.clone()).or_default().insert(name.to_owned());
-        } else if let Some(set) = on.get_mut(node) {
-            set.remove(name);
-            if set.is_empty() {
-                on.remove(node);
-            }
-        }
+    let name = name.to_owned();
+    for node in s.nodes() {
+        super::multimap::link(on, node, &name, add);
     }
 }
 

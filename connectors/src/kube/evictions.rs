@@ -15,6 +15,8 @@ use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
 use kube::runtime::watcher;
 use lockstep_schemas::{PodEviction, ResponderState};
 
+use super::multimap::link;
+
 /// A pod: (namespace, name).
 pub(crate) type PodRef = (String, String);
 
@@ -116,23 +118,6 @@ impl Evictions {
                 link(&mut self.of_pod, &e.pod, &k, false);
                 vec![e.pod]
             }
-        }
-    }
-}
-
-/// Adds (or removes) Eviction `key` to (from) the pod's.
-fn link(
-    of_pod: &mut HashMap<PodRef, BTreeSet<(String, String)>>,
-    pod: &PodRef,
-    key: &(String, String),
-    add: bool,
-) {
-    if add {
-        of_pod.entry(pod.clone()).or_default().insert(key.clone());
-    } else if let Some(set) = of_pod.get_mut(pod) {
-        set.remove(key);
-        if set.is_empty() {
-            of_pod.remove(pod);
         }
     }
 }

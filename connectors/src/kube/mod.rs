@@ -27,6 +27,7 @@ mod discover;
 mod error;
 mod evictions;
 mod lease;
+mod multimap;
 mod observer;
 pub mod reduce;
 mod spec;
