@@ -145,6 +145,16 @@ impl Aspect {
         *self == Self::Delete
     }
 
+    /// A pod's aspects that scaling acts on: its deletion and its
+    /// `pod-deletion-cost` annotation.
+    pub fn is_scaling(&self) -> bool {
+        match self {
+            Self::Delete => true,
+            Self::Label(l) => l == crate::scaling::COST_LABEL,
+            _ => false,
+        }
+    }
+
     /// A pod's aspects that live and go with the pod: its conditions and
     /// labels (its deletion belongs to the scale-in victim).
     pub fn shown_on_pod(&self) -> bool {

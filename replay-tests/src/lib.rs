@@ -60,7 +60,32 @@ pub struct Sim {
     /// Kubernetes node labels the connector reports (see
     /// [`Sim::change_policy`]); `None`: all of them.
     label_filter: Option<Vec<String>>,
+    /// The simulated actuators publish the changed object before they
+    /// report the outcome (see [`observed_before_outcomes`]).
+    observed_first: bool,
     out: Output,
+}
+
+thread_local! {
+    static OBSERVED_FIRST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every [`Sim`] it makes publishing an action's effect before
+/// its outcome. Both orders happen on the real parts: the Kubernetes
+/// actuator's outcome is appended once its PATCH returns, and the watch
+/// event of the object it changed races it (it usually wins); the Slurm
+/// observer's next poll may come before or after the actuator's report. The
+/// incidents are written in the other order (outcome first); the reducer
+/// must decide the same actions at the same times in both.
+pub fn observed_before_outcomes<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            OBSERVED_FIRST.with(|o| o.set(self.0));
+        }
+    }
+    let _reset = Reset(OBSERVED_FIRST.with(|o| o.replace(true)));
+    f()
 }
 
 /// A StatefulSet as the simulator runs it: pods `<name>-<ordinal>` for
@@ -121,6 +146,7 @@ impl Sim {
             revision: 0,
             generation: 0,
             label_filter: None,
+            observed_first: OBSERVED_FIRST.with(std::cell::Cell::get),
             out: Output::default(),
         };
         sim.append(Source::Lockstep, Event::PolicyChanged(Box::new(policy)));
@@ -614,8 +640,13 @@ impl Sim {
                 // that lockstep did not set as it is.
                 self.report(&a, OutcomeResult::Declined { held_by });
             } else if self.target_exists(&a.action) {
-                self.report(&a, OutcomeResult::Succeeded);
-                self.carry_out(&a.action);
+                if self.observed_first {
+                    self.carry_out(&a.action);
+                    self.report(&a, OutcomeResult::Succeeded);
+                } else {
+                    self.report(&a, OutcomeResult::Succeeded);
+                    self.carry_out(&a.action);
+                }
             } else {
                 // What a real actuator reports for a 404 / unknown node.
                 self.report(

@@ -127,6 +127,45 @@ fn every_incident_also_replays_from_messagepack() {
     }
 }
 
+/// Every incident again, with the simulated actuators publishing what they
+/// changed before they report the outcome, as the Kubernetes watch usually
+/// does: the same actions at the same times. An action whose outcome does
+/// not wake the evaluation that wants its target waits for its timeout
+/// here (a minute) instead.
+#[test]
+fn every_incident_decides_the_same_when_effects_are_seen_before_outcomes() {
+    let decided = |sim: &Sim| -> Vec<String> {
+        sim.actions
+            .iter()
+            .map(|a| {
+                let at = (a.time_ms - lockstep_replay_tests::EPOCH_MS) as f64 / 1000.0;
+                format!("{at:.1}s {} #{} {:?}", a.rule, a.attempt, a.action)
+            })
+            .collect()
+    };
+    let mut differ = Vec::new();
+    for incident in ALL {
+        let usual = decided(&(incident.build)());
+        let seen_first = decided(&lockstep_replay_tests::observed_before_outcomes(
+            incident.build,
+        ));
+        if usual != seen_first {
+            let at = usual
+                .iter()
+                .zip(&seen_first)
+                .position(|(a, b)| a != b)
+                .unwrap_or(usual.len().min(seen_first.len()));
+            differ.push(format!(
+                "{}: action {at}: outcome first {:?}, effect first {:?}",
+                incident.name,
+                usual.get(at),
+                seen_first.get(at)
+            ));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
 fn build(name: &str) -> Sim {
     (scenarios::by_name(name).unwrap().build)()
 }

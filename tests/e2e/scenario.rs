@@ -28,9 +28,8 @@ pub const MINUTE: Duration = Duration::from_secs(60);
 /// up after 6 s without a renewal. A shorter deadline (2 s was tried) loses
 /// the Lease whenever the API server stalls for a couple of seconds, which a
 /// machine running three Slurm versions, an API server and the tests does;
-/// a replica that loses it steps down and leads again once it renews (it
-/// once exited, and the scenario waited for nothing). A killed leader is
-/// replaced within `LEASE_MS` plus a retry.
+/// a replica that loses it steps down and leads again once it renews. A
+/// killed leader is replaced within `LEASE_MS` plus a retry.
 pub const LEASE_MS: u64 = 8000;
 
 pub static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());

@@ -8,7 +8,9 @@ use crate::timers::Wake;
 
 impl Engine {
     /// Records an actuator's outcome in the slot of its target, and has the
-    /// slot's owner looked at again when it changed. A reservation's outcome
+    /// evaluation that wants the target look again when the slot changed:
+    /// an action that waits for the outcome of the one before it (never two
+    /// in flight on one target) goes out then, not at the timeout. A reservation's outcome
     /// is also Slurm's only word on it: lockstep's record of the reservation
     /// follows.
     pub(super) fn handle_outcome(&mut self, o: &lockstep_schemas::ActionOutcome, ctx: &Ctx<'_>) {
@@ -32,9 +34,10 @@ impl Engine {
                 }
                 self.touch_slurm(&node);
             }
-            OwnerOf::Named(Owner::Pod, _, Aspect::Delete) | OwnerOf::Scale => {
+            OwnerOf::Named(Owner::Pod, _, aspect) if aspect.is_scaling() => {
                 self.schedule_scaling(ctx);
             }
+            OwnerOf::Scale => self.schedule_scaling(ctx),
             OwnerOf::Named(Owner::Pod, key, _) => {
                 let Some(entry) = self.model.pods.get(&key) else {
                     return;
@@ -44,7 +47,9 @@ impl Engine {
                     self.touch_slurm(&s);
                 }
             }
-            OwnerOf::Named(Owner::KubeNode, node, Aspect::Taint(_)) => {
+            // Taints, `[node_signals]`' condition and annotation, and what
+            // is retired: the node's own evaluation (`eval_kube`).
+            OwnerOf::Named(Owner::KubeNode, node, aspect) if !aspect.is_maintenance() => {
                 self.dirty.push(Wake::Kube(node));
             }
             OwnerOf::Named(Owner::KubeNode, node, aspect) => {
