@@ -112,15 +112,23 @@ fn nats_scripts() -> PathBuf {
     repo().join("deploy/local/nats")
 }
 
-/// A block of 30 ports below the ephemeral range (where [`free_port`] and
-/// the kernel take theirs) whose nine used ports are free now.
+/// Where NATS clusters' blocks of ports go: below the ephemeral range
+/// (where [`free_port`] and the kernel take theirs), and below 27000, where
+/// the real node's bed has its fixed ports (`tests/common/node.rs`: API
+/// server, etcd, slurmctld, slurmrestd, slurmd, NATS). A block that took one
+/// of those while the bed was down for a moment would make its next start
+/// fail (a cluster's monitoring port once answered on slurmrestd's).
+const PORT_BLOCKS: std::ops::Range<u16> = 20_000..27_000;
+
+/// A block of 30 ports in [`PORT_BLOCKS`] whose nine used ports are free now.
 fn free_port_block() -> u16 {
+    let blocks = (PORT_BLOCKS.end - PORT_BLOCKS.start) / 30;
     let mut seed = nanos() as u64 ^ u64::from(std::process::id()) << 20;
     for _ in 0..200 {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let base = 20_000 + ((seed >> 33) % 400) as u16 * 30;
+        let base = PORT_BLOCKS.start + ((seed >> 33) % u64::from(blocks)) as u16 * 30;
         let used = (0..3).flat_map(|i| [base + i, base + 10 + i, base + 20 + i]);
         if used
             .into_iter()
@@ -129,7 +137,7 @@ fn free_port_block() -> u16 {
             return base;
         }
     }
-    panic!("no free block of ports for a NATS cluster between 20000 and 32000");
+    panic!("no free block of ports for a NATS cluster in {PORT_BLOCKS:?}");
 }
 
 /// How one stream's raft group stands, as its leader reports it.

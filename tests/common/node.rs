@@ -34,6 +34,11 @@ use super::{repo, wait_for};
 pub const ROOT: &str = "/tmp/lockstep-node";
 /// The Kubernetes node's name.
 pub const NODE_NAME: &str = "lockstep-node";
+// Every fixed port of the bed (these and node-up.sh's defaults for its API
+// server, etcd, controller manager, scheduler and kubelet health) is in
+// 27000-27999, which nothing else of the tests takes (testkit's NATS
+// clusters pick their ports below it).
+
 /// Slurm of the bed: slurmctld, slurmrestd, and slurmd `slurmd-i` on base+i+1.
 pub const SLURMCTLD_PORT: u16 = 27817;
 /// slurmrestd's port.

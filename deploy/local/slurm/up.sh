@@ -458,7 +458,8 @@ if pid_alive "$RUN/slurmrestd.pid" slurmrestd; then
   log "slurmrestd already running"
 else
   if curl -s -o /dev/null --max-time 2 "$REST_URL/"; then
-    die "something else already listens on $REST_HOST:$REST_PORT (set LOCKSTEP_SLURMRESTD_PORT)"
+    holder="$(ss -Hltnp "sport = :$REST_PORT" 2>/dev/null | grep -o 'users:.*' | head -1 || true)"
+    die "something else already listens on $REST_HOST:$REST_PORT${holder:+ ($holder)} (set LOCKSTEP_SLURMRESTD_PORT)"
   fi
   log "starting slurmrestd on $REST_HOST:$REST_PORT as $REST_USER"
   # slurmrestd does not daemonize; SLURM_JWT=daemon makes auth/jwt start
