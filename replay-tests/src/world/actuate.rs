@@ -278,13 +278,12 @@ impl World {
         let issued_ms = *issued_ms;
         match action {
             // This world announces no maintenance and requests no eviction,
-            // and its policies turn neither the maintenance policy nor node
-            // signals nor the eviction responder on: such an action is
-            // unwanted.
+            // and its policies turn neither the maintenance policy nor the
+            // node signals' conditions nor the eviction responder on: such
+            // an action is unwanted.
             Action::SlurmReserve { .. }
             | Action::SlurmUnreserve { .. }
             | Action::KubeSetNodeCondition { .. }
-            | Action::KubeLabelNode { .. }
             | Action::KubeRespondEviction { .. } => {
                 let msg = format!(
                     "lockstep acted on maintenance or node signals nobody asked for: {}",
@@ -357,6 +356,33 @@ impl World {
                 }
                 n.taints.retain(|(t, _)| t.key != taint.key);
                 n.taints.push((taint.clone(), by.clone()));
+                self.node_written(node);
+                OutcomeResult::Succeeded
+            }
+            // The only node metadata lockstep writes here: the annotation
+            // naming the node's Slurm nodes (`annotation:<key>`), a JSON merge
+            // patch of `metadata.annotations`.
+            Action::KubeLabelNode { node, key, value } => {
+                let Some(key) = key.strip_prefix(ANNOTATION_PREFIX) else {
+                    let msg = format!("lockstep set a node label: {}", action.describe());
+                    self.violation(Property::NothingUnwantedSet, msg);
+                    return failed(false, "no node labels in this world");
+                };
+                let Some(n) = self.kube.nodes.get_mut(node) else {
+                    return failed(false, "node not found");
+                };
+                if n.annotations.get(key).map(|(v, _)| v) == value.as_ref() {
+                    return OutcomeResult::AlreadyDone;
+                }
+                match value {
+                    Some(v) => {
+                        n.annotations
+                            .insert(key.to_owned(), (v.clone(), by.clone()));
+                    }
+                    None => {
+                        n.annotations.remove(key);
+                    }
+                }
                 self.node_written(node);
                 OutcomeResult::Succeeded
             }

@@ -606,6 +606,46 @@ fn end_state(w: &World) -> Vec<Violation> {
             }
         }
     }
+    // The annotation naming a node's Slurm nodes: on every node with a
+    // slurmd pod whose Slurm node Slurm reports, their names sorted and
+    // comma-separated; on no other node; never under a key the policy no
+    // longer names.
+    let annotation = p.node_signals.slurm_nodes_annotation.as_str();
+    for n in w.kube.nodes.values() {
+        let mut on: Vec<&str> = w
+            .kube
+            .pods
+            .values()
+            .filter(|pod| pod.node.as_deref() == Some(n.name.as_str()))
+            .filter(|pod| w.slurm.nodes.contains_key(&pod.name))
+            .map(|pod| pod.name.as_str())
+            .collect();
+        on.sort_unstable();
+        let wanted = (!annotation.is_empty() && !on.is_empty()).then(|| on.join(","));
+        let shown = (!annotation.is_empty())
+            .then(|| n.annotations.get(annotation).map(|(v, _)| v.clone()))
+            .flatten();
+        if shown != wanted {
+            say(
+                Property::NoLeftovers,
+                format!(
+                    "node {} has annotation {annotation}={shown:?}; its Slurm nodes are {on:?}{edited}",
+                    n.name
+                ),
+            );
+        }
+        for (key, (v, by)) in &n.annotations {
+            if by.is_lockstep() && key != annotation {
+                say(
+                    Property::NoLeftovers,
+                    format!(
+                        "node {} keeps lockstep's annotation {key}={v}, which the policy no longer names{edited}",
+                        n.name
+                    ),
+                );
+            }
+        }
+    }
     const DRAIN_TYPES: [&str; 2] = ["SlurmNodeDrained", "SlurmDrained"];
     const HEALTH_TYPES: [&str; 2] = ["SlurmNodeHealthy", "SlurmHealthy"];
     for pod in w.kube.pods.values() {

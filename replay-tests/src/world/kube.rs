@@ -90,6 +90,8 @@ pub(crate) struct Node {
     /// Node conditions (type -> status, since).
     pub conditions: BTreeMap<String, (ConditionStatus, Ms)>,
     pub labels: BTreeMap<String, String>,
+    /// Annotations with who set them.
+    pub annotations: BTreeMap<String, (String, Actor)>,
     /// Taints lockstep (or anyone) set, with who set them.
     pub taints: Vec<(Taint, Actor)>,
     /// The node lifecycle controller's NoExecute taint (not-ready / unreachable).
@@ -241,6 +243,7 @@ impl World {
                     broken_by: Actor::Setup,
                     conditions: BTreeMap::new(),
                     labels,
+                    annotations: BTreeMap::new(),
                     taints: Vec::new(),
                     lifecycle_taint: false,
                 },

@@ -23,6 +23,7 @@ fn setup(kind: ScaledKind) -> Setup {
         jitter_seed: 7,
         slinky: false,
         image_pull_s: 0,
+        slurm_nodes_annotation: false,
     }
 }
 
@@ -451,4 +452,45 @@ fn a_replicaset_scale_down_takes_the_pod_with_the_lowest_deletion_cost() {
     w.run_until(120_000);
     assert!(!w.kube.pods.contains_key(&victim));
     assert_eq!(w.kube.pods_of(0).count(), 2);
+}
+
+#[test]
+fn a_node_annotation_is_reported_under_its_annotation_key_only_while_the_policy_reads_it() {
+    let annotated = |w: &World| {
+        events(w)
+            .into_iter()
+            .rev()
+            .find_map(|(_, e)| match e {
+                Event::KubeNode(n) if n.name == "k8s-0" => {
+                    Some(n.labels.get("annotation:lockstep.io/slurm-nodes").cloned())
+                }
+                _ => None,
+            })
+            .flatten()
+    };
+    for on in [true, false] {
+        let mut w = world(
+            Setup {
+                slurm_nodes_annotation: on,
+                ..setup(ScaledKind::Parallel)
+            },
+            vec![],
+        );
+        w.run_until(1_000);
+        let n = w.kube.nodes.get_mut("k8s-0").expect("k8s-0");
+        n.annotations.insert(
+            "lockstep.io/slurm-nodes".to_owned(),
+            ("cpu-0".to_owned(), Actor::Step(0)),
+        );
+        // Not a label: a label of the same name is never reported as it.
+        n.labels
+            .insert("lockstep.io/slurm-nodes".to_owned(), "x".to_owned());
+        w.node_written("k8s-0");
+        w.run_until(5_000);
+        assert_eq!(
+            annotated(&w),
+            on.then(|| "cpu-0".to_owned()),
+            "policy on: {on}"
+        );
+    }
 }

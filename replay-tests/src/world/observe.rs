@@ -100,6 +100,10 @@ impl Spec {
             node_labels: std::iter::once(ZONE_LABEL.to_owned())
                 .chain(p.topology.features.iter().map(|f| f.label.clone()))
                 .chain(p.topology.unit_label.iter().cloned())
+                .chain(
+                    non_empty(&p.node_signals.slurm_nodes_annotation)
+                        .map(|a| format!("{ANNOTATION_PREFIX}{a}")),
+                )
                 .collect(),
             node_conditions: p.health.node_conditions.clone(),
             taint_keys: [
@@ -179,11 +183,16 @@ impl Spec {
                     message: String::new(),
                 })
                 .collect(),
-            labels: n
-                .labels
+            labels: self
+                .node_labels
                 .iter()
-                .filter(|(k, _)| self.node_labels.contains(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .filter_map(|k| {
+                    let value = match k.strip_prefix(ANNOTATION_PREFIX) {
+                        Some(a) => n.annotations.get(a).map(|(v, _)| v),
+                        None => n.labels.get(k),
+                    };
+                    Some((k.clone(), value?.clone()))
+                })
                 .collect(),
             taints,
             read_labels: Some(self.node_labels.clone()),

@@ -33,6 +33,9 @@ pub const XID_CONDITION: &str = "GpuXid";
 pub const BUSY_LABEL: &str = "lockstep.io/slurm-busy";
 /// lockstep's unhealthy taint key.
 pub const UNHEALTHY_TAINT: &str = "lockstep.io/slurm-unhealthy";
+/// The node annotation naming a node's Slurm nodes, when the policy asks
+/// for one (`node_signals.slurm_nodes_annotation`).
+pub const SLURM_NODES_ANNOTATION: &str = "lockstep.io/slurm-nodes";
 
 /// How the scaled target manages its pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +83,10 @@ pub struct Setup {
     /// every node already.
     #[serde(default)]
     pub image_pull_s: u16,
+    /// The policy names each Kubernetes node's Slurm nodes in an annotation
+    /// (`node_signals.slurm_nodes_annotation`).
+    #[serde(default)]
+    pub slurm_nodes_annotation: bool,
 }
 
 /// One thing that happens, `after_ms` after the previous step.
@@ -132,6 +139,8 @@ pub enum PolicyEdit {
     ToggleRackFeature,
     /// `scaling.busy_label` on <-> off.
     ToggleBusyLabel,
+    /// `node_signals.slurm_nodes_annotation` on <-> off.
+    ToggleSlurmNodesAnnotation,
 }
 
 /// What happens in a step.
@@ -298,7 +307,7 @@ pub const SLINKY_PREFIX: &str = "slurm-operator: ";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PolicyState {
     /// Toggled edits, one bit each (index = edit).
-    pub toggled: [bool; 7],
+    pub toggled: [bool; 8],
 }
 
 impl PolicyEdit {
@@ -311,6 +320,7 @@ impl PolicyEdit {
             Self::RenameNodeCondition => 4,
             Self::ToggleRackFeature => 5,
             Self::ToggleBusyLabel => 6,
+            Self::ToggleSlurmNodesAnnotation => 7,
         }
     }
 }
@@ -411,6 +421,9 @@ pub fn policy_for(setup: &Setup, edits: PolicyState) -> Policy {
     if setup.busy_label != edits.on(PolicyEdit::ToggleBusyLabel) {
         p.scaling.busy_label = BUSY_LABEL.to_owned();
     }
+    if setup.slurm_nodes_annotation != edits.on(PolicyEdit::ToggleSlurmNodesAnnotation) {
+        p.node_signals.slurm_nodes_annotation = SLURM_NODES_ANNOTATION.to_owned();
+    }
     p.scaling.targets = vec![ScaleRule {
         target: scaled_target(setup),
         partition: SCALED_PARTITION.to_owned(),
@@ -443,7 +456,7 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
         1u8..=4,
         0u8..=3,
         1u8..=2,
-        any::<[bool; 5]>(),
+        any::<[bool; 6]>(),
         any::<u64>(),
         prop_oneof![3 => Just(0u16), 1 => 30u16..=240],
     )
@@ -472,6 +485,7 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
                 jitter_seed,
                 slinky: flags[4],
                 image_pull_s,
+                slurm_nodes_annotation: flags[5],
             },
         )
 }
@@ -490,6 +504,7 @@ fn policy_edit() -> impl Strategy<Value = PolicyEdit> {
         Just(PolicyEdit::RenameNodeCondition),
         Just(PolicyEdit::ToggleRackFeature),
         Just(PolicyEdit::ToggleBusyLabel),
+        Just(PolicyEdit::ToggleSlurmNodesAnnotation),
     ]
 }
 
@@ -642,6 +657,9 @@ impl Schedule {
             s.slinky,
             s.image_pull_s
         );
+        if s.slurm_nodes_annotation {
+            out.insert_str(out.len() - 1, "; Slurm nodes annotated on their hosts");
+        }
         let mut t = 0;
         for st in &self.steps {
             t += st.after_ms;
