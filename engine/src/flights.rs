@@ -40,7 +40,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::pod_key;
-use crate::slot::{Flight, Issue, Slot, Step};
+use crate::slot::{Flight, InFlight, Issue, Slot, Step};
 use crate::sorted;
 use crate::timers::min_wake;
 use crate::units::after_ms;
@@ -353,6 +353,11 @@ impl Flights {
     /// Whether `key` has a slot: an action of it is not settled.
     pub fn holds(&self, key: Key<'_>) -> bool {
         self.entry(key).is_some()
+    }
+
+    /// The action `key`'s slot holds, and how it stands.
+    pub fn current(&self, key: Key<'_>) -> Option<&InFlight> {
+        self.get(key).and_then(|s| s.current.as_deref())
     }
 
     /// Whether any slot of an owner has one of these aspects.

@@ -29,6 +29,7 @@ use crate::drain::{self, SlurmSide};
 use crate::flights::AspectRef;
 use crate::model::{KubeEntry, PodEntry};
 use crate::retired::Retired;
+use crate::slot::{Flight, InFlight};
 
 /// The reason of a pod condition lockstep set under a type the policy no
 /// longer names, once it is left: Unknown, no longer kept current.
@@ -327,40 +328,60 @@ fn not_managed(ty: &str) -> PodCondition {
 /// Row 6 for node signals: the foreign drain condition lockstep set under
 /// a type the policy no longer has says Unknown ([`NOT_MANAGED`]); the
 /// annotation it set under a key the policy no longer has is removed.
-pub(crate) fn retired_signal_wants<'a>(
+///
+/// The observer reads only what the policy in force names, so a write that
+/// lands after the policy dropped its name is never seen. `slot` gives what
+/// the aspect's slot holds: a write it sent that has ended (done, or failed,
+/// which may be a timeout of a write that landed) counts as there, and a
+/// taking back that has not succeeded yet is still wanted (retried as any
+/// action), not dropped for want of anything seen.
+pub(crate) fn retired_signal_wants<'a, 'f>(
     node: &KubeEntry,
     retired: &'a Retired,
     holds: impl Fn(AspectRef<'_>) -> bool,
+    slot: impl Fn(AspectRef<'_>) -> Option<&'f InFlight>,
     out: &mut Vec<Want<'a>>,
 ) {
     let name = &node.obs.name;
+    let managed = |status: ConditionStatus, reason: &str| {
+        !(status == ConditionStatus::Unknown && reason == NOT_MANAGED)
+    };
+    // Whether what the slot holds says the taking back is wanted although
+    // nothing is seen.
+    let unseen = |aspect: AspectRef<'_>, is_write: &dyn Fn(&Action) -> bool| {
+        slot(aspect).is_some_and(|c| match (is_write(&c.action), &c.flight) {
+            (true, Flight::Sent) => false,
+            (true, _) => true,
+            (false, Flight::Done { .. }) => false,
+            (false, _) => true,
+        })
+    };
     for ty in &retired.node_conditions {
-        let want = node
+        let aspect = AspectRef::Condition(ty);
+        let seen = node
             .obs
             .conditions
             .iter()
             .find(|c| c.type_ == *ty)
-            .filter(|c| !(c.status == ConditionStatus::Unknown && c.reason == NOT_MANAGED))
-            .map(|_| Action::KubeSetNodeCondition {
-                node: name.clone(),
-                condition: not_managed(ty),
-            });
-        let aspect = AspectRef::Condition(ty);
+            .is_some_and(|c| managed(c.status, &c.reason));
+        let is_write = |a: &Action| matches!(a, Action::KubeSetNodeCondition { condition: c, .. } if managed(c.status, &c.reason));
+        let want = (seen || unseen(aspect, &is_write)).then(|| Action::KubeSetNodeCondition {
+            node: name.clone(),
+            condition: not_managed(ty),
+        });
         if want.is_some() || holds(aspect) {
             out.push((aspect, want, Rule::Retired));
         }
     }
     for key in &retired.node_labels {
-        let want = node
-            .obs
-            .labels
-            .contains_key(key)
-            .then(|| Action::KubeLabelNode {
-                node: name.clone(),
-                key: key.clone(),
-                value: None,
-            });
         let aspect = AspectRef::Label(key);
+        let is_write = |a: &Action| matches!(a, Action::KubeLabelNode { value: Some(_), .. });
+        let seen = node.obs.labels.contains_key(key);
+        let want = (seen || unseen(aspect, &is_write)).then(|| Action::KubeLabelNode {
+            node: name.clone(),
+            key: key.clone(),
+            value: None,
+        });
         if want.is_some() || holds(aspect) {
             out.push((aspect, want, Rule::Retired));
         }
@@ -865,5 +886,103 @@ mod tests {
             "{message}"
         );
         assert!(message.ends_with(" more"), "{message}");
+    }
+
+    /// Row 6 for node signals when the write lands after the policy dropped
+    /// its name: the observer no longer reads it, so what the slot holds
+    /// decides.
+    #[test]
+    fn a_retired_signal_written_unseen_is_taken_back() {
+        const KEY: &str = "annotation:lockstep.dev/slurm-nodes";
+        const TY: &str = "SlurmNodeDrained";
+        let retired = Retired {
+            node_conditions: vec![TY.into()],
+            node_labels: vec![KEY.into()],
+            ..Retired::default()
+        };
+        let node = |seen: bool| {
+            KubeEntry::of(KubeNode {
+                labels: seen
+                    .then(|| (KEY.to_owned(), "n1".to_owned()))
+                    .into_iter()
+                    .collect(),
+                conditions: seen
+                    .then(|| lockstep_schemas::NodeCondition {
+                        type_: TY.into(),
+                        status: ConditionStatus::True,
+                        reason: "SlurmDrain".into(),
+                        message: String::new(),
+                    })
+                    .into_iter()
+                    .collect(),
+                ..KubeNode::ready("k1")
+            })
+        };
+        let label = |value: Option<&str>| Action::KubeLabelNode {
+            node: "k1".into(),
+            key: KEY.into(),
+            value: value.map(str::to_owned),
+        };
+        let condition = |c: PodCondition| Action::KubeSetNodeCondition {
+            node: "k1".into(),
+            condition: c,
+        };
+        let held = |action: Action, flight: Flight| InFlight {
+            id: lockstep_schemas::ActionId("1.x".into()),
+            action,
+            issued_ms: 0,
+            attempt: 1,
+            flight,
+        };
+        let done = Flight::Done { at_ms: 1 };
+        let failed = Flight::Failed {
+            retry_at_ms: 5_000,
+            error: "timeout".into(),
+        };
+        let writes = |f: &Flight| {
+            (
+                held(
+                    condition(cond(TY, ConditionStatus::True, "SlurmDrain")),
+                    f.clone(),
+                ),
+                held(label(Some("n1")), f.clone()),
+            )
+        };
+        let take_backs = |f: &Flight| {
+            (
+                held(condition(not_managed(TY)), f.clone()),
+                held(label(None), f.clone()),
+            )
+        };
+        let take_back = vec![condition(not_managed(TY)), label(None)];
+        // Seen; what the slots of (the condition, the annotation) hold; the actions wanted.
+        type Case = (bool, Option<(InFlight, InFlight)>, Vec<Action>);
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            // seen: taken back
+            (true, None, take_back.clone()),
+            // written and done, or failed (perhaps a timeout of a write that
+            // landed), not seen: taken back all the same
+            (false, Some(writes(&done)), take_back.clone()),
+            (false, Some(writes(&failed)), take_back.clone()),
+            // a write still on its way: its outcome first
+            (false, Some(writes(&Flight::Sent)), vec![]),
+            // a taking back that failed is still wanted (retried); one done is the end
+            (false, Some(take_backs(&failed)), take_back),
+            (false, Some(take_backs(&done)), vec![]),
+            // nothing seen, nothing held
+            (false, None, vec![]),
+        ];
+        for (i, (seen, slots, want)) in cases.into_iter().enumerate() {
+            let slot = |a: AspectRef<'_>| match (a, &slots) {
+                (AspectRef::Condition(_), Some((c, _))) => Some(c),
+                (AspectRef::Label(_), Some((_, l))) => Some(l),
+                _ => None,
+            };
+            let mut got = Vec::new();
+            retired_signal_wants(&node(seen), &retired, |_| false, slot, &mut got);
+            let got: Vec<Action> = got.into_iter().filter_map(|(_, a, _)| a).collect();
+            assert_eq!(got, want, "case {i}");
+        }
     }
 }

@@ -306,7 +306,8 @@ impl Engine {
         let mut wants: Vec<Want<'_>> = Vec::new();
         let holds = |a: AspectRef<'_>| self.flights.holds(Key::Kube(name, a));
         shown::taint_wants(entry, on, policy, &self.retired, holds, &mut wants);
-        shown::retired_signal_wants(entry, &self.retired, holds, &mut wants);
+        let slot = |a: AspectRef<'_>| self.flights.current(Key::Kube(name, a));
+        shown::retired_signal_wants(entry, &self.retired, holds, slot, &mut wants);
         let annotation_key = match signals.slurm_nodes_annotation.as_str() {
             "" => String::new(),
             key => format!("{ANNOTATION_PREFIX}{key}"),
