@@ -346,15 +346,13 @@ pub(crate) fn retired_signal_wants<'a, 'f>(
     let managed = |status: ConditionStatus, reason: &str| {
         !(status == ConditionStatus::Unknown && reason == NOT_MANAGED)
     };
-    // Whether what the slot holds says the taking back is wanted although
-    // nothing is seen.
-    let unseen = |aspect: AspectRef<'_>, is_write: &dyn Fn(&Action) -> bool| {
-        slot(aspect).is_some_and(|c| match (is_write(&c.action), &c.flight) {
-            (true, Flight::Sent) => false,
-            (true, _) => true,
-            (false, Flight::Done { .. }) => false,
-            (false, _) => true,
-        })
+    // Whether what the slot holds wants the taking back although nothing is
+    // seen: a write (`write`) that has ended, or a taking back that has not
+    // succeeded.
+    let wanted_by_slot = |c: &InFlight, write: bool| match c.flight {
+        Flight::Sent => !write,
+        Flight::Done { .. } => write,
+        Flight::Failed { .. } | Flight::GaveUp { .. } => true,
     };
     for ty in &retired.node_conditions {
         let aspect = AspectRef::Condition(ty);
@@ -364,8 +362,11 @@ pub(crate) fn retired_signal_wants<'a, 'f>(
             .iter()
             .find(|c| c.type_ == *ty)
             .is_some_and(|c| managed(c.status, &c.reason));
-        let is_write = |a: &Action| matches!(a, Action::KubeSetNodeCondition { condition: c, .. } if managed(c.status, &c.reason));
-        let want = (seen || unseen(aspect, &is_write)).then(|| Action::KubeSetNodeCondition {
+        let by_slot = slot(aspect).is_some_and(|c| {
+            let write = matches!(&c.action, Action::KubeSetNodeCondition { condition, .. } if managed(condition.status, &condition.reason));
+            wanted_by_slot(c, write)
+        });
+        let want = (seen || by_slot).then(|| Action::KubeSetNodeCondition {
             node: name.clone(),
             condition: not_managed(ty),
         });
@@ -375,9 +376,14 @@ pub(crate) fn retired_signal_wants<'a, 'f>(
     }
     for key in &retired.node_labels {
         let aspect = AspectRef::Label(key);
-        let is_write = |a: &Action| matches!(a, Action::KubeLabelNode { value: Some(_), .. });
         let seen = node.obs.labels.contains_key(key);
-        let want = (seen || unseen(aspect, &is_write)).then(|| Action::KubeLabelNode {
+        let by_slot = slot(aspect).is_some_and(|c| {
+            wanted_by_slot(
+                c,
+                matches!(&c.action, Action::KubeLabelNode { value: Some(_), .. }),
+            )
+        });
+        let want = (seen || by_slot).then(|| Action::KubeLabelNode {
             node: name.clone(),
             key: key.clone(),
             value: None,

@@ -38,7 +38,6 @@ pub const NODE_NAME: &str = "lockstep-node";
 // server, etcd, controller manager, scheduler and kubelet health) is in
 // 27000-27999, which nothing else of the tests takes (testkit's NATS
 // clusters pick their ports below it).
-
 /// Slurm of the bed: slurmctld, slurmrestd, and slurmd `slurmd-i` on base+i+1.
 pub const SLURMCTLD_PORT: u16 = 27817;
 /// slurmrestd's port.

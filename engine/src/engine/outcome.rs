@@ -10,9 +10,9 @@ impl Engine {
     /// Records an actuator's outcome in the slot of its target, and has the
     /// evaluation that wants the target look again when the slot changed:
     /// an action that waits for the outcome of the one before it (never two
-    /// in flight on one target) goes out then, not at the timeout. A reservation's outcome
-    /// is also Slurm's only word on it: lockstep's record of the reservation
-    /// follows.
+    /// in flight on one target) goes out then, not at the timeout. A
+    /// reservation's outcome is also Slurm's only word on it: lockstep's
+    /// record of the reservation follows.
     pub(super) fn handle_outcome(&mut self, o: &lockstep_schemas::ActionOutcome, ctx: &Ctx<'_>) {
         let now_ms = ctx.now_ms;
         let reservation = match &o.target {

@@ -622,9 +622,7 @@ fn end_state(w: &World) -> Vec<Violation> {
             .collect();
         on.sort_unstable();
         let wanted = (!annotation.is_empty() && !on.is_empty()).then(|| on.join(","));
-        let shown = (!annotation.is_empty())
-            .then(|| n.annotations.get(annotation).map(|(v, _)| v.clone()))
-            .flatten();
+        let shown = n.annotations.get(annotation).map(|(v, _)| v.clone());
         if shown != wanted {
             say(
                 Property::NoLeftovers,
