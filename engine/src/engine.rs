@@ -6,11 +6,11 @@
 use std::io::{Read, Write};
 
 use lockstep_schemas::{EventRecord, Phase, Policy, Target};
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::cause::Cause;
+use crate::cow::CowMap;
 use crate::drain::{Ownership, SlurmSide};
 use crate::flights::Flights;
 use crate::health;
@@ -18,7 +18,6 @@ use crate::maintenance;
 use crate::model::Model;
 use crate::retired::Retired;
 use crate::scaling;
-use crate::sorted;
 use crate::stale::Tombstones;
 use crate::timers::{Timers, Wake};
 
@@ -51,8 +50,7 @@ pub struct Engine {
     last_seq: u64,
     now_ms: u64,
     model: Model,
-    #[serde(with = "sorted")]
-    ctl: FxHashMap<String, NodeCtl>,
+    ctl: CowMap<String, NodeCtl>,
     timers: Timers,
     /// Health damping's cluster-wide rate bounds.
     damping: health::Cluster,
@@ -102,7 +100,7 @@ fn ownership<'a>(policy: &'a Policy, retired: &'a Retired) -> Ownership<'a> {
 /// Whether what Slurm shows of node `name` is about to change: the effect of
 /// lockstep's last drain, down or resume of it does not show yet.
 fn slurm_unseen(
-    ctl: &FxHashMap<String, NodeCtl>,
+    ctl: &CowMap<String, NodeCtl>,
     flights: &Flights,
     model: &Model,
     own: &Ownership<'_>,
@@ -150,6 +148,33 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The engine's state at one point of the log, apart from the engine
+/// ([`Engine::frozen`]): only to be encoded.
+#[derive(Debug, Clone)]
+pub struct Frozen(Engine);
+
+impl Frozen {
+    /// Sequence of the last record applied to the state.
+    pub fn last_seq(&self) -> u64 {
+        self.0.last_seq
+    }
+
+    /// [`Engine::snapshot`] of the engine at that point.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.0.snapshot()
+    }
+
+    /// [`Engine::snapshot_to`] of the engine at that point.
+    pub fn snapshot_to(&self, w: impl Write) -> Result<(), rmp_serde::encode::Error> {
+        self.0.snapshot_to(w)
+    }
+
+    /// [`Engine::snapshot_hashed_to`] of the engine at that point.
+    pub fn snapshot_hashed_to(&self, w: impl Write) -> Result<String, rmp_serde::encode::Error> {
+        self.0.snapshot_hashed_to(w)
+    }
+}
+
 /// Errors restoring a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -181,7 +206,7 @@ impl Engine {
             last_seq: 0,
             now_ms: 0,
             model,
-            ctl: FxHashMap::default(),
+            ctl: CowMap::default(),
             timers: Timers::default(),
             damping: health::Cluster::default(),
             flights: Flights::default(),
@@ -307,6 +332,52 @@ impl Engine {
     /// encoder writes many small pieces.
     pub fn snapshot_to(&self, mut w: impl Write) -> Result<(), rmp_serde::encode::Error> {
         rmp_serde::encode::write_named(&mut w, self)
+    }
+
+    /// The state as it is now, apart from the engine: a checkpoint of it is
+    /// encoded off the apply loop while the engine goes on applying. Costs
+    /// little: the large tables are shared copy-on-write (a change the
+    /// engine makes meanwhile copies one shard of one table), and what is
+    /// derived from the rest is left out. Its snapshot is the engine's
+    /// snapshot at this point, byte for byte.
+    pub fn frozen(&self) -> Frozen {
+        // Every field named, so that a field added later is not forgotten.
+        let Self {
+            layout,
+            policy,
+            last_seq,
+            now_ms,
+            model,
+            ctl,
+            timers,
+            damping,
+            flights,
+            scaling,
+            tombstones,
+            retired,
+            reservations,
+            pinned,
+            dirty: _,
+            scratch: _,
+        } = self;
+        Frozen(Self {
+            layout: *layout,
+            policy: policy.clone(),
+            last_seq: *last_seq,
+            now_ms: *now_ms,
+            model: model.frozen(),
+            ctl: ctl.clone(),
+            timers: timers.frozen(),
+            damping: damping.clone(),
+            flights: flights.frozen(),
+            scaling: scaling.frozen(),
+            tombstones: tombstones.clone(),
+            retired: retired.clone(),
+            reservations: reservations.clone(),
+            pinned: *pinned,
+            dirty: Vec::new(),
+            scratch: Scratch::default(),
+        })
     }
 
     /// Rebuilds an engine from [`Engine::snapshot`].

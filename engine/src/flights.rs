@@ -36,12 +36,11 @@ use lockstep_schemas::{
     Action, ActionId, ActionOutcome, ActionPolicy, IssuedAction, ScaleTargetRef, Target, DRAINED,
     DRAIN_IN_PROGRESS,
 };
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use crate::cow::CowMap;
 use crate::model::pod_key;
 use crate::slot::{Flight, InFlight, Issue, Slot, Step};
-use crate::sorted;
 use crate::timers::min_wake;
 use crate::units::after_ms;
 
@@ -229,12 +228,12 @@ type Slots = Vec<(Aspect, Entry)>;
 /// The table.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Flights {
-    #[serde(with = "sorted", default, skip_serializing_if = "FxHashMap::is_empty")]
-    slurm: FxHashMap<String, Slots>,
-    #[serde(with = "sorted", default, skip_serializing_if = "FxHashMap::is_empty")]
-    pods: FxHashMap<String, Slots>,
-    #[serde(with = "sorted", default, skip_serializing_if = "FxHashMap::is_empty")]
-    kube: FxHashMap<String, Slots>,
+    #[serde(default, skip_serializing_if = "CowMap::is_empty")]
+    slurm: CowMap<String, Slots>,
+    #[serde(default, skip_serializing_if = "CowMap::is_empty")]
+    pods: CowMap<String, Slots>,
+    #[serde(default, skip_serializing_if = "CowMap::is_empty")]
+    kube: CowMap<String, Slots>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     scale: BTreeMap<ScaleTargetRef, Entry>,
     /// The parked slots (derived: rebuilt after a restore).
@@ -253,7 +252,7 @@ fn owned(key: Key<'_>) -> Option<(Owner, String, Aspect)> {
 }
 
 impl Flights {
-    fn shard(&self, owner: Owner) -> &FxHashMap<String, Slots> {
+    fn shard(&self, owner: Owner) -> &CowMap<String, Slots> {
         match owner {
             Owner::SlurmNode => &self.slurm,
             Owner::Pod => &self.pods,
@@ -261,7 +260,7 @@ impl Flights {
         }
     }
 
-    fn shard_mut(&mut self, owner: Owner) -> &mut FxHashMap<String, Slots> {
+    fn shard_mut(&mut self, owner: Owner) -> &mut CowMap<String, Slots> {
         match owner {
             Owner::SlurmNode => &mut self.slurm,
             Owner::Pod => &mut self.pods,
@@ -599,6 +598,25 @@ impl Flights {
     }
 
     /// Rebuilds the index of parked slots (after a restore).
+    /// A copy of what a snapshot holds: the slots (shared, not copied),
+    /// not the index of parked ones.
+    pub fn frozen(&self) -> Self {
+        let Self {
+            slurm,
+            pods,
+            kube,
+            scale,
+            parked: _,
+        } = self;
+        Self {
+            slurm: slurm.clone(),
+            pods: pods.clone(),
+            kube: kube.clone(),
+            scale: scale.clone(),
+            parked: BTreeSet::new(),
+        }
+    }
+
     pub fn rebuild(&mut self) {
         self.parked.clear();
         for owner in [Owner::SlurmNode, Owner::Pod, Owner::KubeNode] {

@@ -31,6 +31,7 @@
 //! (a test checks both).
 
 mod cause;
+mod cow;
 mod ctx;
 mod drain;
 mod engine;
@@ -51,7 +52,7 @@ mod timers;
 mod topology;
 mod units;
 
-pub use engine::{Engine, Output, SnapshotError, LAYOUT};
+pub use engine::{Engine, Frozen, Output, SnapshotError, LAYOUT};
 pub use lockstep_schemas::{Phase, Rule, Transition};
 
 #[cfg(test)]

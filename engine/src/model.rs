@@ -15,6 +15,7 @@ use lockstep_schemas::{
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use crate::cow::CowMap;
 use crate::sorted;
 
 /// An observed object and the sync generation in which it was last listed.
@@ -140,17 +141,13 @@ pub(crate) struct SyncState {
 /// Everything observed, plus derived join indexes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Model {
-    #[serde(with = "sorted")]
-    pub slurm_nodes: FxHashMap<String, Seen<SlurmNode>>,
-    #[serde(with = "sorted")]
-    pub jobs: FxHashMap<u64, Seen<SlurmJob>>,
+    pub slurm_nodes: CowMap<String, Seen<SlurmNode>>,
+    pub jobs: CowMap<u64, Seen<SlurmJob>>,
     #[serde(with = "sorted")]
     pub partitions: FxHashMap<String, Seen<SlurmPartition>>,
-    #[serde(with = "sorted")]
-    pub kube_nodes: FxHashMap<String, KubeEntry>,
+    pub kube_nodes: CowMap<String, KubeEntry>,
     /// Key: `namespace/name`.
-    #[serde(with = "sorted")]
-    pub pods: FxHashMap<String, PodEntry>,
+    pub pods: CowMap<String, PodEntry>,
     #[serde(with = "sorted")]
     pub scale_targets: FxHashMap<ScaleTargetRef, Seen<KubeScaleTarget>>,
     /// Indexed by [`domain_index`].
@@ -293,6 +290,45 @@ impl Model {
         Self {
             slurm_visible: true,
             kube_visible: true,
+            ..Self::default()
+        }
+    }
+
+    /// A copy of what a snapshot holds, without the derived indexes (see
+    /// [`crate::Engine::frozen`]). The large tables are shared, not copied.
+    pub fn frozen(&self) -> Self {
+        // Every field named, so that a field added later is not forgotten.
+        let Self {
+            slurm_nodes,
+            jobs,
+            partitions,
+            kube_nodes,
+            pods,
+            scale_targets,
+            sync,
+            slurm_visible,
+            kube_visible,
+            slurm_regain,
+            kube_gone,
+            pod_claims: _,
+            on_kube_node: _,
+            placed_on: _,
+            running_jobs: _,
+            pending_nodes: _,
+            unscalable: _,
+        } = self;
+        Self {
+            slurm_nodes: slurm_nodes.clone(),
+            jobs: jobs.clone(),
+            partitions: partitions.clone(),
+            kube_nodes: kube_nodes.clone(),
+            pods: pods.clone(),
+            scale_targets: scale_targets.clone(),
+            sync: *sync,
+            slurm_visible: *slurm_visible,
+            kube_visible: *kube_visible,
+            slurm_regain: *slurm_regain,
+            kube_gone: kube_gone.clone(),
             ..Self::default()
         }
     }

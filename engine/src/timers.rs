@@ -131,6 +131,14 @@ impl Timers {
             .map(|(name, _)| name.as_str())
     }
 
+    /// A copy of what a snapshot holds: the wakes, not the index by name.
+    pub fn frozen(&self) -> Self {
+        Self {
+            due: self.due.clone(),
+            ..Self::default()
+        }
+    }
+
     /// Rebuilds the index by name (after a restore).
     pub fn rebuild(&mut self) {
         self.named.clear();

@@ -166,6 +166,42 @@ fn every_incident_decides_the_same_when_effects_are_seen_before_outcomes() {
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
 
+/// A frozen copy of the engine ([`lockstep_engine::Engine::frozen`], what a
+/// checkpoint is encoded from off the apply loop) encodes the engine's
+/// snapshot of its point, byte for byte, however much the engine applied
+/// after it: every incident, frozen at every fifth record.
+#[test]
+fn a_frozen_engine_encodes_the_snapshot_of_its_point_while_the_engine_goes_on() {
+    for incident in ALL {
+        let sim = (incident.build)();
+        let mut replay = lockstep_engine::replay::Replay::new(lockstep_engine::Engine::new(
+            lockstep_schemas::Policy::default(),
+        ));
+        let mut frozen = Vec::new();
+        for (i, r) in sim.records().iter().enumerate() {
+            replay.feed(r).expect("replays");
+            if i % 5 == 0 {
+                frozen.push((replay.engine().frozen(), replay.engine().snapshot()));
+            }
+        }
+        assert_eq!(
+            replay.engine().hash(),
+            sim.engine().hash(),
+            "{}",
+            incident.name
+        );
+        for (copy, bytes) in &frozen {
+            assert!(
+                copy.snapshot() == *bytes,
+                "{}: the copy frozen at seq {} changed",
+                incident.name,
+                copy.last_seq()
+            );
+        }
+        assert!(replay.engine().frozen().snapshot() == replay.engine().snapshot());
+    }
+}
+
 fn build(name: &str) -> Sim {
     (scenarios::by_name(name).unwrap().build)()
 }

@@ -2,7 +2,6 @@ use lockstep_schemas::{
     ConditionStatus, Domain, Event, IdentityChange, KubeNode, KubePod, KubeScaleTarget, Policy,
     SlurmJob, SlurmNode, SlurmPartition,
 };
-use rustc_hash::FxHashMap;
 
 use super::Engine;
 use crate::cause::Cause;
@@ -771,13 +770,13 @@ impl Engine {
         }
         self.model.sync[domain_index(domain)].listing = false;
         let gen = state.gen;
-        fn stale<K: Clone + Ord, V>(
-            m: &FxHashMap<K, V>,
+        fn stale<'m, K: Clone + Ord + 'm, V: 'm>(
+            m: impl IntoIterator<Item = (&'m K, &'m V)>,
             gen: u32,
             g: impl Fn(&V) -> u32,
         ) -> Vec<K> {
             let mut v: Vec<K> = m
-                .iter()
+                .into_iter()
                 .filter(|(_, e)| g(e) < gen)
                 .map(|(k, _)| k.clone())
                 .collect();

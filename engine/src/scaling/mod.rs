@@ -46,6 +46,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use crate::cause::VictimKind;
+use crate::cow::CowMap;
 use crate::model::{slurm_name_of_pod, Model};
 use crate::units::{after_ms, ms};
 
@@ -87,8 +88,7 @@ pub(crate) struct Book {
     /// Slurm nodes on their way out (scale-in, rolling replacement).
     pub victims: BTreeMap<String, Victim>,
     /// Slurm node -> since when it runs no job (log time).
-    #[serde(with = "crate::sorted")]
-    pub idle_since: FxHashMap<String, u64>,
+    pub idle_since: CowMap<String, u64>,
     // Derived, for the fast path: rebuilt after a restore (the first
     // evaluation then scans), so neither serialized nor hashed.
     /// Slurm nodes that run or finish a job.
@@ -114,12 +114,35 @@ impl Default for Book {
         Self {
             targets: BTreeMap::new(),
             victims: BTreeMap::new(),
-            idle_since: FxHashMap::default(),
+            idle_since: CowMap::default(),
             busy_nodes: FxHashSet::default(),
             busy: Vec::new(),
             rollout: Vec::new(),
             rule_of: FxHashMap::default(),
             scan_needed: true,
+        }
+    }
+}
+
+impl Book {
+    /// A copy of what a snapshot holds, without the fast path's derived
+    /// counts.
+    pub fn frozen(&self) -> Self {
+        let Self {
+            targets,
+            victims,
+            idle_since,
+            busy_nodes: _,
+            busy: _,
+            rollout: _,
+            rule_of: _,
+            scan_needed: _,
+        } = self;
+        Self {
+            targets: targets.clone(),
+            victims: victims.clone(),
+            idle_since: idle_since.clone(),
+            ..Self::default()
         }
     }
 }
@@ -241,7 +264,7 @@ pub(crate) fn pod_facts<'a>(
     model: &'a Model,
     policy: &Policy,
     rule: &ScaleRule,
-    idle_since: &FxHashMap<String, u64>,
+    idle_since: &CowMap<String, u64>,
     victims: &BTreeMap<String, Victim>,
     unseen: impl Fn(&str) -> bool,
     now: u64,
