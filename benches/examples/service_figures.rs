@@ -808,6 +808,9 @@ fn pauses(nodes: usize) {
     let checkpoints = under_stream(&rt, &log, &relists, port, Duration::from_secs(30));
     stop(&mut child);
     let written = logged(&logfile, "checkpoint written", "took_ms");
+    if std::env::var_os("LOCKSTEP_PAUSES_LOG").is_some() {
+        let _ = std::fs::copy(&logfile, "/tmp/lockstep-pauses.log");
+    }
     println!(
         "checkpoints at {nodes} nodes ({} written, each {} ms): apply loop's gaps p99 {:.0} ms, max {:.0} ms over {} advances",
         written.len().saturating_sub(before),
@@ -858,6 +861,13 @@ fn under_stream(
         })
     };
     let started = Instant::now();
+    eprintln!(
+        "  window starts at {} ms since the epoch",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    );
     let (mut last, mut since) = (None, Instant::now());
     let mut gaps = Vec::new();
     while started.elapsed() < span {
@@ -865,7 +875,10 @@ fn under_stream(
             if last != Some(applied) {
                 let now = Instant::now();
                 if last.is_some() {
-                    gaps.push((now - since).as_secs_f64() * 1e3);
+                    gaps.push((
+                        (now - since).as_secs_f64() * 1e3,
+                        (since - started).as_secs_f64(),
+                    ));
                 }
                 (last, since) = (Some(applied), now);
             }
@@ -878,10 +891,16 @@ fn under_stream(
         rt.block_on(feed)
     );
     feed.abort();
-    gaps.sort_by(f64::total_cmp);
+    gaps.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let longest: Vec<String> = gaps
+        .iter()
+        .rev()
+        .take(3)
+        .map(|(ms, at)| format!("{ms:.0} ms at {at:.1} s"))
+        .collect();
+    eprintln!("  longest gaps: {}", longest.join(", "));
     let p99 = gaps
         .get((gaps.len() * 99 / 100).min(gaps.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(f64::NAN);
-    (p99, gaps.last().copied().unwrap_or(f64::NAN), gaps.len())
+        .map_or(f64::NAN, |g| g.0);
+    (p99, gaps.last().map_or(f64::NAN, |g| g.0), gaps.len())
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use lockstep_engine::Engine;
+use lockstep_engine::Frozen;
 use lockstep_schemas::{Event, EventRecord};
 use lockstep_store::snapshots::SnapshotInfo;
 use lockstep_store::{Commit, LogPosition, Store};
@@ -69,10 +69,9 @@ impl Service {
             || self.since_checkpoint.1.elapsed()
                 >= Duration::from_millis(service.checkpoint_every_ms);
         self.snapshots.records_since += batch.len() as u64;
-        if due {
-            let seq = write_checkpoint(&self.store, &self.engine)?;
-            self.since_checkpoint = (0, Instant::now());
-            self.health.checkpoint_seq.store(seq, Ordering::Relaxed);
+        self.checkpoint_written(false).await?;
+        if due && self.checkpointing.is_none() {
+            self.checkpoint_off_loop(false);
         }
         self.health
             .applied_seq
@@ -99,25 +98,73 @@ impl Service {
 
     /// When one is due, writes a checkpoint and keeps it beside the log as
     /// a snapshot (also on a quiet log: the snapshot must stay inside the
-    /// log's retention window).
-    /// The checkpoint is written in the loop (with its hash, from the same
-    /// encoding); it is kept beside the log off the loop, from a link to
-    /// the file that the next checkpoint does not replace.
+    /// log's retention window). Both off the loop: the checkpoint (with its
+    /// hash, from the same encoding) from a frozen copy of the engine, then
+    /// the snapshot from a link to that file, which the next checkpoint
+    /// does not replace.
     pub(super) async fn snapshot_if_due(&mut self) -> Result<()> {
         self.snapshot_kept(false).await;
-        if self.snapshots.keeping.is_some() || !self.snapshot_due() {
+        self.checkpoint_written(false).await?;
+        // One at a time; a checkpoint being written is waited out (the
+        // snapshot is still due once it is).
+        if self.snapshots.keeping.is_some() || self.checkpointing.is_some() || !self.snapshot_due()
+        {
             return Ok(());
         }
-        let (seq, hash) = write_checkpoint_hashed(&self.store, &self.engine)?;
+        self.checkpoint_off_loop(true);
+        Ok(())
+    }
+
+    /// Starts writing a checkpoint of everything applied, off the loop,
+    /// from a frozen copy of the engine (a few milliseconds at 50,000
+    /// nodes, where encoding takes a few hundred); with `keep`, also staged
+    /// to be kept beside the log as a snapshot.
+    fn checkpoint_off_loop(&mut self, keep: bool) {
+        let frozen = self.engine.frozen();
+        let store = self.store.clone();
         self.since_checkpoint = (0, Instant::now());
-        self.health.checkpoint_seq.store(seq, Ordering::Relaxed);
-        let staged = self.store.checkpoint_path().with_extension("snapshot");
-        let _ = std::fs::remove_file(&staged);
-        std::fs::hard_link(self.store.checkpoint_path(), &staged)
-            .or_else(|_| std::fs::copy(self.store.checkpoint_path(), &staged).map(|_| ()))
-            .with_context(|| format!("staging the checkpoint as {}", staged.display()))?;
+        self.checkpointing = Some(tokio::task::spawn_blocking(move || {
+            if !keep {
+                let seq = write_checkpoint(&store, &frozen)?;
+                return Ok(Written { seq, kept: None });
+            }
+            let (seq, hash) = write_checkpoint_hashed(&store, &frozen)?;
+            let staged = store.checkpoint_path().with_extension("snapshot");
+            let _ = std::fs::remove_file(&staged);
+            std::fs::hard_link(store.checkpoint_path(), &staged)
+                .or_else(|_| std::fs::copy(store.checkpoint_path(), &staged).map(|_| ()))
+                .with_context(|| format!("staging the checkpoint as {}", staged.display()))?;
+            Ok(Written {
+                seq,
+                kept: Some((hash, staged)),
+            })
+        }));
+    }
+
+    /// Takes in the checkpoint being written once it is (with `wait`,
+    /// waits for it), and starts keeping it beside the log when it was
+    /// staged to be. A checkpoint that could not be written stops the
+    /// loop, as it did when written in it.
+    pub(super) async fn checkpoint_written(&mut self, wait: bool) -> Result<()> {
+        let done = self
+            .checkpointing
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished);
+        if !(done || wait) {
+            return Ok(());
+        }
+        let Some(task) = self.checkpointing.take() else {
+            return Ok(());
+        };
+        let written = task.await.context("writing a checkpoint stopped")??;
+        self.health
+            .checkpoint_seq
+            .store(written.seq, Ordering::Relaxed);
+        let Some((hash, staged)) = written.kept else {
+            return Ok(());
+        };
         let meta = SnapshotInfo::new(
-            seq,
+            written.seq,
             hash,
             lockstep_engine::LAYOUT,
             env!("CARGO_PKG_VERSION"),
@@ -266,6 +313,14 @@ impl Service {
     }
 }
 
+/// A checkpoint written off the loop: its sequence, and, when it is to be
+/// kept beside the log, its state hash and the link it was staged as.
+#[derive(Debug)]
+pub(super) struct Written {
+    seq: u64,
+    kept: Option<(String, std::path::PathBuf)>,
+}
+
 /// Writes a checkpoint of everything the engine has applied, streamed to
 /// the store's checkpoint file; returns its sequence.
 ///
@@ -277,14 +332,14 @@ impl Service {
 /// keyed by (node, seq, place in the record), so they are overwritten with
 /// the same transitions. A checkpoint ahead of its commits, on the other
 /// hand, would lose them.
-pub(super) fn write_checkpoint(store: &Store, engine: &Engine) -> Result<u64> {
+pub(super) fn write_checkpoint(store: &Store, engine: &Frozen) -> Result<u64> {
     checkpoint(store, engine, |w| {
         engine.snapshot_to(w).map_err(std::io::Error::other)
     })
 }
 
 /// [`write_checkpoint`], and the state hash of what it wrote.
-fn write_checkpoint_hashed(store: &Store, engine: &Engine) -> Result<(u64, String)> {
+fn write_checkpoint_hashed(store: &Store, engine: &Frozen) -> Result<(u64, String)> {
     let mut hash = String::new();
     let seq = checkpoint(store, engine, |w| {
         hash = engine
@@ -297,7 +352,7 @@ fn write_checkpoint_hashed(store: &Store, engine: &Engine) -> Result<(u64, Strin
 
 fn checkpoint(
     store: &Store,
-    engine: &Engine,
+    engine: &Frozen,
     body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<u64> {
     let started = Instant::now();

@@ -168,6 +168,9 @@ struct Service {
     sync: telemetry::SyncMetrics,
     /// Records applied since the last checkpoint, and when it was taken.
     since_checkpoint: (u64, Instant),
+    /// The checkpoint being written off the loop, from a frozen copy of
+    /// the engine ([`apply`]).
+    checkpointing: Option<tokio::task::JoinHandle<Result<apply::Written>>>,
     quiet: Quiet,
     /// The id of the log the store folds ([`continuity`]).
     log_id: String,
@@ -239,6 +242,7 @@ impl Service {
             out: Output::default(),
             sync: telemetry::SyncMetrics::default(),
             since_checkpoint: (0, Instant::now()),
+            checkpointing: None,
             quiet,
             log_id,
             broken,
@@ -453,9 +457,10 @@ impl Service {
     /// hands the Lease to the next leader.
     async fn stop(mut self) -> Result<()> {
         self.stop_acting().await;
+        self.checkpoint_written(true).await?;
         self.snapshot_kept(true).await;
         // Every batch applied is committed and flushed already.
-        apply::write_checkpoint(&self.store, &self.engine)
+        apply::write_checkpoint(&self.store, &self.engine.frozen())
             .context("writing the final checkpoint")?;
         self.store.flush().await?;
         self.log.flush().await?;
