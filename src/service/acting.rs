@@ -29,14 +29,16 @@ pub(super) struct Acting {
     /// What the Slurm actuator takes for lockstep's own, if there is one.
     slurm_ownership: Option<SlurmOwnership>,
     tasks: JoinSet<()>,
-    /// The take-over of earlier leaderships' actions while it runs: it
-    /// publishes them off the apply loop, and the actions of the batches
-    /// applied meanwhile queue behind them, in issue order.
-    behind: Option<TakeOver>,
+    /// The take-over of earlier leaderships' actions, or a wave of one
+    /// batch's, while it runs: it publishes them off the apply loop, and
+    /// the actions of the batches applied meanwhile queue behind them, in
+    /// issue order.
+    behind: Option<Behind>,
 }
 
-/// A running take-over and the queue of the actions issued since it began.
-struct TakeOver {
+/// A running take-over or wave and the queue of the actions issued since
+/// it began.
+struct Behind {
     queue: mpsc::UnboundedSender<Vec<IssuedAction>>,
     task: JoinHandle<Result<()>>,
 }
@@ -89,12 +91,16 @@ impl Acting {
             watched: started.watched,
             slurm_ownership: started.slurm_ownership,
             tasks,
-            behind: Some(TakeOver { queue, task }),
+            behind: Some(Behind { queue, task }),
         })
     }
 
     /// Publishes the actions of a batch and carries out those this instance
-    /// was first to publish; while the take-over runs, they queue behind it.
+    /// was first to publish; while the take-over or a wave runs, they queue
+    /// behind it. A batch of more than a page of actions (a node pool
+    /// cordoned at once, or the timeouts of as many actions ending
+    /// together) is a wave: published off the apply loop as a take-over
+    /// is, since publishing a hundred thousand takes seconds.
     pub(super) async fn dispatch(
         &mut self,
         store: &Store,
@@ -111,11 +117,23 @@ impl Acting {
             // It is taking the last of its queue: after it, in order.
             self.join_take_over().await?;
         }
+        if actions.len() > DISPATCH_PAGE {
+            let (queue, queued) = mpsc::unbounded_channel();
+            let task = tokio::spawn(wave(
+                actions.to_vec(),
+                store.clone(),
+                log.clone(),
+                self.actuators.clone(),
+                queued,
+            ));
+            self.behind = Some(Behind { queue, task });
+            return Ok(());
+        }
         dispatch(store, log, &self.actuators, actions, |_| true).await
     }
 
-    /// Whether the take-over failed (its error); once it has ended, the
-    /// actions of each batch are dispatched as it is applied.
+    /// Whether the take-over or wave failed (its error); once it has
+    /// ended, the actions of each batch are dispatched as it is applied.
     pub(super) async fn take_over_ended(&mut self) -> Result<()> {
         if self.behind.as_ref().is_some_and(|b| b.task.is_finished()) {
             self.join_take_over().await?;
@@ -123,7 +141,7 @@ impl Acting {
         Ok(())
     }
 
-    /// Waits for the take-over to end; its error, if it failed.
+    /// Waits for the take-over or wave to end; its error, if it failed.
     async fn join_take_over(&mut self) -> Result<()> {
         match self.behind.take() {
             Some(behind) => behind.task.await.context("the take-over stopped")?,
@@ -211,7 +229,7 @@ async fn take_over(
     store: Store,
     log: EventLog,
     actuators: Actuators,
-    mut queued: mpsc::UnboundedReceiver<Vec<IssuedAction>>,
+    queued: mpsc::UnboundedReceiver<Vec<IssuedAction>>,
 ) -> Result<()> {
     let started = std::time::Instant::now();
     info!(
@@ -251,9 +269,40 @@ async fn take_over(
         took_ms = started.elapsed().as_millis() as u64,
         "actions of earlier leaderships published"
     );
+    then_queued(&store, &log, &actuators, queued).await
+}
+
+/// Publishes a batch's wave of actions ([`Acting::dispatch`]), then what
+/// `queued` holds.
+async fn wave(
+    actions: Vec<IssuedAction>,
+    store: Store,
+    log: EventLog,
+    actuators: Actuators,
+    queued: mpsc::UnboundedReceiver<Vec<IssuedAction>>,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    dispatch(&store, &log, &actuators, &actions, |_| true).await?;
+    info!(
+        actions = actions.len(),
+        took_ms = started.elapsed().as_millis() as u64,
+        "a wave of actions published off the apply loop"
+    );
+    then_queued(&store, &log, &actuators, queued).await
+}
+
+/// Dispatches the actions of the batches applied while a take-over or a
+/// wave was published, in order. The queue is closed first: the loop then
+/// waits for what it still holds before it dispatches the next batch.
+async fn then_queued(
+    store: &Store,
+    log: &EventLog,
+    actuators: &Actuators,
+    mut queued: mpsc::UnboundedReceiver<Vec<IssuedAction>>,
+) -> Result<()> {
     queued.close();
     while let Some(actions) = queued.recv().await {
-        dispatch(&store, &log, &actuators, &actions, |_| true).await?;
+        dispatch(store, log, actuators, &actions, |_| true).await?;
     }
     Ok(())
 }
