@@ -385,16 +385,51 @@ fn kill_minus_9_at_random_points_then_restart_reaches_the_clean_replay_state() {
 /// and the ledger holds each as dispatched once.
 #[test]
 fn a_new_leader_publishes_what_it_took_over_and_what_it_issued_meanwhile_once_in_order() {
+    let mut g = Generator::new(Shape::plain(6_000, 1), 7);
+    let in_flight = g.cordon_all();
+    assert!(in_flight >= 6_000, "every cordon drains: {in_flight}");
+    // The cordons of the last thousand nodes arrive once it leads.
+    leader_publishes_once_in_order(
+        g.into_records(),
+        1_000,
+        "actions of earlier leaderships published",
+    );
+}
+
+/// A batch that issues more than a page of actions (here a cordon of a
+/// Kubernetes node running 1,100 Slurm nodes) is a wave: the leader
+/// publishes it off its apply loop, and the actions of what follows come
+/// after it (queued behind it while it is published): every action is
+/// published once, in issue order.
+#[test]
+fn a_wave_of_actions_is_published_off_the_loop_and_what_follows_after_it_in_order() {
+    let mut g = Generator::new(Shape::plain(2_200, 1_100), 7);
+    let in_flight = g.cordon_all();
+    assert_eq!(in_flight, 2_200, "every cordon drains its Slurm nodes");
+    // The two cordons arrive once it leads.
+    leader_publishes_once_in_order(
+        g.into_records(),
+        2,
+        "a wave of actions published off the apply loop",
+    );
+}
+
+/// Appends `records` but the last `held_back` to a NATS log, starts a
+/// leader, appends those once it leads, and waits until it has published
+/// everything the log issues; then checks that it said `says`, and that
+/// every action was published once, in issue order, and is in the ledger
+/// as dispatched once.
+fn leader_publishes_once_in_order(
+    records: Vec<lockstep_schemas::EventRecord>,
+    held_back: usize,
+    says: &str,
+) {
     let nats = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
     let log = nats_log(&rt, &nats.url());
-    let mut g = Generator::new(Shape::plain(6_000, 1), 7);
-    let in_flight = g.cordon_all();
-    assert!(in_flight >= 6_000, "every cordon drains: {in_flight}");
-    let records: Vec<_> = g.into_records().into_iter().map(|r| r.envelope).collect();
-    // The cordons of the last thousand nodes arrive once it leads.
-    let (first, rest) = records.split_at(records.len() - 1_000);
+    let records: Vec<_> = records.into_iter().map(|r| r.envelope).collect();
+    let (first, rest) = records.split_at(records.len() - held_back);
     let append = |envelopes: &[lockstep_schemas::Envelope]| {
         for chunk in envelopes.chunks(512) {
             for a in rt.block_on(futures::future::join_all(
@@ -429,83 +464,7 @@ fn a_new_leader_publishes_what_it_took_over_and_what_it_issued_meanwhile_once_in
     service.stop(child);
     // With what its own ticks made it issue since.
     let (_, clean_ids) = rt.block_on(clean_replay(&log));
-    assert!(
-        service
-            .log()
-            .contains("actions of earlier leaderships published"),
-        "{}",
-        service.log()
-    );
-    let ledger = service.store().ledger().unwrap();
-    assert!(
-        ledger.iter().all(|e| e.dispatched == 1),
-        "each action dispatched once"
-    );
-    let published = rt.block_on(log.actions()).unwrap();
-    let ids: BTreeSet<String> = published.iter().map(|a| a.id.0.clone()).collect();
-    assert_eq!(ids.len(), published.len(), "an action was published twice");
-    assert_eq!(ids, clean_ids);
-    assert!(
-        published.windows(2).all(|w| w[0].seq <= w[1].seq),
-        "published in issue order"
-    );
-}
-
-/// A batch that issues more than a page of actions (here one cordon of a
-/// Kubernetes node running 1,100 Slurm nodes) is a wave: the leader
-/// publishes it off its apply loop, and the actions of what follows come
-/// after it (queued behind it while it is published): every action is
-/// published once, in issue order.
-#[test]
-fn a_wave_of_actions_is_published_off_the_loop_and_what_follows_after_it_in_order() {
-    let nats = NatsServer::start();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _entered = rt.enter();
-    let log = nats_log(&rt, &nats.url());
-    let shape = Shape::plain(2_200, 1_100);
-    let mut g = Generator::new(shape, 7);
-    let in_flight = g.cordon_all();
-    assert_eq!(in_flight, 2_200, "every cordon drains its Slurm nodes");
-    let records: Vec<_> = g.into_records().into_iter().map(|r| r.envelope).collect();
-    // The two cordons arrive once it leads.
-    let (first, cordons) = records.split_at(records.len() - 2);
-    for chunk in first.chunks(512) {
-        for a in rt.block_on(futures::future::join_all(
-            chunk.iter().map(|e| log.append(e)),
-        )) {
-            a.unwrap();
-        }
-    }
-    let service = Service::new(Some(&nats.url()));
-    let child = service.start();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !service.log().contains("in_flight=") {
-        assert!(Instant::now() < deadline, "never led:\n{}", service.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for e in cordons {
-        rt.block_on(log.append(e)).unwrap();
-    }
-    let head = rt.block_on(log.head()).unwrap();
-    service.wait_applied(head);
-    let (_, issued) = rt.block_on(clean_replay(&log));
-    while rt.block_on(log.actions()).unwrap().len() < issued.len() {
-        assert!(
-            Instant::now() < deadline,
-            "not all published:\n{}",
-            service.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    service.stop(child);
-    assert!(
-        service
-            .log()
-            .contains("a wave of actions published off the apply loop"),
-        "{}",
-        service.log()
-    );
-    let (_, clean_ids) = rt.block_on(clean_replay(&log));
+    assert!(service.log().contains(says), "{}", service.log());
     let ledger = service.store().ledger().unwrap();
     assert!(
         ledger.iter().all(|e| e.dispatched == 1),

@@ -15,12 +15,12 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use rustc_hash::{FxBuildHasher, FxHashMap};
-use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::sorted;
 
 /// Shards of a table: a change while a copy is held copies 1/256 of it.
 pub(crate) const SHARDS: usize = 256;
@@ -209,10 +209,27 @@ impl<K: Eq + Hash + Clone, V: Clone> FromIterator<(K, V)> for CowMap<K, V> {
 impl<K: Ord + Serialize, V: Serialize> Serialize for CowMap<K, V> {
     /// In key order, as [`crate::sorted`] writes a hash map.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut ordered: Vec<(&K, &V)> = self.iter().collect();
-        // Keys are unique, so an unstable sort gives the one order.
-        ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        s.collect_map(ordered)
+        sorted::serialize_entries(self.iter(), s)
+    }
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> sorted::Table<K, V> for CowMap<K, V> {
+    /// Room for `n` entries spread evenly.
+    fn with_capacity(n: usize) -> Self {
+        if n == 0 {
+            return Self::default();
+        }
+        let each = n.div_ceil(SHARDS);
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| Arc::new(FxHashMap::with_capacity_and_hasher(each, FxBuildHasher)))
+                .collect(),
+            len: 0,
+        }
+    }
+
+    fn put(&mut self, k: K, v: V) {
+        self.insert(k, v);
     }
 }
 
@@ -222,30 +239,7 @@ where
     V: Clone + Deserialize<'de>,
 {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Entries<K, V>(PhantomData<(K, V)>);
-
-        impl<'de, K, V> Visitor<'de> for Entries<K, V>
-        where
-            K: Eq + Hash + Clone + Deserialize<'de>,
-            V: Clone + Deserialize<'de>,
-        {
-            type Value = CowMap<K, V>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-                let mut map = CowMap::default();
-                // A repeated key keeps its last value, as `sorted` does.
-                while let Some((k, v)) = access.next_entry()? {
-                    map.insert(k, v);
-                }
-                Ok(map)
-            }
-        }
-
-        d.deserialize_map(Entries(PhantomData))
+        sorted::deserialize_into(d)
     }
 }
 

@@ -25,7 +25,20 @@ where
     V: Serialize,
     S: Serializer,
 {
-    let mut ordered: Vec<(&K, &V)> = map.iter().collect();
+    serialize_entries(map.iter(), s)
+}
+
+/// Writes `entries` as a map in key order.
+pub(crate) fn serialize_entries<'a, K, V, S>(
+    entries: impl Iterator<Item = (&'a K, &'a V)>,
+    s: S,
+) -> Result<S::Ok, S::Error>
+where
+    K: Ord + Serialize + 'a,
+    V: Serialize + 'a,
+    S: Serializer,
+{
+    let mut ordered: Vec<(&K, &V)> = entries.collect();
     // Keys are unique, so an unstable sort gives the one order.
     ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
     s.collect_map(ordered)
@@ -37,14 +50,44 @@ where
     V: Deserialize<'de>,
     D: Deserializer<'de>,
 {
-    struct Entries<K, V>(PhantomData<(K, V)>);
+    deserialize_into(d)
+}
 
-    impl<'de, K, V> Visitor<'de> for Entries<K, V>
+/// A table a map is read into, entry by entry.
+pub(crate) trait Table<K, V> {
+    /// An empty table with room for `n` entries.
+    fn with_capacity(n: usize) -> Self;
+    /// Sets the value of `k`.
+    fn put(&mut self, k: K, v: V);
+}
+
+impl<K: Eq + Hash, V> Table<K, V> for FxHashMap<K, V> {
+    fn with_capacity(n: usize) -> Self {
+        FxHashMap::with_capacity_and_hasher(n, Default::default())
+    }
+
+    fn put(&mut self, k: K, v: V) {
+        self.insert(k, v);
+    }
+}
+
+/// Reads a map straight into a `T`.
+pub(crate) fn deserialize_into<'de, T, K, V, D>(d: D) -> Result<T, D::Error>
+where
+    T: Table<K, V>,
+    K: Deserialize<'de>,
+    V: Deserialize<'de>,
+    D: Deserializer<'de>,
+{
+    struct Entries<T, K, V>(PhantomData<(T, K, V)>);
+
+    impl<'de, T, K, V> Visitor<'de> for Entries<T, K, V>
     where
-        K: Eq + Hash + Deserialize<'de>,
+        T: Table<K, V>,
+        K: Deserialize<'de>,
         V: Deserialize<'de>,
     {
-        type Value = FxHashMap<K, V>;
+        type Value = T;
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a map")
@@ -52,12 +95,12 @@ where
 
         fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
             let reserve = access.size_hint().unwrap_or(0).min(RESERVE_ENTRIES_MAX);
-            let mut map = FxHashMap::with_capacity_and_hasher(reserve, Default::default());
+            let mut table = T::with_capacity(reserve);
             // A repeated key keeps its last value, as a `BTreeMap` did.
             while let Some((k, v)) = access.next_entry()? {
-                map.insert(k, v);
+                table.put(k, v);
             }
-            Ok(map)
+            Ok(table)
         }
     }
 
