@@ -228,6 +228,8 @@ impl BatchCommitted<'_> {
             last_seq = self.last_seq,
             transitions = self.output.transitions.len(),
             actions = self.output.actions.len(),
+            apply_ms = self.apply.as_millis() as u64,
+            commit_ms = self.commit.as_millis() as u64,
             "batch committed"
         );
         counter!("lockstep_events_applied_total").increment(self.records as u64);

@@ -120,7 +120,12 @@ fn start_logged(config: &Path, log: &Path) -> Child {
         .arg(config)
         .env(
             "RUST_LOG",
-            "warn,lockstep::telemetry=info,lockstep::service=info",
+            // With LOCKSTEP_PAUSES_LOG, each batch's apply and commit times.
+            if std::env::var_os("LOCKSTEP_PAUSES_LOG").is_some() {
+                "warn,lockstep::telemetry=debug,lockstep::service=info"
+            } else {
+                "warn,lockstep::telemetry=info,lockstep::service=info"
+            },
         )
         .stdout(Stdio::null())
         .stderr(log)

@@ -292,14 +292,19 @@ async fn wave(
 }
 
 /// Dispatches the actions of the batches applied while a take-over or a
-/// wave was published, in order. The queue is closed first: the loop then
-/// waits for what it still holds before it dispatches the next batch.
+/// wave was published, in order, for as long as the loop queues more. Once
+/// none waits, the queue is closed and what came in meanwhile dispatched:
+/// the loop, finding it closed, waits only for that before it dispatches
+/// the next batch itself.
 async fn then_queued(
     store: &Store,
     log: &EventLog,
     actuators: &Actuators,
     mut queued: mpsc::UnboundedReceiver<Vec<IssuedAction>>,
 ) -> Result<()> {
+    while let Ok(actions) = queued.try_recv() {
+        dispatch(store, log, actuators, &actions, |_| true).await?;
+    }
     queued.close();
     while let Some(actions) = queued.recv().await {
         dispatch(store, log, actuators, &actions, |_| true).await?;

@@ -15,14 +15,26 @@ use tracing::info;
 use super::Service;
 use crate::telemetry;
 
+/// Actions one commit of the loop holds: once the records of a batch have
+/// issued this many, the rest of the batch is applied after they are
+/// committed and dispatched.
+pub(super) const ACTIONS_PER_COMMIT: usize = 2_048;
+
 impl Service {
-    /// Applies one batch and commits it (ledger, audit), then writes a
-    /// checkpoint when one is due.
-    pub(super) async fn apply_batch(&mut self, batch: &[EventRecord]) -> Result<()> {
+    /// Applies a batch, or its first records that issue
+    /// [`ACTIONS_PER_COMMIT`] actions, and commits them (ledger, audit),
+    /// then starts a checkpoint when one is due; returns how many records
+    /// it took.
+    pub(super) async fn apply_batch(&mut self, batch: &[EventRecord]) -> Result<usize> {
         let started = Instant::now();
         self.out.clear();
         let mut outcomes = Vec::new();
+        let mut used = 0;
         for rec in batch {
+            if self.out.actions.len() >= ACTIONS_PER_COMMIT {
+                break;
+            }
+            used += 1;
             if rec.seq < self.next {
                 continue;
             }
@@ -38,6 +50,7 @@ impl Service {
             self.next = rec.seq + 1;
         }
         let apply = started.elapsed();
+        let batch = &batch[..used];
         let position = batch
             .last()
             .filter(|r| r.seq + 1 == self.next)
@@ -76,7 +89,7 @@ impl Service {
         self.health
             .applied_seq
             .store(self.next - 1, Ordering::Relaxed);
-        Ok(())
+        Ok(used)
     }
 }
 

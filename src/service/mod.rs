@@ -317,12 +317,27 @@ impl Service {
         }
     }
 
-    /// Applies and commits a batch, then acts on it: persist first, then act.
-    async fn apply_and_act(&mut self, batch: &[EventRecord]) -> Result<()> {
+    /// Applies and commits a batch, then acts on it: persist first, then
+    /// act. A batch whose records issue many actions (thousands of timeouts
+    /// ending together) is applied, committed and acted on in parts
+    /// ([`apply::ACTIONS_PER_COMMIT`]), so that one pass of the loop does
+    /// not grow with it.
+    async fn apply_and_act(&mut self, mut batch: &[EventRecord]) -> Result<()> {
+        while !batch.is_empty() {
+            let used = self.apply_and_act_part(batch).await?;
+            batch = &batch[used..];
+        }
+        Ok(())
+    }
+
+    /// [`Self::apply_and_act`] of the first part of `batch`; how many of its
+    /// records that part took.
+    async fn apply_and_act_part(&mut self, batch: &[EventRecord]) -> Result<usize> {
         self.quiet
             .last_activity_ms
             .store(now_ms(), Ordering::Relaxed);
-        self.apply_batch(batch).await?;
+        let used = self.apply_batch(batch).await?;
+        let batch = &batch[..used];
         self.quiet.next_wake_ms.store(
             self.engine.next_wake_ms().unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -345,7 +360,7 @@ impl Service {
                 acting.policy_changed(&self.engine);
             }
         }
-        Ok(())
+        Ok(used)
     }
 
     /// Caught up with the log? Checked when idle, or after a short batch
