@@ -196,16 +196,6 @@ impl<'a, K, V> IntoIterator for &'a CowMap<K, V> {
     }
 }
 
-impl<K: Eq + Hash + Clone, V: Clone> FromIterator<(K, V)> for CowMap<K, V> {
-    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let mut map = Self::default();
-        for (k, v) in iter {
-            map.insert(k, v);
-        }
-        map
-    }
-}
-
 impl<K: Ord + Serialize, V: Serialize> Serialize for CowMap<K, V> {
     /// In key order, as [`crate::sorted`] writes a hash map.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -250,7 +240,11 @@ mod tests {
     use super::*;
 
     fn numbered(n: u32) -> CowMap<String, u32> {
-        (0..n).map(|i| (format!("node-{i:05}"), i)).collect()
+        let mut map = CowMap::default();
+        for i in 0..n {
+            map.insert(format!("node-{i:05}"), i);
+        }
+        map
     }
 
     #[test]

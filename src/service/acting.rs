@@ -109,13 +109,13 @@ impl Acting {
     ) -> Result<()> {
         if let Some(behind) = &self.behind {
             if actions.is_empty() {
-                return self.take_over_ended().await;
+                return self.behind_ended().await;
             }
             if !behind.task.is_finished() && behind.queue.send(actions.to_vec()).is_ok() {
                 return Ok(());
             }
             // It is taking the last of its queue: after it, in order.
-            self.join_take_over().await?;
+            self.join_behind().await?;
         }
         if actions.len() > DISPATCH_PAGE {
             let (queue, queued) = mpsc::unbounded_channel();
@@ -134,17 +134,20 @@ impl Acting {
 
     /// Whether the take-over or wave failed (its error); once it has
     /// ended, the actions of each batch are dispatched as it is applied.
-    pub(super) async fn take_over_ended(&mut self) -> Result<()> {
+    pub(super) async fn behind_ended(&mut self) -> Result<()> {
         if self.behind.as_ref().is_some_and(|b| b.task.is_finished()) {
-            self.join_take_over().await?;
+            self.join_behind().await?;
         }
         Ok(())
     }
 
     /// Waits for the take-over or wave to end; its error, if it failed.
-    async fn join_take_over(&mut self) -> Result<()> {
+    async fn join_behind(&mut self) -> Result<()> {
         match self.behind.take() {
-            Some(behind) => behind.task.await.context("the take-over stopped")?,
+            Some(behind) => behind
+                .task
+                .await
+                .context("publishing off the apply loop stopped")?,
             None => Ok(()),
         }
     }

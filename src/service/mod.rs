@@ -303,7 +303,7 @@ impl Service {
             if !batch.is_empty() {
                 self.apply_and_act(&batch).await?;
             } else if let Some(acting) = self.role.acting_mut() {
-                acting.take_over_ended().await?;
+                acting.behind_ended().await?;
             }
             if self.sync.stats_due() {
                 // Also while busy: the lag must be current when it is large.

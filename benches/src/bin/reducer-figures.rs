@@ -11,8 +11,9 @@
 //! nodes), after everything else is dropped.
 //! `reducer-figures checkpoint [slurm_nodes]`: what a checkpoint of such an
 //! engine costs: encoding it into memory, writing and syncing those bytes,
-//! a deep copy of the engine, and the frozen copy a checkpoint is encoded
-//! from off the apply loop, each the median of five.
+//! a copy of the engine (`Engine::clone`: its large tables shared, the rest
+//! copied), and the frozen copy a checkpoint is encoded from off the apply
+//! loop, each the median of five.
 
 use std::time::Instant;
 
