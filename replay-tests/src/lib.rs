@@ -63,6 +63,10 @@ pub struct Sim {
     /// The simulated actuators publish the changed object before they
     /// report the outcome (see [`observed_before_outcomes`]).
     observed_first: bool,
+    /// Changes to Slurm nodes are made in slurmctld without being
+    /// published: lockstep's poller has not come round yet
+    /// ([`Sim::actuate_before_poll`]).
+    poll_lags: bool,
     out: Output,
 }
 
@@ -147,6 +151,7 @@ impl Sim {
             generation: 0,
             label_filter: None,
             observed_first: OBSERVED_FIRST.with(std::cell::Cell::get),
+            poll_lags: false,
             out: Output::default(),
         };
         sim.append(Source::Lockstep, Event::PolicyChanged(Box::new(policy)));
@@ -325,6 +330,9 @@ impl Sim {
         let node = self.slurm.get_mut(name).expect("known slurm node");
         f(node);
         node.flags.sort();
+        if self.poll_lags {
+            return self;
+        }
         self.observe_slurm(name)
     }
 
@@ -658,6 +666,17 @@ impl Sim {
                 );
             }
         }
+        self
+    }
+
+    /// Carries out the pending actions and reports their outcomes as
+    /// [`Sim::actuate`] does, while lockstep's Slurm poller has not come
+    /// round yet: what changed in slurmctld is published only by a later
+    /// [`Sim::poll_slurm_node`] (or anything else that changes the node).
+    pub fn actuate_before_poll(&mut self) -> &mut Self {
+        self.poll_lags = true;
+        self.actuate();
+        self.poll_lags = false;
         self
     }
 

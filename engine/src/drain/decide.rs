@@ -13,6 +13,7 @@ use crate::model::{NodeView, Origin};
 use crate::node::NodeCtl;
 use crate::slot::{Flight, Issue, Step};
 use crate::timers::min_wake;
+use crate::units::{after_ms, ms};
 
 /// The Slurm node being evaluated, as the model joins it.
 #[derive(Clone, Copy)]
@@ -115,7 +116,8 @@ pub(crate) fn decide(
                 .any(|c| c.type_ == rc && c.status == ConditionStatus::True)
         });
     // Something is left to hold while a cause holds, lockstep's drain is
-    // in Slurm, or one of lockstep's is on its way (sent, not seen yet).
+    // in Slurm, or one of lockstep's is on its way (sent, or done and not
+    // shown by Slurm yet: its slot keeps it, below).
     gate.follow_return(good, !causes.is_empty() || side.owned_out() || side.unseen);
     let resume_hold = || gate.resume_hold();
     let StateWant {
@@ -151,9 +153,25 @@ pub(crate) fn decide(
         (None, Some(o)) if side.owned_out() => &o.event,
         _ => ctx.event,
     };
+    // lockstep's last drain, down or resume of the node is done in Slurm but
+    // does not show yet, and nothing is wanted now: its slot keeps it until
+    // it shows, or until its timeout, so that what Slurm shows still counts
+    // as about to change (`unseen`) while the poller catches up.
+    let landing = action.is_none() && side.unseen && {
+        let timeout_ms = ms(policy.actions.timeout_s);
+        match flights.current(key).map(|c| &c.flight) {
+            Some(Flight::Done { at_ms }) if now < after_ms(*at_ms, timeout_ms) => {
+                min_wake(wake, after_ms(*at_ms, timeout_ms));
+                true
+            }
+            _ => false,
+        }
+    };
     let mut gave_up = None;
     if !slurm_visible {
         rule = Rule::SlurmInvisible;
+    } else if landing {
+        // Kept as it is (above).
     } else if act && !(idle && action.is_none()) {
         let issue = Issue {
             seq: ctx.seq,
