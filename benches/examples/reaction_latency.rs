@@ -217,10 +217,15 @@ async fn main() {
     let client = kube::Client::try_from(kube_config).expect("kube client");
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    // The bench reads Slurm as another user than lockstep (root), so that
+    // slurmctld's statistics by user tell its time on lockstep's requests
+    // from its time on the bench's own polling.
+    let reader = temp_dir("reaction-latency-reader").join("jwt");
+    std::fs::write(&reader, token_for(READER)).expect("writing the bench's token");
     let rest = RestClient::new(RestConfig::new(
         env("SLURMRESTD_URL"),
-        "root",
-        TokenSource::File(env("SLURM_JWT_FILE").into()),
+        READER,
+        TokenSource::File(reader),
     ))
     .expect("slurmrestd client");
 
@@ -354,6 +359,8 @@ async fn main() {
         Instant::now(),
         cpu_seconds(lockstep_pid),
         cpu_seconds(slurmctld_pid),
+        rpcs_of("root"),
+        rpcs_of(READER),
     );
 
     if a.pool > 0 {
@@ -462,6 +469,23 @@ async fn main() {
         cpu_seconds(slurmctld_pid) - measured.2,
         (cpu_seconds(slurmctld_pid) - measured.2) / wall * 100.0,
     );
+    // root: lockstep's requests through slurmrestd and its scontrol calls,
+    // and the bench's own scontrol drains and resumes (two per drain trial).
+    let (root, reader) = (rpcs_of("root"), rpcs_of(READER));
+    let (root, reader) = (
+        (root.0 - measured.3 .0, root.1 - measured.3 .1),
+        (reader.0 - measured.4 .0, reader.1 - measured.4 .1),
+    );
+    println!(
+        "slurmctld's time on requests over the {wall:.0} s: root (lockstep, and the bench's {} scontrol writes) {} RPCs, {:.1} s ({:.2}% of the wall time); the bench's reads ({READER}) {} RPCs, {:.1} s ({:.2}%)",
+        2 * a.trials,
+        root.0,
+        root.1,
+        root.1 / wall * 100.0,
+        reader.0,
+        reader.1,
+        reader.1 / wall * 100.0,
+    );
 
     // Stop lockstep before the cleanup (deleted pods would drain their
     // Slurm nodes) and before its directory goes.
@@ -484,13 +508,56 @@ async fn main() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `sdiag`'s count of the RPCs of `kind` slurmctld has served.
-fn rpc_count(kind: &str) -> u64 {
+/// The Slurm user the bench reads as (lockstep's token is root's).
+const READER: &str = "nobody";
+
+/// A slurmrestd token for `user` (`scontrol token`, as root).
+fn token_for(user: &str) -> String {
+    let out = Command::new(slurm_program("scontrol"))
+        .args(["token", &format!("username={user}"), "lifespan=86400"])
+        .env_remove("SLURM_JWT")
+        .output()
+        .expect("scontrol runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim().strip_prefix("SLURM_JWT=") {
+        Some(token) if out.status.success() => token.to_owned(),
+        _ => panic!(
+            "scontrol token username={user}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+fn sdiag() -> String {
     let out = Command::new(slurm_program("sdiag"))
         .env_remove("SLURM_JWT")
         .output()
         .expect("sdiag runs");
-    String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `sdiag`'s statistics by user: the RPCs slurmctld has served for
+/// `user`, and the time it spent on them (the handlers' time, lock waits
+/// included, so at most its CPU time on them), in seconds.
+fn rpcs_of(user: &str) -> (u64, f64) {
+    let text = sdiag();
+    let field = |line: &str, name: &str| -> u64 {
+        line.split(name)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map_or(0, |n| n.parse().expect("a number"))
+    };
+    text.lines()
+        .skip_while(|l| !l.contains("statistics by user"))
+        .find(|l| l.split_whitespace().next() == Some(user))
+        .map_or((0, 0.0), |l| {
+            (field(l, "count:"), field(l, "total_time:") as f64 / 1e6)
+        })
+}
+
+/// `sdiag`'s count of the RPCs of `kind` slurmctld has served.
+fn rpc_count(kind: &str) -> u64 {
+    sdiag()
         .lines()
         .find(|l| l.split_whitespace().next() == Some(kind))
         .and_then(|l| l.split("count:").nth(1))
@@ -540,6 +607,7 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
     };
     let toggle = |on: bool| async move {
         let started = Instant::now();
+        let wall = std::time::SystemTime::now();
         let done: Vec<(usize, Duration)> = futures::stream::iter(0..n)
             .map(|k| async move {
                 set_unschedulable(nodes, &format!("bench-k{}", k + 1), on).await;
@@ -552,7 +620,7 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
         for (k, t) in done {
             at[k] = t;
         }
-        (started, at)
+        (started, wall, at)
     };
     let log =
         lockstep_store::EventLog::connect_nats(nats_url, &lockstep_store::StreamLimits::default())
@@ -565,7 +633,7 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
 
     eprintln!("cordoning a pool of {n} nodes at once");
     let (reads_before, writes_before) = node_rpcs();
-    let (started, patched) = toggle(true).await;
+    let (started, started_wall, patched) = toggle(true).await;
     let patched_all = started.elapsed();
     let mut seen: Vec<Option<Duration>> = vec![None; n];
     let mut listings = 0u64;
@@ -617,14 +685,28 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
     // outcome, and no drain of another node.
     let actions = log.actions().await.expect("actions");
     let mut drains = vec![0usize; n];
-    let mut ids = std::collections::BTreeSet::new();
+    let mut ids = std::collections::BTreeMap::new();
     for issued in &actions[actions_before..] {
         if let Action::SlurmDrain { node, .. } = &issued.action {
             let k = index(node).unwrap_or_else(|| panic!("a drain of {node}, outside the pool"));
             drains[k] += 1;
-            ids.insert(issued.id.clone());
+            ids.insert(issued.id.clone(), k);
         }
     }
+    // Where each node's time went, by the log's clock (the same machine's):
+    // its PATCH returned -> the cordon in the log (the API server's watch,
+    // lockstep's observer, the append) -> the drain's outcome in the log
+    // (the reducer, publishing the action, the Slurm actuator's reads and
+    // write, the outcome's append).
+    let patched_ms: Vec<Option<u64>> = patched
+        .iter()
+        .map(|p| {
+            let at = (started_wall + *p).duration_since(std::time::UNIX_EPOCH);
+            Some(at.expect("after the epoch").as_millis() as u64)
+        })
+        .collect();
+    let mut cordon_logged: Vec<Option<u64>> = vec![None; n];
+    let mut drain_done: Vec<Option<u64>> = vec![None; n];
     let head = log.head().await.expect("head");
     let mut outcomes = std::collections::BTreeMap::new();
     let mut from = seq_before + 1;
@@ -636,8 +718,19 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
         let Some(last) = records.last() else { break };
         from = last.seq + 1;
         for r in records {
+            if let Event::KubeNode(node) = &r.envelope.event {
+                let k = node
+                    .name
+                    .strip_prefix("bench-k")
+                    .and_then(|i| i.parse::<usize>().ok())
+                    .filter(|i| (1..=n).contains(i));
+                if let (Some(k), true) = (k, node.unschedulable) {
+                    cordon_logged[k - 1].get_or_insert(r.time_ms);
+                }
+            }
             if let Event::ActionOutcome(o) = &r.envelope.event {
-                if ids.contains(&o.action_id) {
+                if let Some(&k) = ids.get(&o.action_id) {
+                    drain_done[k].get_or_insert(r.time_ms);
                     *outcomes.entry(o.action_id.clone()).or_insert(0usize) += 1;
                     assert!(
                         matches!(o.result, OutcomeResult::Succeeded),
@@ -648,6 +741,26 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
             }
         }
     }
+    let span = |from: &[Option<u64>], to: &[Option<u64>]| -> Vec<Duration> {
+        let ms = |(a, b): (&Option<u64>, &Option<u64>)| Some((*b)?.saturating_sub((*a)?));
+        from.iter()
+            .zip(to)
+            .filter_map(ms)
+            .map(Duration::from_millis)
+            .collect()
+    };
+    figures(
+        &format!("pool of {n}: its PATCH returned -> the cordon in lockstep's log, per node"),
+        span(&patched_ms, &cordon_logged),
+    );
+    figures(
+        &format!("pool of {n}: the cordon in the log -> the drain's outcome in the log, per node"),
+        span(&cordon_logged, &drain_done),
+    );
+    figures(
+        &format!("pool of {n}: its PATCH returned -> the drain's outcome in the log, per node"),
+        span(&patched_ms, &drain_done),
+    );
     let doubled = drains.iter().filter(|d| **d > 1).count();
     let lost = drains.iter().filter(|d| **d == 0).count();
     let outcomes_doubled = outcomes.values().filter(|c| **c > 1).count();
@@ -664,7 +777,7 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
     // not set is Slurm's to lift, so lockstep leaves their drain for when
     // they answer again. The resume is measured on the others.
     eprintln!("uncordoning the pool");
-    let (started, _) = toggle(false).await;
+    let (started, _, _) = toggle(false).await;
     let held = loop {
         if let Some(shown) = drained().await {
             if shown.len() == n && shown.iter().all(|(_, d, down)| !d || *down) {
