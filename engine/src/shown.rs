@@ -8,6 +8,10 @@
 //! | 3   | pod label `busy_label` = `true`                     | the pod's Slurm node runs or finishes a job                   | `scaling.busy`           |
 //! | 4   | node taint `unhealthy_taint`                        | a Slurm node on the Kubernetes node is shown unhealthy; one recovered and still held keeps a taint that is there, never puts one on | `health.slurm_unhealthy` |
 //! | 5   | node taint `foreign_drain_taint`                    | a Slurm node on the Kubernetes node is drained by somebody else | `drain.foreign`        |
+//!
+//! While Slurm cannot be seen, rows 4 and 5 keep a taint that is there and
+//! never put one on: the Kubernetes node under a Slurm node may be another
+//! one by now (its pod rescheduled meanwhile), and Slurm may have changed.
 //! | 6   | a condition, label, annotation or taint lockstep set on a pod or node under a name the policy no longer has (`retired`) | condition: Unknown, reason [`NOT_MANAGED`]; label, annotation and taint: removed | `policy.retired` |
 //! | 7   | node condition `foreign_drain_condition` of `[node_signals]` True, each such Slurm node and its reason in the message | a Slurm node on the Kubernetes node is drained or down by somebody else, or DOWN, NOT_RESPONDING or FAIL by Slurm's own doing once health damping shows it | `drain.foreign` |
 //! | 8   | node annotation `slurm_nodes_annotation` of `[node_signals]` = the Slurm nodes on it, sorted, comma-separated | Slurm reports a Slurm node on the Kubernetes node | `node_signals.slurm_nodes` |
@@ -166,6 +170,9 @@ pub(crate) struct OnNode {
     pub held: bool,
     /// One is drained by somebody else.
     pub foreign: bool,
+    /// One was drained by somebody else when Slurm was last seen: keeps a
+    /// taint that is there, never puts one on.
+    pub foreign_held: bool,
 }
 
 /// Rows 4-6 for one Kubernetes node; `holds` as for [`pod_wants`].
@@ -180,15 +187,12 @@ pub(crate) fn taint_wants<'a>(
     let name = &node.obs.name;
     let taints = &node.obs.taints;
     let has_slot = |key: &str| holds(AspectRef::Taint(key));
-    let mut unhealthy = on.unhealthy;
-    if on.held && !unhealthy {
-        let key = policy
-            .health
-            .unhealthy_taint
-            .as_ref()
-            .map(|t| t.key.as_str());
-        unhealthy = taints.iter().any(|t| Some(t.key.as_str()) == key);
-    }
+    let present = |spec: Option<&TaintSpec>| {
+        spec.is_some_and(|spec| taints.iter().any(|t| t.key == spec.key))
+    };
+    let unhealthy = on.unhealthy || (on.held && present(policy.health.unhealthy_taint.as_ref()));
+    let foreign =
+        on.foreign || (on.foreign_held && present(policy.drain.foreign_drain_taint.as_ref()));
     let rows: [(Option<&TaintSpec>, bool, Rule); 2] = [
         (
             policy.health.unhealthy_taint.as_ref(),
@@ -197,7 +201,7 @@ pub(crate) fn taint_wants<'a>(
         ),
         (
             policy.drain.foreign_drain_taint.as_ref(),
-            on.foreign,
+            foreign,
             Rule::ForeignDrain,
         ),
     ];
@@ -715,6 +719,11 @@ mod tests {
             unhealthy,
             held,
             foreign,
+            foreign_held: false,
+        };
+        let foreign_held = OnNode {
+            foreign_held: true,
+            ..on(false, false, false)
         };
         let policy = policy();
         let unhealthy_key = policy
@@ -742,6 +751,9 @@ mod tests {
             // row 5: somebody else's drain
             (on(false, false, true), vec![], &none, vec!["Taint(\"foreign\")=kube_taint_node [drain.foreign]"]),
             (on(false, false, false), vec!["foreign"], &none, vec!["Taint(\"foreign\")=kube_untaint_node [drain.foreign]"]),
+            // as last seen, Slurm out of sight: keeps it, never puts it on
+            (foreign_held, vec!["foreign"], &none, vec![]),
+            (foreign_held, vec![], &none, vec![]),
             // row 6: a retired key is removed
             (on(false, false, false), vec!["old"], &retired, vec!["Taint(\"old\")=kube_untaint_node [policy.retired]"]),
         ];

@@ -284,6 +284,11 @@ impl Engine {
                 && signals.slurm_nodes_annotation.is_empty());
         let mut on = OnNode::default();
         let mut foreign: Vec<(&str, &str)> = Vec::new();
+        // While Slurm cannot be seen, what lockstep last saw of it keeps a
+        // taint that is there and never puts one on: the Kubernetes node
+        // under a Slurm node may be another one by now (its pod rescheduled
+        // meanwhile), and Slurm may have changed.
+        let visible = self.model.slurm_visible;
         for n in &names {
             if let Some(s) = self.model.slurm_nodes.get(n) {
                 let side = SlurmSide::of(&s.obs, &own);
@@ -292,10 +297,14 @@ impl Engine {
                     // Shown and still unhealthy; or shown, recovered, and
                     // held by the hysteresis: that keeps a taint, never puts
                     // one on.
-                    on.unhealthy |= side.unhealthy;
-                    on.held |= !side.unhealthy;
+                    on.unhealthy |= visible && side.unhealthy;
+                    on.held |= !visible || !side.unhealthy;
                 }
-                on.foreign |= side.held_by_other();
+                if visible {
+                    on.foreign |= side.held_by_other();
+                } else {
+                    on.foreign_held |= side.held_by_other();
+                }
                 // Row 7 names every drain and DOWN not lockstep's: somebody
                 // else's, and Slurm's own once health damping shows it.
                 if signals_on && (side.held_by_other() || (side.unhealthy && shown)) {
