@@ -8,13 +8,13 @@
 //! | 3   | pod label `busy_label` = `true`                     | the pod's Slurm node runs or finishes a job                   | `scaling.busy`           |
 //! | 4   | node taint `unhealthy_taint`                        | a Slurm node on the Kubernetes node is shown unhealthy; one recovered and still held keeps a taint that is there, never puts one on | `health.slurm_unhealthy` |
 //! | 5   | node taint `foreign_drain_taint`                    | a Slurm node on the Kubernetes node is drained by somebody else | `drain.foreign`        |
+//! | 6   | a condition, label, annotation or taint lockstep set on a pod or node under a name the policy no longer has (`retired`) | condition: Unknown, reason [`NOT_MANAGED`]; label, annotation and taint: removed | `policy.retired` |
+//! | 7   | node condition `foreign_drain_condition` of `[node_signals]` True, each such Slurm node and its reason in the message | a Slurm node on the Kubernetes node is drained or down by somebody else, or DOWN, NOT_RESPONDING or FAIL by Slurm's own doing once health damping shows it | `drain.foreign` |
+//! | 8   | node annotation `slurm_nodes_annotation` of `[node_signals]` = the Slurm nodes on it, sorted, comma-separated | Slurm reports a Slurm node on the Kubernetes node | `node_signals.slurm_nodes` |
 //!
 //! While Slurm cannot be seen, rows 4 and 5 keep a taint that is there and
 //! never put one on: the Kubernetes node under a Slurm node may be another
 //! one by now (its pod rescheduled meanwhile), and Slurm may have changed.
-//! | 6   | a condition, label, annotation or taint lockstep set on a pod or node under a name the policy no longer has (`retired`) | condition: Unknown, reason [`NOT_MANAGED`]; label, annotation and taint: removed | `policy.retired` |
-//! | 7   | node condition `foreign_drain_condition` of `[node_signals]` True, each such Slurm node and its reason in the message | a Slurm node on the Kubernetes node is drained or down by somebody else, or DOWN, NOT_RESPONDING or FAIL by Slurm's own doing once health damping shows it | `drain.foreign` |
-//! | 8   | node annotation `slurm_nodes_annotation` of `[node_signals]` = the Slurm nodes on it, sorted, comma-separated | Slurm reports a Slurm node on the Kubernetes node | `node_signals.slurm_nodes` |
 //!
 //! Once a row no longer holds, what lockstep set is taken back: a
 //! condition flips to its other status (False, or True for health), a label,
