@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::Policy;
-use lockstep_store::log::EVENTS_STREAM;
+use lockstep_store::log::{Error, EVENTS_STREAM};
 use lockstep_store::{EventLog, Store, StreamLimits};
 use lockstep_testkit::gen::{Generator, Rng, Shape};
 use lockstep_testkit::{free_port, soak, temp_dir, NatsCluster, NatsServer};
@@ -648,9 +648,9 @@ fn on_a_cluster_while_lockstep_acts(disrupt: impl FnOnce(&NatsCluster, &tokio::r
     let cluster = NatsCluster::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(&cluster.url(), &replicated()))
-        .unwrap();
+    let log = rt.block_on(cluster.client(Error::is_retryable, || async {
+        EventLog::connect_nats(&cluster.url(), &replicated()).await
+    }));
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let slurm = soak::SlurmForActions::up(&repo, &soak::slurm_node_names(SEED));
     let setup = soak::Setup {
@@ -785,9 +785,9 @@ fn lockstep_waits_for_a_majority_of_the_cluster_and_says_why() {
     cluster.up(&[2, 3]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
-    let log = rt
-        .block_on(EventLog::connect_nats(&cluster.url(), &replicated()))
-        .unwrap();
+    let log = rt.block_on(cluster.client(Error::is_retryable, || async {
+        EventLog::connect_nats(&cluster.url(), &replicated()).await
+    }));
     for e in events(3, 200) {
         rt.block_on(log.append(&e)).unwrap();
     }

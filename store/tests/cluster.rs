@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lockstep_schemas::{Envelope, Event, EventRecord, Source};
-use lockstep_store::log::EVENTS_STREAM;
+use lockstep_store::log::{Error, EVENTS_STREAM};
 use lockstep_store::{EventLog, StreamLimits};
 use lockstep_testkit::NatsCluster;
 
@@ -78,15 +78,19 @@ fn assert_exactly_once(records: &[EventRecord], n: u64) {
 async fn lockstep_creates_replicated_streams_and_scales_an_existing_one() {
     let cluster = NatsCluster::start();
     // An R1 stream first (an older config), then the configured three.
-    let log = EventLog::connect_nats(&cluster.url(), &StreamLimits::default())
-        .await
-        .unwrap();
+    let log = cluster
+        .client(Error::is_retryable, || async {
+            EventLog::connect_nats(&cluster.url(), &StreamLimits::default()).await
+        })
+        .await;
     append(&log, &node(0)).await;
     let peers = cluster.stream_peers(EVENTS_STREAM).await.unwrap();
     assert!(peers.replicas.is_empty(), "{peers:?}");
-    let log = EventLog::connect_nats(&cluster.url(), &replicated())
-        .await
-        .unwrap();
+    let log = cluster
+        .client(Error::is_retryable, || async {
+            EventLog::connect_nats(&cluster.url(), &replicated()).await
+        })
+        .await;
     append(&log, &node(1)).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -106,9 +110,11 @@ async fn lockstep_creates_replicated_streams_and_scales_an_existing_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_leader_killed_mid_append_loses_and_repeats_nothing() {
     let cluster = NatsCluster::start();
-    let log = EventLog::connect_nats(&cluster.url(), &replicated())
-        .await
-        .unwrap();
+    let log = cluster
+        .client(Error::is_retryable, || async {
+            EventLog::connect_nats(&cluster.url(), &replicated()).await
+        })
+        .await;
     const N: u64 = 600;
     let writer = {
         let log = log.clone();
@@ -166,9 +172,11 @@ async fn wait_caught_up(cluster: &NatsCluster, i: usize, head: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restarted_with_its_store_wiped_rejoins_and_catches_up() {
     let cluster = NatsCluster::start();
-    let log = EventLog::connect_nats(&cluster.url(), &replicated())
-        .await
-        .unwrap();
+    let log = cluster
+        .client(Error::is_retryable, || async {
+            EventLog::connect_nats(&cluster.url(), &replicated()).await
+        })
+        .await;
     for i in 0..300 {
         append(&log, &node(i)).await;
     }
@@ -201,9 +209,11 @@ async fn a_server_restarted_with_its_store_wiped_rejoins_and_catches_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_cut_off_longer_than_the_election_timeout_rejoins() {
     let cluster = NatsCluster::start();
-    let log = EventLog::connect_nats(&cluster.url(), &replicated())
-        .await
-        .unwrap();
+    let log = cluster
+        .client(Error::is_retryable, || async {
+            EventLog::connect_nats(&cluster.url(), &replicated()).await
+        })
+        .await;
     for i in 0..200 {
         append(&log, &node(i)).await;
     }

@@ -331,6 +331,34 @@ impl NatsCluster {
         }
     }
 
+    /// `connect` (a client of this cluster that creates or finds its
+    /// streams), tried again while its error is `retryable`, for up to 60 s.
+    ///
+    /// Creating a replicated stream is the meta leader's proposal, then an
+    /// election in the stream's own raft group, each written to disk on
+    /// every server before it counts (`sync_interval: always`). On a loaded
+    /// machine that outlasts the 5 s in which a JetStream API request is
+    /// answered, and the stream is created all the same: the next request
+    /// finds it. lockstep's service waits the same way while its log does
+    /// not answer; a test that sets up its own client does too.
+    pub async fn client<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+        &self,
+        retryable: impl Fn(&E) -> bool,
+        mut connect: impl FnMut() -> F,
+    ) -> T {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match connect().await {
+                Ok(client) => return client,
+                Err(e) if retryable(&e) && Instant::now() < deadline => {
+                    eprintln!("the cluster does not answer yet ({e}); trying again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("a client of the cluster at {}: {e}", self.url()),
+            }
+        }
+    }
+
     /// What server `i` itself holds of `stream` (its monitoring endpoint):
     /// messages and last sequence. `None` while it does not answer.
     pub fn local_stream_state(&self, i: usize, stream: &str) -> Option<(u64, u64)> {

@@ -134,14 +134,35 @@ export LOCKSTEP_NATS_PORT_BASE='$BASE'
 ENV
 
 if (( wait_leader )); then
-  # JetStream is usable once the meta group has a leader; /jsz names it.
+  # JetStream is usable once the meta group has a leader that every server
+  # started here knows, and that sees each of its peers current. One
+  # server's /jsz naming a leader is not enough: a client may be connected
+  # to another that has not heard from it yet. (/healthz?js-server-only
+  # says ok before the meta layer is recovered; plain /healthz waits for
+  # every stream's replicas too, which a server that comes back catches up
+  # in its own time.)
+  meta_leader() { # i -> the meta leader server i knows (n1..n3), or nothing
+    curl -fsS "http://127.0.0.1:$(monitor_port "$1")/jsz" 2>/dev/null \
+      | grep -o '"leader": *"n[123]"' | grep -o 'n[123]' || true
+  }
   t0=$SECONDS
-  until curl -fsS "http://127.0.0.1:$(monitor_port "${only[0]}")/jsz" 2>/dev/null \
-      | grep -q '"leader": *"n[123]"'; do
+  while :; do
+    leader=""
+    for i in "${only[@]}"; do
+      l=$(meta_leader "$i")
+      if [[ -z $l || ( -n $leader && $l != "$leader" ) ]]; then leader=""; break; fi
+      leader=$l
+    done
+    if [[ -n $leader ]] && curl -fsS "http://127.0.0.1:$(monitor_port "${leader#n}")/jsz" 2>/dev/null \
+        | grep -q '"current": *true' \
+        && ! curl -fsS "http://127.0.0.1:$(monitor_port "${leader#n}")/jsz" 2>/dev/null \
+        | grep -q '"current": *false'; then
+      break
+    fi
     (( SECONDS - t0 < READY_TIMEOUT_S )) \
-      || die "no JetStream meta leader after ${READY_TIMEOUT_S} s (a majority, 2 of 3, must run); logs in $STATE/logs"
+      || die "no JetStream meta leader known to every server started and current with its peers after ${READY_TIMEOUT_S} s (a majority, 2 of 3, must run); logs in $STATE/logs"
     sleep 0.2
   done
-  log "JetStream cluster ready: $url"
+  log "JetStream cluster ready (meta leader $leader): $url"
 fi
 echo "$url"
