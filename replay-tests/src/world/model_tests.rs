@@ -494,3 +494,33 @@ fn a_node_annotation_is_reported_under_its_annotation_key_only_while_the_policy_
         );
     }
 }
+
+#[test]
+fn a_down_with_its_reason_over_a_drain_makes_the_drain_its_writers() {
+    // A node has one reason (`scontrol show node`'s Reason=): once a DOWN
+    // writes its own over a drain's, nothing in Slurm says any more who
+    // drained it, and the drain goes with the reason.
+    let mut w = world(setup(ScaledKind::OrderedReady), vec![]);
+    w.run_until(1_000);
+    w.drain_node("cpu-0", "bad dimm", "root", &Actor::Step(0));
+    w.down_node("cpu-0", "bad dimm", "root", &Actor::Step(1), None);
+    let n = &w.slurm.nodes["cpu-0"];
+    assert_eq!(
+        n.drain.as_ref().map(|d| &d.0),
+        Some(&Actor::Step(0)),
+        "same reason: the drain stays"
+    );
+    w.down_node(
+        "cpu-0",
+        "Pod is terminating",
+        "slurm",
+        &Actor::Step(2),
+        None,
+    );
+    let n = &w.slurm.nodes["cpu-0"];
+    assert_eq!(n.drain.as_ref().map(|d| &d.0), Some(&Actor::Step(2)));
+    assert_eq!(
+        n.reason.as_ref().map(|r| r.0.as_str()),
+        Some("Pod is terminating")
+    );
+}

@@ -637,7 +637,9 @@ impl World {
 
     /// `scontrol update nodename=N state=down reason=R`: kills its jobs,
     /// which are laid at `kills_by`'s door (with how) when the DOWN only
-    /// carries out what someone else started (a pod's preStop hook).
+    /// carries out what someone else started (a pod's preStop hook). A node
+    /// has one reason: on a drained node the new one is the drain's too, and
+    /// the drain is the writer's from then on (as with a reason rewritten).
     pub(crate) fn down_node(
         &mut self,
         name: &str,
@@ -655,6 +657,12 @@ impl World {
             .then(|| n.reason.is_some() && !holder(n).is_some_and(Actor::is_lockstep));
         n.base = SlurmBaseState::Down;
         n.down = Some((by.clone(), DownWhy::Explicit, now));
+        if n.reason != new {
+            if let Some(d) = &mut n.drain {
+                *d = (by.clone(), now);
+                n.covers_foreign = None;
+            }
+        }
         n.reason = new;
         let jobs: Vec<u64> = n.jobs.iter().copied().collect();
         if let Some(foreign) = written {
