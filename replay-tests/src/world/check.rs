@@ -785,9 +785,12 @@ fn taint_wanted(w: &World, n: &super::kube::Node, t: &Taint) -> bool {
         .unhealthy_taint
         .as_ref()
         .is_some_and(|s| s.key == t.key)
-        && hosted
-            .iter()
-            .any(|s| !slurm_healthy(s) && !s.down.as_ref().is_some_and(|d| d.0.is_lockstep()));
+        && hosted.iter().any(|s| {
+            // NOT_RESPONDING is unhealthy whoever set the DOWN that came
+            // with it; a DOWN alone is, unless lockstep set it.
+            s.not_responding
+                || (!slurm_healthy(s) && !s.down.as_ref().is_some_and(|d| d.0.is_lockstep()))
+        });
     let foreign = p
         .drain
         .foreign_drain_taint

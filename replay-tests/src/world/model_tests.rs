@@ -496,7 +496,7 @@ fn a_node_annotation_is_reported_under_its_annotation_key_only_while_the_policy_
 }
 
 #[test]
-fn a_down_with_its_reason_over_a_drain_makes_the_drain_its_writers() {
+fn a_reason_written_over_a_drain_or_down_makes_it_its_writers() {
     // A node has one reason (`scontrol show node`'s Reason=): once a DOWN
     // writes its own over a drain's, nothing in Slurm says any more who
     // drained it, and the drain goes with the reason.

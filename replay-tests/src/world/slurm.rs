@@ -528,6 +528,14 @@ impl World {
         let written = (by.is_lockstep() && n.reason != new)
             .then(|| n.reason.is_some() && !holder(n).is_some_and(Actor::is_lockstep));
         n.drain = Some((by.clone(), now));
+        // A node has one reason: on a node somebody set DOWN the new one is
+        // the DOWN's too, and the DOWN the writer's from then on.
+        if n.reason != new {
+            if let Some(d) = n.down.as_mut().filter(|d| d.1 == DownWhy::Explicit) {
+                d.0 = by.clone();
+                d.2 = now;
+            }
+        }
         n.reason = new;
         if let Some(foreign) = written {
             self.reason_written(name, foreign);
