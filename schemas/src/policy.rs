@@ -498,7 +498,8 @@ pub enum Removal {
     /// lockstep picks only the top ordinals, each idle long enough, as
     /// victims (a busy one stops the scale-in below it), drains them, and
     /// lowers `replicas` past an ordinal only once it and every ordinal above
-    /// it are DRAINED. It deletes no pod itself.
+    /// it are DRAINED, or their pods are being deleted already and their
+    /// Slurm nodes hold no job. It deletes no pod itself.
     HighestOrdinal,
     /// The controller removes, among assigned, Running and Ready pods, the
     /// ones with the lowest `controller.kubernetes.io/pod-deletion-cost`

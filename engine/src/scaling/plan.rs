@@ -112,11 +112,9 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
             break;
         };
         let victim = s.victims.contains(&p.slurm);
-        // A pod already being deleted (evicted, or stuck terminating on a
-        // host that is gone) leaves whatever lockstep does; lowering past
-        // it only keeps the controller from recreating it, so it does not
-        // stop the chain unless its node still holds work.
-        let leaving = p.deleting && p.known && p.jobs == 0 && !p.busy;
+        // A pod already leaving does not stop the chain; one being deleted
+        // whose node still holds work does.
+        let leaving = p.leaving();
         if let Some(why) = p.why_not_removable().filter(|_| !leaving) {
             plan.blocked = Some((
                 Some(p.slurm.to_owned()),
@@ -129,11 +127,12 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
         }
         plan.victims.push(p.slurm.to_owned());
     }
-    // Lower past each ordinal from the top whose node is DRAINED.
+    // Lower past each ordinal from the top whose node is DRAINED, or whose
+    // pod is leaving anyway.
     let mut to = s.current;
     while to > s.desired {
         let Some(p) = at(to - 1) else { break };
-        if !(plan.victims.iter().any(|v| v == p.slurm) && p.safe_to_remove()) {
+        if !(plan.victims.iter().any(|v| v == p.slurm) && (p.safe_to_remove() || p.leaving())) {
             break;
         }
         to -= 1;
@@ -296,8 +295,8 @@ fn delete_pod(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
 }
 
 /// The guard every lowering of `replicas` passes, whatever decided it: the
-/// pods it makes the controller remove are DRAINED and hold no job. `Err`
-/// says why not.
+/// pods it makes the controller remove are DRAINED and hold no job, or are
+/// leaving anyway and hold none. `Err` says why not.
 pub(crate) fn lowering_allowed(
     removal: Option<Removal>,
     target: &ScaleTargetRef,
@@ -320,7 +319,7 @@ pub(crate) fn lowering_allowed(
                     .iter()
                     .find(|p| ordinal(&target.name, p.name) == Some(o))
                     .ok_or_else(|| format!("pod {}-{o} is not known", target.name))?;
-                if !p.safe_to_remove() {
+                if !(p.safe_to_remove() || p.leaving()) {
                     return Err(format!(
                         "slurm node {} of ordinal {o} is not DRAINED and idle",
                         p.slurm

@@ -12,7 +12,8 @@ fn target(kind: &str, name: &str) -> ScaleTargetRef {
 /// A pod of set `gpu` by a one-letter state: `i` idle long enough, `y`
 /// idle not long enough, `b` busy (a job), `d` drained, `m` drained and
 /// marked with the victim cost, `u` Slurm node unknown, `x` being
-/// deleted, `p` not Running and Ready.
+/// deleted, `l` being deleted and not drained (its Slurm node DOWN by
+/// somebody else: slurmd gone with its host), `p` not Running and Ready.
 fn pod(name: &'static str, state: char) -> PodFacts<'static> {
     let key: &'static str = Box::leak(format!("slurm/{name}").into_boxed_str());
     PodFacts {
@@ -24,10 +25,10 @@ fn pod(name: &'static str, state: char) -> PodFacts<'static> {
         busy: state == 'b',
         known: state != 'u',
         drained: matches!(state, 'd' | 'm' | 'x'),
-        deleting: state == 'x',
-        serving: !matches!(state, 'p' | 'x'),
-        slurm_serves: !matches!(state, 'd' | 'm' | 'x' | 'u'),
-        held_down: false,
+        deleting: matches!(state, 'x' | 'l'),
+        serving: !matches!(state, 'p' | 'x' | 'l'),
+        slurm_serves: !matches!(state, 'd' | 'm' | 'x' | 'l' | 'u'),
+        held_down: state == 'l',
         idle_enough: matches!(state, 'i' | 'd' | 'm' | 'p'),
         cost: Some(if state == 'm' { -2_147_483_648 } else { 0 }),
         revision: None,
@@ -124,6 +125,19 @@ fn statefulset_scale_in_table() {
             None,
             None,
         ),
+        // A pod leaving anyway, holding nothing, is lowered past whether or
+        // not its node is DRAINED (lockstep never drains over a DOWN
+        // somebody else set): lowering only keeps it from coming back.
+        (
+            "dl",
+            2,
+            0,
+            &["gpu-1", "gpu-0"],
+            &["gpu-1", "gpu-0"],
+            Some(0),
+            None,
+        ),
+        ("il", 2, 1, &[], &["gpu-1"], Some(1), None),
         // Not idle long enough: waits, no complaint.
         ("biiiy", 5, 1, &[], &[], None, None),
         // Fail closed on what lockstep does not know.
