@@ -765,7 +765,9 @@ proptest! {
                     prop_assert!((MIN_REPLICAS..=MAX_REPLICAS).contains(to), "scaled to {}", to);
                     // A StatefulSet removes its highest ordinals when replicas
                     // drop: each must be a pod lockstep knows whose Slurm node is
-                    // DRAINED and holds no job. Lowering is a removal lockstep causes.
+                    // DRAINED and holds no job, or a pod being deleted already
+                    // whose Slurm node holds none and takes none (DOWN or not
+                    // answering). Lowering is a removal lockstep causes.
                     let from = replicas.unwrap_or(0);
                     if by_ordinal {
                         for o in *to..from {
@@ -776,7 +778,11 @@ proptest! {
                                 && !n.flags.contains(&SlurmNodeFlag::Completing)
                                 && !matches!(n.state, SlurmBaseState::Allocated | SlurmBaseState::Mixed));
                             prop_assert!(pods.contains_key(&name), "lowered {} -> {} past {}, a pod not known", from, to, name);
-                            prop_assert!(!running && drained, "lowered {} -> {} past {}: job {} node {:?}", from, to, name, running, node);
+                            let leaving = pods.get(&name).is_some_and(|p| p.deleting)
+                                && node.is_some_and(|n| (n.state == SlurmBaseState::Down
+                                    || n.flags.iter().any(|f| matches!(f, SlurmNodeFlag::NotResponding | SlurmNodeFlag::Fail)))
+                                    && !n.flags.contains(&SlurmNodeFlag::Completing));
+                            prop_assert!(!running && (drained || leaving), "lowered {} -> {} past {}: job {} node {:?}", from, to, name, running, node);
                         }
                     }
                 }

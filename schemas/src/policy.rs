@@ -499,7 +499,8 @@ pub enum Removal {
     /// victims (a busy one stops the scale-in below it), drains them, and
     /// lowers `replicas` past an ordinal only once it and every ordinal above
     /// it are DRAINED, or their pods are being deleted already and their
-    /// Slurm nodes hold no job. It deletes no pod itself.
+    /// Slurm nodes hold no job and take none (DOWN or not answering). It
+    /// deletes no pod itself.
     HighestOrdinal,
     /// The controller removes, among assigned, Running and Ready pods, the
     /// ones with the lowest `controller.kubernetes.io/pod-deletion-cost`

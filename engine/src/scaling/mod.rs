@@ -23,7 +23,7 @@
 //!
 //! | removal            | victims                                   | what lowers `replicas`                                           |
 //! |--------------------|-------------------------------------------|-------------------------------------------------------------------|
-//! | `highest_ordinal`  | the top ordinals, each idle long enough (or its pod already on its way out, its node jobless); a busy one stops the chain below it | past an ordinal once it and all above it are DRAINED (or on their way out, their nodes jobless) |
+//! | `highest_ordinal`  | the top ordinals, each idle long enough (or its pod already on its way out, its node jobless); a busy one stops the chain below it | past an ordinal once it and all above it are DRAINED (or on their way out, their nodes jobless and DOWN or not answering) |
 //! | `deletion_cost`    | any idle, Running and Ready pods           | by the DRAINED victims marked with the lowest deletion cost, while every other pod is Running, Ready and costs more |
 //! | `delete_pod`       | any idle pods                              | by the victims whose pods lockstep deleted once DRAINED, while no more pods exist than the new count |
 //! | `controller_drains`| none (the controller drains)               | by at most the pods idle long enough                               |
@@ -236,11 +236,17 @@ impl PodFacts<'_> {
     }
 
     /// Being deleted already (evicted, or stuck terminating on a host that
-    /// is gone) and holding nothing: it goes whatever lockstep does, and
-    /// lowering `replicas` past it only keeps the controller from creating
-    /// it again, which cannot cost a job.
+    /// is gone) and holding nothing: it goes whatever lockstep does.
     fn leaving(&self) -> bool {
         self.deleting && self.known && self.jobs == 0 && !self.busy
+    }
+
+    /// Leaving, and its Slurm node takes no job either (drained, DOWN or
+    /// not answering; lockstep never drains over somebody else's DOWN):
+    /// lowering `replicas` past it only keeps the controller from creating
+    /// it again, which cannot cost a job.
+    fn passable(&self) -> bool {
+        self.safe_to_remove() || (self.leaving() && !self.slurm_serves)
     }
 }
 

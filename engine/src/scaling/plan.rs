@@ -128,11 +128,11 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
         plan.victims.push(p.slurm.to_owned());
     }
     // Lower past each ordinal from the top whose node is DRAINED, or whose
-    // pod is leaving anyway.
+    // pod is leaving anyway and its node takes no job.
     let mut to = s.current;
     while to > s.desired {
         let Some(p) = at(to - 1) else { break };
-        if !(plan.victims.iter().any(|v| v == p.slurm) && (p.safe_to_remove() || p.leaving())) {
+        if !(plan.victims.iter().any(|v| v == p.slurm) && p.passable()) {
             break;
         }
         to -= 1;
@@ -296,7 +296,7 @@ fn delete_pod(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
 
 /// The guard every lowering of `replicas` passes, whatever decided it: the
 /// pods it makes the controller remove are DRAINED and hold no job, or are
-/// leaving anyway and hold none. `Err` says why not.
+/// leaving anyway, hold none and can take none. `Err` says why not.
 pub(crate) fn lowering_allowed(
     removal: Option<Removal>,
     target: &ScaleTargetRef,
@@ -319,7 +319,7 @@ pub(crate) fn lowering_allowed(
                     .iter()
                     .find(|p| ordinal(&target.name, p.name) == Some(o))
                     .ok_or_else(|| format!("pod {}-{o} is not known", target.name))?;
-                if !(p.safe_to_remove() || p.leaving()) {
+                if !p.passable() {
                     return Err(format!(
                         "slurm node {} of ordinal {o} is not DRAINED and idle",
                         p.slurm
