@@ -15,6 +15,7 @@
 //! | 3   | the object is not held, a tombstone says it was deleted at version >= incoming | ignored: a deleted object does not come back |
 //! | 4   | otherwise                                                        | applied                |
 //! | 5   | a Kubernetes node at the held version that looked for fewer label keys than the held copy (taken under an earlier policy) | counts as listed; the held copy is kept |
+//! | 7   | a Kubernetes node at the held version that looked for keys the held copy did not, and not for some it did (a policy edit that drops one key and adds another) | applied, merged with the held copy: the same object, so each copy's keys are true of it |
 //! | 6   | a deletion of version 0 (inferred from a full listing) outside a listing of its kind, of an object held at a known version | ignored: a late copy of one; connectors infer deletions only between `SyncStarted` and `SyncDone` (logs from before versions, all 0, keep row 1) |
 //!
 //! An observation equal in version to the one held is applied: it says
@@ -31,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use lockstep_schemas::ScaleTargetRef;
+use lockstep_schemas::{KubeNode, ScaleTargetRef};
 use serde::{Deserialize, Serialize};
 
 use crate::units::after_ms;
@@ -65,6 +66,31 @@ pub(crate) fn reads_at_least(incoming: &Option<Vec<String>>, held: &Option<Vec<S
         (None, _) | (Some(_), None) => true,
         (Some(incoming), Some(held)) => held.iter().all(|k| incoming.contains(k)),
     }
+}
+
+/// Row 7: `incoming` and `held`, the same Kubernetes node at the same
+/// version, looked for different label keys: what both say of it, every
+/// key either looked for (`None` when neither looked for a key the other did
+/// not, or either is from before observations recorded them).
+pub(crate) fn merged_reads(incoming: &KubeNode, held: &KubeNode) -> Option<KubeNode> {
+    let (Some(reads), Some(held_reads)) = (&incoming.read_labels, &held.read_labels) else {
+        return None;
+    };
+    let more: Vec<&String> = held_reads.iter().filter(|k| !reads.contains(k)).collect();
+    if more.is_empty() || reads.iter().all(|k| held_reads.contains(k)) {
+        return None;
+    }
+    let mut merged = incoming.clone();
+    for k in more {
+        if let Some(v) = held.labels.get(k) {
+            merged.labels.insert(k.clone(), v.clone());
+        }
+    }
+    let mut keys = reads.clone();
+    keys.extend(held_reads.iter().filter(|k| !reads.contains(k)).cloned());
+    keys.sort();
+    merged.read_labels = Some(keys);
+    Some(merged)
 }
 
 /// Row 2: an observation (or deletion) older than the one held.
@@ -200,6 +226,43 @@ mod tests {
             let got = inferred_outside_listing(incoming, listing, held);
             assert_eq!(got, ignored, "{incoming} {listing} {held:?}");
         }
+    }
+
+    #[test]
+    fn copies_of_one_node_that_looked_for_other_labels_are_merged() {
+        let node = |labels: &[(&str, &str)], read: Option<&[&str]>| KubeNode {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            read_labels: read.map(|r| r.iter().map(|k| (*k).to_owned()).collect()),
+            ..KubeNode::ready("k8s-1")
+        };
+        let keys = |n: &KubeNode| n.read_labels.clone().unwrap();
+        // A policy edit dropped `a` and added `rack`: the new copy says what
+        // `rack` is, the held one what `a` is.
+        let held = node(&[("a", "1"), ("zone", "z")], Some(&["a", "zone"]));
+        let incoming = node(&[("rack", "r2"), ("zone", "z")], Some(&["rack", "zone"]));
+        let m = merged_reads(&incoming, &held).expect("merged");
+        assert_eq!(keys(&m), ["a", "rack", "zone"]);
+        assert_eq!(m.labels.get("a").map(String::as_str), Some("1"));
+        assert_eq!(m.labels.get("rack").map(String::as_str), Some("r2"));
+        // Either way round: a late copy from before the edit adds `a` back
+        // and keeps `rack`.
+        let m = merged_reads(&held, &incoming).expect("merged");
+        assert_eq!(keys(&m), ["a", "rack", "zone"]);
+        assert_eq!(m.labels.get("rack").map(String::as_str), Some("r2"));
+        // A key looked for and absent stays absent.
+        let held = node(&[("zone", "z")], Some(&["a", "zone"]));
+        let m = merged_reads(&incoming, &held).expect("merged");
+        assert!(!m.labels.contains_key("a"));
+        // One that looked for at most, or at least, what the other did is
+        // row 5's or a plain copy: nothing to merge.
+        let fewer = node(&[("zone", "z")], Some(&["zone"]));
+        assert!(merged_reads(&fewer, &incoming).is_none());
+        assert!(merged_reads(&incoming, &fewer).is_none());
+        assert!(merged_reads(&incoming, &incoming).is_none());
+        assert!(merged_reads(&node(&[], None), &incoming).is_none());
     }
 
     #[test]

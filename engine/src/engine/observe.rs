@@ -409,15 +409,23 @@ impl Engine {
         // for fewer labels was taken under an earlier policy (a late
         // re-delivery of it) and says less than the one held. Its device
         // faults come from other objects and carry their own version: a
-        // newer one is news about the same Node.
-        if !new
+        // newer one is news about the same Node. A copy that looked for
+        // other labels than the held one (a policy edit dropped a key and
+        // added one) says more of some and less of others: both are true.
+        let same = !new
             && node.version != 0
             && node.version == entry.obs.version
+            && node.devices.version <= entry.obs.devices.version;
+        let merged = same
+            .then(|| stale::merged_reads(node, &entry.obs))
+            .flatten();
+        if same
+            && merged.is_none()
             && !stale::reads_at_least(&node.read_labels, &entry.obs.read_labels)
-            && node.devices.version <= entry.obs.devices.version
         {
             return;
         }
+        let node = merged.as_ref().unwrap_or(node);
         let ready = node.ready == ConditionStatus::True;
         let spell_changed = ready == entry.not_ready_since.is_some();
         // The labels the policy started to read are usable once an
