@@ -6,7 +6,7 @@
 //! | 1   | the Kubernetes node is cordoned              | `drain.cordon`     |
 //! | 2   | the pod is being deleted                     | `drain.pod_deleting` |
 //! | 3   | the pod is evicted (DisruptionTarget=True)   | `drain.pod_evicted` |
-//! | 4   | pod mode, row 2, 3 or 4 held before (or the pod went without a `deleting` phase: a force delete, a relist that no longer lists it) and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
+//! | 4   | pod mode, row 2, 3 or 4 held before (or the pod went without a `deleting` phase: a force delete, a relist that no longer lists it or lists another pod of its name) and no pod of the node is Running and Ready now: slurmd has no pod until its replacement serves | `drain.pod_missing` |
 //! | 5   | `eviction_responder`: an eviction of the pod that lockstep answers is under way, not canceled (`evict` has the response) | `drain.eviction_requested` |
 //!
 //! The maintenance window (`maintenance`, row 3) follows, then the health

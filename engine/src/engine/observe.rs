@@ -492,6 +492,13 @@ impl Engine {
         };
         if let Some(old) = &old {
             self.unindex_pod(&key, old);
+            // Another pod of the same name (a StatefulSet's replacement):
+            // the one held went without lockstep seeing it go (pod garbage
+            // collection after its node was deleted, a delete while the
+            // watch was down), and its slurmd with it.
+            if old.uid != pod.uid {
+                self.note_pod_lost(old, ctx);
+            }
         }
         if old.is_none() {
             self.flights.adopt(Owner::Pod, &key, Aspect::shown_on_pod);
