@@ -526,7 +526,7 @@ impl World {
         }
         let new = Some((reason.to_owned(), user.to_owned()));
         let written = (by.is_lockstep() && n.reason != new)
-            .then(|| n.reason.is_some() && !holder(n).is_some_and(Actor::is_lockstep));
+            .then(|| n.reason.is_some() && holder(n).is_some_and(holds_a_reason_of_its_own));
         n.drain = Some((by.clone(), now));
         // A node has one reason: on a node somebody set DOWN the new one is
         // the DOWN's too, and the DOWN the writer's from then on.
@@ -662,7 +662,7 @@ impl World {
         };
         let new = Some((reason.to_owned(), user.to_owned()));
         let written = (by.is_lockstep() && n.reason != new)
-            .then(|| n.reason.is_some() && !holder(n).is_some_and(Actor::is_lockstep));
+            .then(|| n.reason.is_some() && holder(n).is_some_and(holds_a_reason_of_its_own));
         n.base = SlurmBaseState::Down;
         n.down = Some((by.clone(), DownWhy::Explicit, now));
         if n.reason != new {
@@ -722,6 +722,13 @@ impl World {
 pub(crate) const REASON_CHANGES_PER_SPELL_MAX: usize = 4;
 
 /// Who holds a node out of service: whoever set its drain, else its DOWN.
+/// Whether a reason `who` wrote is somebody's own, which lockstep writing
+/// over takes from them: not lockstep's, and not slurmctld's own "Not
+/// responding" (written only where no reason was, and no actor's).
+fn holds_a_reason_of_its_own(who: &Actor) -> bool {
+    !who.is_lockstep() && *who != Actor::Slurmctld
+}
+
 pub(crate) fn holder(n: &SNode) -> Option<&Actor> {
     n.drain
         .as_ref()
