@@ -154,16 +154,23 @@ pub(crate) fn decide(
         _ => ctx.event,
     };
     // lockstep's last drain, down or resume of the node is done in Slurm but
-    // does not show yet, and nothing is wanted now: its slot keeps it until
-    // it shows, or until its timeout, so that what Slurm shows still counts
-    // as about to change (`unseen`) while the poller catches up.
-    let landing = action.is_none() && side.unseen && {
+    // does not show yet, and nothing else is wanted now: its slot keeps it
+    // until it shows, or until its timeout, so that what Slurm shows still
+    // counts as about to change (`unseen`) while the poller catches up.
+    // Nothing else is sent meanwhile either: a drain right after a resume
+    // (or the other way round) could bring the node back to what the poller
+    // last reported before it ever saw the first, and the poller reports
+    // only changes, so no later observation would show the second.
+    let landing = side.unseen && {
         let timeout_ms = ms(policy.actions.timeout_s);
-        match flights.current(key).map(|c| &c.flight) {
-            Some(Flight::Done { at_ms }) if now < after_ms(*at_ms, timeout_ms) => {
-                min_wake(wake, after_ms(*at_ms, timeout_ms));
-                true
-            }
+        match flights.current(key) {
+            Some(c) if action.as_ref().is_none_or(|a| *a != c.action) => match c.flight {
+                Flight::Done { at_ms } if now < after_ms(at_ms, timeout_ms) => {
+                    min_wake(wake, after_ms(at_ms, timeout_ms));
+                    true
+                }
+                _ => false,
+            },
             _ => false,
         }
     };
