@@ -325,11 +325,10 @@ impl Sim {
         self.observe_slurm(name)
     }
 
-    /// Changes a Slurm node and publishes the new observation.
+    /// Changes a Slurm node and publishes the new observation, unless the
+    /// poller lags behind the actuator ([`Sim::actuate_before_poll`]).
     pub fn slurm_change(&mut self, name: &str, f: impl FnOnce(&mut SlurmNode)) -> &mut Self {
-        let node = self.slurm.get_mut(name).expect("known slurm node");
-        f(node);
-        node.flags.sort();
+        self.slurm_change_unseen(name, f);
         if self.poll_lags {
             return self;
         }
