@@ -37,4 +37,12 @@ pub(crate) struct NodeCtl {
     /// the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fresh_after: Option<u64>,
+    /// Since `fresh_after` was set, one of lockstep's changes of the node's
+    /// state may have been written (an outcome other than "already done":
+    /// done, or failed, which may have landed all the same). While none
+    /// may have, an "already done" says the node has stayed as the model
+    /// holds it: the actuator found the change in place, and only lockstep
+    /// writes lockstep's reason, so nothing came and went in between.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh_written: bool,
 }

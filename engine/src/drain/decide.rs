@@ -196,6 +196,9 @@ pub(crate) fn decide(
                 if side.unseen {
                     // Sent over an observation that predates lockstep's
                     // previous change: only a later one can show this one.
+                    if ctl.fresh_after.is_none() {
+                        ctl.fresh_written = false;
+                    }
                     ctl.fresh_after = Some(ctx.seq);
                 }
                 if attempt == 1 && bounded {

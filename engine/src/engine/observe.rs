@@ -317,6 +317,7 @@ impl Engine {
             if newer {
                 if let Some(c) = self.ctl.get_mut(&node.name) {
                     c.fresh_after = None;
+                    c.fresh_written = false;
                 }
                 self.touch_slurm(&node.name);
             }

@@ -25,10 +25,21 @@ impl Engine {
         match owner {
             OwnerOf::Named(Owner::SlurmNode, node, aspect) => {
                 if aspect == Aspect::State {
-                    // Only an observation after the change was made shows it.
                     if let Some(c) = self.ctl.get_mut(&node) {
                         if c.fresh_after.is_some() {
-                            c.fresh_after = Some(ctx.seq);
+                            if o.result == OutcomeResult::AlreadyDone && !c.fresh_written {
+                                // Found in place, and nothing of lockstep's
+                                // written since the model's copy was taken:
+                                // the copy shows the node as it is (the
+                                // poller reports only changes, so no later
+                                // one may ever come).
+                                c.fresh_after = None;
+                            } else {
+                                // Only an observation after the change was
+                                // made shows it.
+                                c.fresh_after = Some(ctx.seq);
+                                c.fresh_written = true;
+                            }
                         }
                     }
                 }
