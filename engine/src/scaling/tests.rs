@@ -125,9 +125,10 @@ fn statefulset_scale_in_table() {
             None,
             None,
         ),
-        // A pod leaving anyway, holding nothing, is lowered past whether or
-        // not its node is DRAINED (lockstep never drains over a DOWN
-        // somebody else set): lowering only keeps it from coming back.
+        // A pod leaving anyway whose node holds no job and takes none (here
+        // DOWN by somebody else, which lockstep never drains over) is
+        // lowered past, DRAINED or not: lowering only keeps it from coming
+        // back.
         (
             "dl",
             2,
