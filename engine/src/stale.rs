@@ -81,13 +81,13 @@ pub(crate) fn merged_reads(incoming: &KubeNode, held: &KubeNode) -> Option<KubeN
         return None;
     }
     let mut merged = incoming.clone();
-    for k in more {
-        if let Some(v) = held.labels.get(k) {
-            merged.labels.insert(k.clone(), v.clone());
+    for k in &more {
+        if let Some(v) = held.labels.get(*k) {
+            merged.labels.insert((*k).clone(), v.clone());
         }
     }
     let mut keys = reads.clone();
-    keys.extend(held_reads.iter().filter(|k| !reads.contains(k)).cloned());
+    keys.extend(more.into_iter().cloned());
     keys.sort();
     merged.read_labels = Some(keys);
     Some(merged)

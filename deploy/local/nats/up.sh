@@ -153,11 +153,11 @@ if (( wait_leader )); then
       if [[ -z $l || ( -n $leader && $l != "$leader" ) ]]; then leader=""; break; fi
       leader=$l
     done
-    if [[ -n $leader ]] && curl -fsS "http://127.0.0.1:$(monitor_port "${leader#n}")/jsz" 2>/dev/null \
-        | grep -q '"current": *true' \
-        && ! curl -fsS "http://127.0.0.1:$(monitor_port "${leader#n}")/jsz" 2>/dev/null \
-        | grep -q '"current": *false'; then
-      break
+    if [[ -n $leader ]]; then
+      peers=$(curl -fsS "http://127.0.0.1:$(monitor_port "${leader#n}")/jsz" 2>/dev/null || true)
+      if grep -q '"current": *true' <<<"$peers" && ! grep -q '"current": *false' <<<"$peers"; then
+        break
+      fi
     fi
     (( SECONDS - t0 < READY_TIMEOUT_S )) \
       || die "no JetStream meta leader known to every server started and current with its peers after ${READY_TIMEOUT_S} s (a majority, 2 of 3, must run); logs in $STATE/logs"

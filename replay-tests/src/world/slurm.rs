@@ -721,7 +721,6 @@ impl World {
 /// and a prefix rename; more is reasons going back and forth.
 pub(crate) const REASON_CHANGES_PER_SPELL_MAX: usize = 4;
 
-/// Who holds a node out of service: whoever set its drain, else its DOWN.
 /// Whether a reason `who` wrote is somebody's own, which lockstep writing
 /// over takes from them: not lockstep's, and not slurmctld's own "Not
 /// responding" (written only where no reason was, and no actor's).
@@ -729,6 +728,7 @@ fn holds_a_reason_of_its_own(who: &Actor) -> bool {
     !who.is_lockstep() && *who != Actor::Slurmctld
 }
 
+/// Who holds a node out of service: whoever set its drain, else its DOWN.
 pub(crate) fn holder(n: &SNode) -> Option<&Actor> {
     n.drain
         .as_ref()
