@@ -106,6 +106,34 @@ else
   read -r -a NODES <<<"${NODES_SPEC//,/ }"
 fi
 ((${#NODES[@]} >= 1)) || die "no nodes in LOCKSTEP_SLURM_NODES=$NODES_SPEC"
+
+# Runs of consecutive names (ls-n1 ls-n2 ls-n3 -> ls-n[1-3]): one line each,
+# "<hostlist> <count>", in the order given.
+runs() {
+  local prefix="" first="" last="" n
+  for n in "$@" ""; do
+    if [[ -n "$prefix" && "$n" =~ ^(.*[^0-9])([1-9][0-9]*)$ && "${BASH_REMATCH[1]}" == "$prefix" ]] &&
+      ((BASH_REMATCH[2] == last + 1)); then
+      last=${BASH_REMATCH[2]}
+      continue
+    fi
+    if [[ -n "$first" ]]; then
+      if [[ "$first" == "$last" || -z "$prefix" ]]; then
+        echo "$prefix$first 1"
+      else
+        echo "$prefix[$first-$last] $((last - first + 1))"
+      fi
+    fi
+    if [[ "$n" =~ ^(.*[^0-9])([1-9][0-9]*)$ ]]; then
+      prefix=${BASH_REMATCH[1]} first=${BASH_REMATCH[2]} last=${BASH_REMATCH[2]}
+    else
+      prefix="" first=$n last=""
+    fi
+  done
+}
+
+# The names as one Slurm hostlist expression (ls-n[1-3],other).
+hostlist() { runs "$@" | cut -d' ' -f1 | paste -sd,; }
 if [[ -n "$SLURMD_MAX" ]]; then
   [[ "$SLURMD_MAX" =~ ^[0-9]+$ ]] || die "LOCKSTEP_SLURMD_MAX must be a count"
   SLURMD_NODES=("${NODES[@]:0:SLURMD_MAX}")
@@ -268,13 +296,21 @@ KillWait=5
 MinJobAge=300
 MailProg=/bin/true
 EOF
-  i=0
-  for n in "${NODES[@]}"; do
-    i=$((i + 1))
-    printf 'NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%d CPUs=%s Boards=%s SocketsPerBoard=%s CoresPerSocket=%s ThreadsPerCore=%s RealMemory=%d State=UNKNOWN\n' \
-      "$n" "$n" $((SLURMD_PORT_BASE + i)) "$CPUS" "${BOARDS:-1}" "${SOCKETS:-1}" \
+  # One line per run of consecutive names, as sites write it: every Slurm
+  # program parses slurm.conf when it starts, and 10,000 lines of one node
+  # each cost every scontrol call about 0.4 s here.
+  start=0
+  while IFS=' ' read -r names count; do
+    if ((count == 1)); then
+      ports=$((SLURMD_PORT_BASE + start + 1))
+    else
+      ports="[$((SLURMD_PORT_BASE + start + 1))-$((SLURMD_PORT_BASE + start + count))]"
+    fi
+    start=$((start + count))
+    printf 'NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%s CPUs=%s Boards=%s SocketsPerBoard=%s CoresPerSocket=%s ThreadsPerCore=%s RealMemory=%d State=UNKNOWN\n' \
+      "$names" "$names" "$ports" "$CPUS" "${BOARDS:-1}" "${SOCKETS:-1}" \
       "${CORES:-$CPUS}" "${THREADS:-1}" "$NODE_MEM"
-  done
+  done < <(runs "${NODES[@]}")
   echo "PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   if [[ "$SLURM_VERSION" == 26.05 ]]; then
     # topology.yaml (below) defines the topologies; this names the plugin
@@ -301,8 +337,8 @@ if [[ "$SLURM_VERSION" == 26.05 ]]; then
   # answers "Requested topology configuration is not available"), a switch
   # is created on demand.
   half=$(((${#NODES[@]} + 1) / 2))
-  first="$(IFS=,; echo "${NODES[*]:0:half}")"
-  rest="$(IFS=,; echo "${NODES[*]:half}")"
+  first="$(hostlist "${NODES[@]:0:half}")"
+  rest="$(hostlist "${NODES[@]:half}")"
   case "$TOPOLOGY" in
   block) d_block=true d_tree=false d_flat=false ;;
   tree) d_block=false d_tree=true d_flat=false ;;
