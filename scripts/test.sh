@@ -39,7 +39,7 @@ logs=$(mktemp -d /tmp/lockstep-test.XXXXXX)
 # Chromium where a test needs them):
 no_kube=(
   lockstep-schemas:codec lockstep-schemas:documents lockstep-schemas:versions
-  lockstep-engine:order lockstep-engine:properties
+  lockstep-engine:order lockstep-engine:properties lockstep-engine:stats
   lockstep-replay-tests:compat lockstep-replay-tests:incidents lockstep-replay-tests:world
   lockstep-connectors:slurm_parse lockstep-connectors:slurm_fields
   lockstep-connectors:slurm_api lockstep-connectors:slurm_client_protocol

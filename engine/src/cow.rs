@@ -96,6 +96,15 @@ impl<K, V> CowMap<K, V> {
     pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
         self.shards.iter().flat_map(|s| s.values())
     }
+
+    /// The values of part `part` of `parts` (`parts` divides [`SHARDS`]):
+    /// over every part, each value once.
+    pub fn values_of_part(&self, part: usize, parts: usize) -> impl Iterator<Item = &V> + '_ {
+        let per = SHARDS / parts;
+        self.shards[part * per..(part + 1) * per]
+            .iter()
+            .flat_map(|s| s.values())
+    }
 }
 
 impl<K: Eq + Hash, V> CowMap<K, V> {

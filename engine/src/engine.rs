@@ -36,6 +36,8 @@ mod route;
 /// `Engine::stats`: counts for metrics, read-only.
 mod stats;
 
+pub use stats::{Stats, STATS_PARTS_MAX};
+
 /// The reducer.
 ///
 /// Feed it records in sequence order with [`Engine::apply`]; read what it

@@ -642,6 +642,22 @@ impl Flights {
         named.chain(self.scale.values().map(|e| &e.slot))
     }
 
+    /// The slots of part `part` of `parts` ([`CowMap::values_of_part`] of
+    /// each owner's table; the scale targets' in part 0): over every part,
+    /// [`Self::slots`].
+    pub fn slots_of_part(&self, part: usize, parts: usize) -> impl Iterator<Item = &Slot> {
+        let named = [&self.slurm, &self.pods, &self.kube]
+            .into_iter()
+            .flat_map(move |shard| {
+                shard
+                    .values_of_part(part, parts)
+                    .flatten()
+                    .map(|(_, e)| &e.slot)
+            });
+        let scale = self.scale.values().filter(move |_| part == 0);
+        named.chain(scale.map(|e| &e.slot))
+    }
+
     /// Ids of the actions sent and without an outcome yet, in no particular
     /// order, borrowed: [`Self::pending`] without a copy of each.
     pub fn pending_ids(&self) -> impl Iterator<Item = &ActionId> {

@@ -52,7 +52,7 @@ mod timers;
 mod topology;
 mod units;
 
-pub use engine::{Engine, Frozen, Output, SnapshotError, LAYOUT};
+pub use engine::{Engine, Frozen, Output, SnapshotError, Stats, LAYOUT, STATS_PARTS_MAX};
 pub use lockstep_schemas::{Phase, Rule, Transition};
 
 #[cfg(test)]

@@ -94,8 +94,8 @@ fn checkpoint(slurm_nodes: usize) {
         "lockstep-checkpoint-{}.snapshot",
         std::process::id()
     ));
-    let (mut encode, mut write, mut copy, mut freeze) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut encode, mut write, mut copy, mut freeze, mut stats) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut size = 0;
     for _ in 0..5 {
         let t = Instant::now();
@@ -118,16 +118,20 @@ fn checkpoint(slurm_nodes: usize) {
         let frozen = std::hint::black_box(engine.frozen());
         freeze.push(t.elapsed().as_secs_f64() * 1e3);
         drop(frozen);
+        let t = Instant::now();
+        std::hint::black_box(engine.stats());
+        stats.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let _ = std::fs::remove_file(&path);
     let [s, k, p, j] = engine.sizes();
     println!(
-        "checkpoint: engine with {s} slurm nodes, {k} kubernetes nodes, {p} pods, {j} jobs, {:.1} MB: encode {:.0} ms, write+sync {:.0} ms, copy {:.0} ms, frozen copy {:.1} ms (medians of 5)",
+        "checkpoint: engine with {s} slurm nodes, {k} kubernetes nodes, {p} pods, {j} jobs, {:.1} MB: encode {:.0} ms, write+sync {:.0} ms, copy {:.0} ms, frozen copy {:.1} ms, the metrics' count of the model (`Engine::stats`) {:.1} ms (medians of 5)",
         size as f64 / 1e6,
         median(encode),
         median(write),
         median(copy),
         median(freeze),
+        median(stats),
     );
 }
 

@@ -106,11 +106,65 @@ pub fn slurm_state(n: &SlurmNode) -> &'static str {
     }
 }
 
+impl Stats {
+    /// Adds the counts of another part of the model ([`Engine::stats_part`])
+    /// taken after these; the moment-wide fields (visibility, clock) are the
+    /// later part's.
+    pub fn merge(&mut self, part: Stats) {
+        fn add<K: Ord>(to: &mut BTreeMap<K, u64>, from: BTreeMap<K, u64>) {
+            for (k, n) in from {
+                *to.entry(k).or_default() += n;
+            }
+        }
+        add(&mut self.slurm_nodes, part.slurm_nodes);
+        add(&mut self.pending_jobs, part.pending_jobs);
+        // One figure per partition, from the model's index, not a count.
+        self.pending_nodes.extend(part.pending_nodes);
+        add(&mut self.phases, part.phases);
+        add(&mut self.drains, part.drains);
+        add(&mut self.health_held, part.health_held);
+        add(&mut self.in_flight, part.in_flight);
+        self.draining_oldest_ms = self.draining_oldest_ms.max(part.draining_oldest_ms);
+        self.slurm_visible = part.slurm_visible;
+        self.kube_visible = part.kube_visible;
+        self.now_ms = part.now_ms;
+    }
+}
+
+/// How many parts to count a model in, at most: [`Engine::stats_parts`].
+pub const STATS_PARTS_MAX: usize = 16;
+
 impl Engine {
     /// Counts of the model for metrics (see [`Stats`]). One pass over the
     /// nodes, jobs and action slots: call it at a bounded rate (the service
-    /// does once a second), not per record.
+    /// does once a second), not per record. [`Self::stats_part`] takes it a
+    /// part at a time.
     pub fn stats(&self) -> Stats {
+        self.stats_part(0, 1)
+    }
+
+    /// Into how many parts to count this model so that each part walks
+    /// about 16,384 nodes, jobs and pods at most (a few milliseconds): 1 up
+    /// to that size, then powers of two up to [`STATS_PARTS_MAX`].
+    pub fn stats_parts(&self) -> usize {
+        let [slurm, _, pods, jobs] = self.sizes();
+        (((slurm + pods + jobs) >> 14) + 1)
+            .next_power_of_two()
+            .min(STATS_PARTS_MAX)
+    }
+
+    /// [`Self::stats`] of part `part` of `parts` (`parts` a power of two up
+    /// to [`STATS_PARTS_MAX`]): the Slurm nodes, jobs, node states and action
+    /// slots that fall in that part of their tables, and in part 0 what
+    /// belongs to no one entry (each known partition's figures, scale
+    /// targets' slots). [`Stats::merge`] of every part, each taken in turn,
+    /// is the whole count; between two parts the model may change, so such a
+    /// count spans the moments its parts were taken.
+    pub fn stats_part(&self, part: usize, parts: usize) -> Stats {
+        assert!(
+            parts.is_power_of_two() && parts <= STATS_PARTS_MAX && part < parts,
+            "part {part} of {parts}"
+        );
         let mut s = Stats {
             slurm_visible: self.model.slurm_visible,
             kube_visible: self.model.kube_visible,
@@ -119,7 +173,7 @@ impl Engine {
         };
         // Borrowed keys while counting: no allocation per node.
         let mut by_state: HashMap<(&str, &'static str), u64> = HashMap::new();
-        for seen in self.model.slurm_nodes.values() {
+        for seen in self.model.slurm_nodes.values_of_part(part, parts) {
             let state = slurm_state(&seen.obs);
             if seen.obs.partitions.is_empty() {
                 *by_state.entry(("", state)).or_default() += 1;
@@ -134,28 +188,29 @@ impl Engine {
             .collect();
 
         let mut pending: HashMap<&str, u64> = HashMap::new();
-        for job in self.model.jobs.values() {
+        for job in self.model.jobs.values_of_part(part, parts) {
             if job.obs.state == SlurmJobState::Pending {
                 *pending.entry(job.obs.partition.as_str()).or_default() += 1;
             }
         }
-        for p in self
+        let known = self
             .model
             .partitions
             .keys()
-            .map(String::as_str)
-            .chain(pending.keys().copied())
-        {
+            .filter(|_| part == 0)
+            .map(String::as_str);
+        for p in known.clone().chain(pending.keys().copied()) {
             s.pending_nodes
                 .insert(p.to_owned(), self.model.pending_nodes(p));
         }
-        for p in self.model.partitions.keys() {
-            s.pending_jobs.insert(p.clone(), 0);
+        for p in known {
+            s.pending_jobs.insert(p.to_owned(), 0);
         }
-        s.pending_jobs
-            .extend(pending.into_iter().map(|(p, n)| (p.to_owned(), n)));
+        for (p, n) in pending {
+            *s.pending_jobs.entry(p.to_owned()).or_default() += n;
+        }
 
-        for ctl in self.ctl.values() {
+        for ctl in self.ctl.values_of_part(part, parts) {
             let st = &ctl.status;
             *s.phases.entry(st.phase.name()).or_default() += 1;
             match st.phase {
@@ -184,7 +239,11 @@ impl Engine {
             }
         }
 
-        for f in self.flights.slots().filter_map(Slot::pending) {
+        for f in self
+            .flights
+            .slots_of_part(part, parts)
+            .filter_map(Slot::pending)
+        {
             *s.in_flight.entry(f.action.kind().name()).or_default() += 1;
         }
         s
