@@ -18,7 +18,7 @@ use crate::telemetry;
 /// Actions one commit of the loop holds: once the records of a batch have
 /// issued this many, the rest of the batch is applied after they are
 /// committed and dispatched.
-pub(super) const ACTIONS_PER_COMMIT: usize = 2_048;
+pub(super) const ACTIONS_PER_COMMIT: usize = 512;
 
 impl Service {
     /// Applies a batch, or its first records that issue

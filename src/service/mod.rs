@@ -48,7 +48,7 @@ use lockstep_connectors::clock::now_ms;
 use lockstep_connectors::kube::Leadership;
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::EventRecord;
-use lockstep_store::{EventLog, Store};
+use lockstep_store::{EventLog, LogState, Store};
 use tokio::sync::mpsc;
 use tracing::{error, info};
 
@@ -171,6 +171,9 @@ struct Service {
     /// The checkpoint being written off the loop, from a frozen copy of
     /// the engine ([`apply`]).
     checkpointing: Option<tokio::task::JoinHandle<Result<apply::Written>>>,
+    /// A look at the log's state asked off the loop, and the sequence
+    /// applied when it was asked ([`Self::look_at_head_off_loop`]).
+    looking: Option<(u64, tokio::task::JoinHandle<Option<LogState>>)>,
     quiet: Quiet,
     /// The id of the log the store folds ([`continuity`]).
     log_id: String,
@@ -243,6 +246,7 @@ impl Service {
             sync: telemetry::SyncMetrics::default(),
             since_checkpoint: (0, Instant::now()),
             checkpointing: None,
+            looking: None,
             quiet,
             log_id,
             broken,
@@ -307,11 +311,14 @@ impl Service {
             }
             if self.sync.stats_due() {
                 // Also while busy: the lag must be current when it is large.
-                self.look_at_head().await;
-                self.sync.publish_stats(&self.engine, &self.health);
+                self.look_at_head_off_loop();
+                self.sync.begin_stats(&self.engine);
                 self.snapshot_if_due().await?;
                 self.retention_if_due();
             }
+            self.sync
+                .count_stats(&self.engine, &self.health, batch.is_empty());
+            self.head_looked().await;
             telemetry::answer_queries(queries, &self.engine, &self.store);
             self.lead_once_caught_up(&batch).await?;
         }
@@ -404,17 +411,49 @@ impl Service {
     /// the log does not answer.
     async fn look_at_head(&mut self) -> Option<u64> {
         let state = self.log.state().await.ok()?;
+        self.saw_head(self.next - 1, &state);
+        Some(state.last_seq)
+    }
+
+    /// [`Self::look_at_head`] without waiting for the answer, for the
+    /// periodic look: on a busy connection (a new leader publishing 150,000
+    /// actions) the answer can take a hundred milliseconds and more, which
+    /// the loop would spend idle. [`Self::head_looked`] takes the answer.
+    fn look_at_head_off_loop(&mut self) {
+        if self.looking.is_some() {
+            return;
+        }
+        let log = self.log.clone();
+        let asked = tokio::spawn(async move { log.state().await.ok() });
+        self.looking = Some((self.next - 1, asked));
+    }
+
+    /// Takes the answer of [`Self::look_at_head_off_loop`] once it is
+    /// there, and judges it against what was applied when it was asked.
+    async fn head_looked(&mut self) {
+        if !self.looking.as_ref().is_some_and(|(_, h)| h.is_finished()) {
+            return;
+        }
+        let (applied, asked) = self.looking.take().expect("a look under way");
+        if let Ok(Some(state)) = asked.await {
+            self.saw_head(applied, &state);
+        }
+    }
+
+    /// What a look at the log's state says, `applied` being the sequence
+    /// applied when it was asked: the head and lag, the size of a record,
+    /// and whether the log still is the one applied and has not gone back.
+    fn saw_head(&mut self, applied: u64, state: &LogState) {
         let head = state.last_seq;
         let held = (state.last_seq + 1).saturating_sub(state.first_seq);
         if held > 0 && state.bytes > 0 {
             self.snapshots.record_bytes = state.bytes / held;
         }
         self.health.head_seq.store(head, Ordering::Relaxed);
-        telemetry::record_lag(head, self.next - 1);
-        if let Some(b) = continuity::against_state(&self.log_id, self.next - 1, &state) {
+        telemetry::record_lag(head, applied);
+        if let Some(b) = continuity::against_state(&self.log_id, applied, state) {
             self.broken.get_or_insert(b);
         }
-        Some(head)
     }
 
     /// The part of a batch read from `next` that continues from it. A gap
