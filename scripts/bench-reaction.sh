@@ -16,7 +16,9 @@
 # (22.05, the machine's own, by default; 24.11 or 26.05 from Debian roots);
 # LOCKSTEP_BENCH_LOCKSTEP another lockstep binary to measure (an older build,
 # for a comparison interleaved on the same machine); LOCKSTEP_BENCH_SLURM=scontrol
-# has lockstep read and write Slurm through scontrol alone (no slurmrestd).
+# has lockstep read and write Slurm through scontrol alone (no slurmrestd),
+# =nodes-through-scontrol list nodes through scontrol and do the rest through
+# slurmrestd (`[slurm] nodes_through_scontrol`).
 #
 # The API server is the bench's own (state in /tmp/lockstep-bench-kube, its
 # own ports), stopped at the end: nothing it creates meets the test suite's.
@@ -41,7 +43,8 @@ via=()
 case ${LOCKSTEP_BENCH_SLURM:-rest} in
   rest) ;;
   scontrol) via=(--scontrol) ;;
-  *) echo "LOCKSTEP_BENCH_SLURM is rest or scontrol, not $LOCKSTEP_BENCH_SLURM" >&2; exit 2 ;;
+  nodes-through-scontrol) via=(--nodes-through-scontrol) ;;
+  *) echo "LOCKSTEP_BENCH_SLURM is rest, scontrol or nodes-through-scontrol, not $LOCKSTEP_BENCH_SLURM" >&2; exit 2 ;;
 esac
 state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-bench-kube}
 export LOCKSTEP_KUBE_API_PORT=${LOCKSTEP_KUBE_API_PORT:-16543}

@@ -79,6 +79,14 @@ pub struct SlurmConfig {
     /// Every this many polls, a full listing (objects not listed are gone):
     /// about every 10 min at the default interval.
     pub resync_every_polls: u32,
+    /// With `rest_url`: list nodes through scontrol (`slurm_conf`) at every
+    /// poll, jobs and partitions and every write through slurmrestd. For
+    /// 10,000 nodes and more, where a poll that finds a change waits 2-4 s
+    /// for slurmrestd's JSON of every node, against about 0.05 s through
+    /// scontrol; the price is a full node listing at every poll (about 9 ms
+    /// of slurmctld at 10,000 nodes), where slurmrestd answers an
+    /// unchanged poll from its `update_time`. docs/src/operations/sizing.md.
+    pub nodes_through_scontrol: bool,
     /// Watch Slurm into the log.
     pub observe: bool,
     /// Carry out the Slurm actions the reducer issues.
@@ -94,6 +102,7 @@ impl Default for SlurmConfig {
             slurm_conf: None,
             poll_interval_ms: 350,
             resync_every_polls: 1_700,
+            nodes_through_scontrol: false,
             observe: true,
             actuate: true,
         }

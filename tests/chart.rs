@@ -106,6 +106,10 @@ fn every_ci_value_set_renders_a_configuration_and_policy_that_lockstep_accepts()
                 slurm.slurm_conf.as_deref(),
                 Some(std::path::Path::new("/etc/slurm/slurm.conf"))
             );
+            // `slurm.scontrol.listNodes` beside `restUrl`.
+            assert!(slurm.nodes_through_scontrol, "{name}");
+        } else if let Some(slurm) = &cfg.slurm {
+            assert!(!slurm.nodes_through_scontrol, "{name}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

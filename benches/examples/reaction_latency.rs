@@ -53,6 +53,9 @@ struct Args {
     /// lockstep reads and writes Slurm through scontrol alone (no
     /// slurmrestd in its configuration).
     scontrol: bool,
+    /// lockstep lists nodes through scontrol, the rest through slurmrestd
+    /// (`[slurm] nodes_through_scontrol`).
+    nodes_through_scontrol: bool,
 }
 
 fn args() -> Args {
@@ -64,6 +67,7 @@ fn args() -> Args {
         cluster: false,
         pool: 0,
         scontrol: false,
+        nodes_through_scontrol: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -80,9 +84,10 @@ fn args() -> Args {
             "--cluster" => a.cluster = true,
             "--pool" => a.pool = value() as usize,
             "--scontrol" => a.scontrol = true,
+            "--nodes-through-scontrol" => a.nodes_through_scontrol = true,
             "-h" | "--help" => {
                 println!(
-                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster] [--pool N] [--scontrol]"
+                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster] [--pool N] [--scontrol | --nodes-through-scontrol]"
                 );
                 std::process::exit(0);
             }
@@ -320,9 +325,10 @@ async fn main() {
                 String::new()
             } else {
                 format!(
-                    "rest_url = \"{}\"\njwt_file = \"{}\"\n",
+                    "rest_url = \"{}\"\njwt_file = \"{}\"\nnodes_through_scontrol = {}\n",
                     env("SLURMRESTD_URL"),
-                    env("SLURM_JWT_FILE")
+                    env("SLURM_JWT_FILE"),
+                    a.nodes_through_scontrol,
                 )
             },
             conf = env("SLURM_CONF"),

@@ -1209,6 +1209,12 @@ async fn a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed(c: &'s
     let _own = c.own(N).await;
     let mut rest = Observer::new(Backend::Rest(c.rest()), fast());
     let mut sc = Observer::new(Backend::Scontrol(c.scontrol()), fast());
+    // Nodes through scontrol, the job through slurmrestd: both must move.
+    let mut mixed = Observer::new(
+        Backend::NodesThroughScontrol(c.rest(), c.scontrol()),
+        fast(),
+    );
+    mixed.poll().await;
     let first = rest.poll().await;
     assert!(matches!(
         first.first(),
@@ -1244,7 +1250,7 @@ async fn a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed(c: &'s
             .iter()
             .any(|n| n.name == N && matches!(n.state, SlurmBaseState::Allocated | SlurmBaseState::Mixed))
     };
-    for obs in [&mut rest, &mut sc] {
+    for obs in [&mut rest, &mut sc, &mut mixed] {
         let seen = poll_until(
             obs,
             "the job running on its node",
@@ -1288,7 +1294,7 @@ async fn a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed(c: &'s
             .iter()
             .any(|n| n.name == N && n.state == SlurmBaseState::Idle && !n.has(&SlurmNodeFlag::Completing))
     };
-    for obs in [&mut rest, &mut sc] {
+    for obs in [&mut rest, &mut sc, &mut mixed] {
         poll_until(
             obs,
             "the job ended and its node idle",
@@ -1498,9 +1504,14 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
     }
     let mut rest = Observer::new(Backend::Rest(c.rest()), fast());
     let mut sc = Observer::new(Backend::Scontrol(c.scontrol()), fast());
+    let mut mixed = Observer::new(
+        Backend::NodesThroughScontrol(c.rest(), c.scontrol()),
+        fast(),
+    );
     rest.poll().await;
     sc.poll().await;
-    // Both back ends see the same cluster.
+    mixed.poll().await;
+    // The back ends see the same cluster.
     let same = |a: Vec<SlurmNode>, b: Vec<SlurmNode>| {
         a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.same_but_version(y))
     };
@@ -1509,6 +1520,12 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
         "{:?}\n{:?}",
         rest.nodes(),
         sc.nodes()
+    );
+    assert!(
+        same(rest.nodes(), mixed.nodes()),
+        "{:?}\n{:?}",
+        rest.nodes(),
+        mixed.nodes()
     );
     let names = |o: &Observer| {
         (
@@ -1523,6 +1540,7 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
         )
     };
     assert_eq!(names(&rest), names(&sc));
+    assert_eq!(names(&rest), names(&mixed));
 
     let restart = RestartRest(c);
     c.stop("slurmrestd");

@@ -232,6 +232,9 @@ fn start_slurm(
     });
     if s.observe {
         let backend = match &rest {
+            Some(r) if s.nodes_through_scontrol => {
+                slurm::Backend::NodesThroughScontrol(r.clone(), scontrol.clone())
+            }
             Some(r) => slurm::Backend::Rest(r.clone()),
             None => slurm::Backend::Scontrol(scontrol.clone()),
         };

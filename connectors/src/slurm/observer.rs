@@ -44,6 +44,11 @@ pub enum Backend {
     /// scontrol: for sites without slurmrestd; every poll is a full listing
     /// (diffed, so it still emits only changes).
     Scontrol(Scontrol),
+    /// Nodes listed through scontrol at every poll, jobs and partitions
+    /// through slurmrestd: for large clusters, where slurmrestd takes
+    /// seconds to write 10,000 nodes as JSON that slurmctld lists in
+    /// milliseconds and scontrol prints in a few tens.
+    NodesThroughScontrol(RestClient, Scontrol),
 }
 
 enum Items {
@@ -55,16 +60,16 @@ enum Items {
 impl Backend {
     async fn fetch(&self, domain: Domain, since_s: Option<u64>) -> Result<Fetch<Items>> {
         match self {
-            Self::Rest(c) => Ok(match domain {
-                Domain::SlurmNodes => map(c.nodes(since_s).await?, |l| Items::Nodes(l.items)),
-                Domain::SlurmJobs => map(c.jobs(since_s).await?, |l| Items::Jobs(l.items)),
-                _ => map(c.partitions(since_s).await?, |l| Items::Partitions(l.items)),
-            }),
+            Self::Rest(c) => rest_fetch(c, domain, since_s).await,
             Self::Scontrol(s) => Ok(Fetch::Changed(match domain {
                 Domain::SlurmNodes => Items::Nodes(s.nodes().await?),
                 Domain::SlurmJobs => Items::Jobs(s.jobs().await?),
                 _ => Items::Partitions(s.partitions().await?),
             })),
+            Self::NodesThroughScontrol(c, s) => match domain {
+                Domain::SlurmNodes => Ok(Fetch::Changed(Items::Nodes(s.nodes().await?))),
+                _ => rest_fetch(c, domain, since_s).await,
+            },
         }
     }
 
@@ -72,8 +77,17 @@ impl Backend {
         match self {
             Self::Rest(_) => "slurmrestd",
             Self::Scontrol(_) => "scontrol",
+            Self::NodesThroughScontrol(..) => "slurmrestd, nodes through scontrol",
         }
     }
+}
+
+async fn rest_fetch(c: &RestClient, domain: Domain, since_s: Option<u64>) -> Result<Fetch<Items>> {
+    Ok(match domain {
+        Domain::SlurmNodes => map(c.nodes(since_s).await?, |l| Items::Nodes(l.items)),
+        Domain::SlurmJobs => map(c.jobs(since_s).await?, |l| Items::Jobs(l.items)),
+        _ => map(c.partitions(since_s).await?, |l| Items::Partitions(l.items)),
+    })
 }
 
 fn map<T, U>(f: Fetch<T>, g: impl FnOnce(T) -> U) -> Fetch<U> {

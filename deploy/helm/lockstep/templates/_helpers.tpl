@@ -100,6 +100,9 @@ jwt_file = "/run/secrets/slurm-jwt/{{ .Values.slurm.jwt.key }}"
 {{- end }}
 {{- if .Values.slurm.scontrol.enabled }}
 slurm_conf = "/etc/slurm/slurm.conf"
+{{- if and .Values.slurm.restUrl .Values.slurm.scontrol.listNodes }}
+nodes_through_scontrol = true
+{{- end }}
 {{- end }}
 poll_interval_ms = {{ int64 .Values.slurm.pollIntervalMs }}
 resync_every_polls = {{ int64 .Values.slurm.resyncEveryPolls }}
