@@ -636,10 +636,7 @@ impl Flights {
 
     /// Every slot, in no particular order.
     pub fn slots(&self) -> impl Iterator<Item = &Slot> {
-        let named = [&self.slurm, &self.pods, &self.kube]
-            .into_iter()
-            .flat_map(|shard| shard.values().flatten().map(|(_, e)| &e.slot));
-        named.chain(self.scale.values().map(|e| &e.slot))
+        self.slots_of_part(0, 1)
     }
 
     /// The slots of part `part` of `parts` ([`CowMap::values_of_part`] of

@@ -7,10 +7,12 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{
-    Action, ConditionStatus, Connector, Envelope, Event, EventRecord, KubeNode, KubePod,
-    LabelFeature, PodPhase, Policy, SlurmBaseState, SlurmNode, Source,
+    Action, Connector, Envelope, Event, EventRecord, LabelFeature, Policy, SlurmBaseState,
+    SlurmNode, Source,
 };
 
 fn events() -> Vec<Event> {
@@ -42,36 +44,12 @@ fn events() -> Vec<Event> {
             partitions: vec!["batch".into()],
             version: 0,
         }),
-        Event::KubeNode(KubeNode {
-            read_labels: None,
-            maintenance: None,
-            name: "k6".into(),
-            unschedulable: true,
-            ready: ConditionStatus::True,
-            conditions: vec![],
-            labels: BTreeMap::from([("lockstep.io/gpu".into(), "h100".into())]),
-            taints: vec![],
-            identity: Default::default(),
-            devices: Default::default(),
-            version: 0,
-        }),
-        Event::KubePod(KubePod {
-            namespace: "slurm".into(),
-            name: "n3".into(),
-            uid: "u3".into(),
-            node_name: Some("k6".into()),
-            phase: PodPhase::Running,
-            deleting: false,
-            disruption_target: false,
-            labels: BTreeMap::new(),
-            conditions: vec![],
-            owner: None,
-            revision: None,
-            ready: true,
-            unhealthy_devices: Default::default(),
-            eviction: Default::default(),
-            version: 0,
-        }),
+        Event::KubeNode(common::kube_node(
+            "k6",
+            true,
+            BTreeMap::from([("lockstep.io/gpu".into(), "h100".into())]),
+        )),
+        Event::KubePod(common::running_pod("n3", "u3", "k6")),
     ]
 }
 

@@ -4,10 +4,12 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+
 use lockstep_engine::{Engine, Output, Stats, STATS_PARTS_MAX};
 use lockstep_schemas::{
-    ConditionStatus, Connector, Envelope, Event, EventRecord, KubeNode, KubePod, PodPhase, Policy,
-    SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Source,
+    Connector, Envelope, Event, EventRecord, Policy, SlurmBaseState, SlurmJob, SlurmJobState,
+    SlurmNode, SlurmNodeFlag, SlurmPartition, Source,
 };
 
 /// A model of 3,000 Slurm nodes in two partitions (some in none), in
@@ -61,38 +63,18 @@ fn events() -> Vec<Event> {
         }));
     }
     for k in 0..1_500u32 {
-        events.push(Event::KubeNode(KubeNode {
-            read_labels: None,
-            maintenance: None,
-            name: format!("k{k}"),
-            unschedulable: k % 5 == 0,
-            ready: ConditionStatus::True,
-            conditions: vec![],
-            labels: BTreeMap::new(),
-            taints: vec![],
-            identity: Default::default(),
-            devices: Default::default(),
-            version: 0,
-        }));
+        events.push(Event::KubeNode(common::kube_node(
+            &format!("k{k}"),
+            k % 5 == 0,
+            BTreeMap::new(),
+        )));
     }
     for i in 0..3_000u32 {
-        events.push(Event::KubePod(KubePod {
-            namespace: "slurm".into(),
-            name: format!("n{i}"),
-            uid: format!("u{i}"),
-            node_name: Some(format!("k{}", i / 2)),
-            phase: PodPhase::Running,
-            deleting: false,
-            disruption_target: false,
-            labels: BTreeMap::new(),
-            conditions: vec![],
-            owner: None,
-            revision: None,
-            ready: true,
-            unhealthy_devices: Default::default(),
-            eviction: Default::default(),
-            version: 0,
-        }));
+        events.push(Event::KubePod(common::running_pod(
+            &format!("n{i}"),
+            &format!("u{i}"),
+            &format!("k{}", i / 2),
+        )));
     }
     for j in 0..2_000u64 {
         events.push(Event::SlurmJob(SlurmJob {
