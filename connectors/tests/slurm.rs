@@ -962,12 +962,18 @@ async fn drains_that_wait_together_are_written_together(c: &'static Cluster) {
         })
     };
     let configs = [
-        ("one listing", 2),
-        ("a read each", ActuatorConfig::default().listing_read_min),
+        ("one listing", 2, false),
+        ("one listing through scontrol", 2, true),
+        (
+            "a read each",
+            ActuatorConfig::default().listing_read_min,
+            false,
+        ),
     ];
-    for (reads, listing_read_min) in configs {
+    for (reads, listing_read_min, list_through_scontrol) in configs {
         let config = ActuatorConfig {
             listing_read_min,
+            list_through_scontrol,
             ..ActuatorConfig::default()
         };
         for (path, act) in actuators(c, &owned(), &config) {

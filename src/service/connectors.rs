@@ -258,7 +258,10 @@ fn start_slurm(
             rest,
             Some(scontrol),
             ownership_rx,
-            slurm::ActuatorConfig::default(),
+            slurm::ActuatorConfig {
+                list_through_scontrol: s.nodes_through_scontrol,
+                ..slurm::ActuatorConfig::default()
+            },
         )
         .context("starting the Slurm actuator")?;
         followed = Some(SlurmOwnership(ownership_tx));

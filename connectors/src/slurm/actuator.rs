@@ -90,6 +90,12 @@ pub struct ActuatorConfig {
     /// nodes of its drains, downs and resumes in one listing of every node
     /// instead of one request per node.
     pub listing_read_min: usize,
+    /// Those listings go through scontrol (`scontrol show node`, some 50 ms
+    /// for 10,000 nodes on a slurm.conf that names them as ranges) rather
+    /// than slurmrestd (seconds for 10,000 nodes), and so pay from
+    /// `listing_read_min` nodes on, whatever the cluster's size. Set with
+    /// `[slurm] nodes_through_scontrol`; without scontrol it does nothing.
+    pub list_through_scontrol: bool,
 }
 
 impl Default for ActuatorConfig {
@@ -98,6 +104,7 @@ impl Default for ActuatorConfig {
             action_timeout_ms: 30_000,
             before_write: None,
             listing_read_min: 32,
+            list_through_scontrol: false,
         }
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! | step | one action | together (`n` nodes) |
 //! |---|---|---|
-//! | first read | `GET /node/{name}` or `scontrol show node` | one listing of every node from [`ActuatorConfig::listing_read_min`] nodes and a quarter of the cluster on (a listing of 10,000 nodes costs slurmrestd seconds), else one read per node, [`IN_FLIGHT_MAX`] at a time |
+//! | first read | `GET /node/{name}` or `scontrol show node` | one listing of every node from [`ActuatorConfig::listing_read_min`] nodes on, and from a quarter of the cluster on where slurmrestd lists (a listing of 10,000 nodes costs it seconds; scontrol, [`ActuatorConfig::list_through_scontrol`], some 50 ms), else one read per node, [`IN_FLIGHT_MAX`] at a time |
 //! | second read (those about to be written) | the same | the same |
 //! | write | one per node | one per kind of write and reason, naming up to [`NODES_PER_WRITE_MAX`] nodes (`scontrol update nodename=A,B`; slurmrestd v0.0.42+'s `POST /nodes/`), [`IN_FLIGHT_MAX`] writes at a time; one per node where slurmrestd has no such endpoint (v0.0.39 - v0.0.41) |
 //!
@@ -23,6 +23,7 @@
 //! write as a whole, whichever node it was about).
 //!
 //! [`ActuatorConfig::listing_read_min`]: super::ActuatorConfig::listing_read_min
+//! [`ActuatorConfig::list_through_scontrol`]: super::ActuatorConfig::list_through_scontrol
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -50,6 +51,19 @@ struct Item<'a> {
     issued: &'a IssuedAction,
     node: &'a str,
     change: StateChange<'a>,
+}
+
+/// The fewest nodes that [`Actuator::read_all`] reads from a listing of
+/// every node rather than one by one: `listing_read_min`, and where
+/// slurmrestd lists, a quarter of the `cluster` (the nodes the last listing
+/// held), for its listing of 10,000 nodes takes seconds.
+fn listing_least(listing_read_min: usize, cluster: usize, through_scontrol: bool) -> usize {
+    let least = if through_scontrol {
+        listing_read_min
+    } else {
+        listing_read_min.max(cluster / 4)
+    };
+    least.max(1)
 }
 
 impl Actuator {
@@ -192,12 +206,18 @@ impl Actuator {
     }
 
     /// Reads `nodes`, in order: from one listing of every node from
-    /// `listing_read_min` nodes and a quarter of the cluster on (a node
+    /// `listing_read_min` nodes on, and a quarter of the cluster on where
+    /// slurmrestd lists (a node
     /// missing from it, or a listing that failed, is read alone: a listing
     /// may be incomplete), else one read each, [`IN_FLIGHT_MAX`] at a time.
     async fn read_all(&self, nodes: &[&str]) -> Vec<Result<SlurmNode>> {
         let cluster = self.nodes_listed.load(Ordering::Relaxed);
-        let listing = nodes.len() >= self.config.listing_read_min.max(cluster / 4).max(1);
+        let listing = nodes.len()
+            >= listing_least(
+                self.config.listing_read_min,
+                cluster,
+                self.lists_through_scontrol(),
+            );
         let mut listed: HashMap<String, SlurmNode> = if listing {
             match self.list().await {
                 Ok(all) => {
@@ -232,6 +252,7 @@ impl Actuator {
     /// Every node Slurm knows, in one request.
     async fn list(&self) -> Result<Vec<SlurmNode>> {
         match (&self.rest, &self.scontrol) {
+            (_, Some(sc)) if self.lists_through_scontrol() => sc.nodes().await,
             (Some(rest), _) => match rest.nodes(None).await? {
                 Fetch::Changed(listing) => Ok(listing.items),
                 Fetch::Unchanged => Err(Error::Config(
@@ -243,6 +264,12 @@ impl Actuator {
                 "the slurm actuator needs slurmrestd or scontrol".to_owned(),
             )),
         }
+    }
+
+    /// Whether listings of every node go through scontrol: there is no
+    /// slurmrestd, or the configuration asks for it.
+    fn lists_through_scontrol(&self) -> bool {
+        self.scontrol.is_some() && (self.rest.is_none() || self.config.list_through_scontrol)
     }
 
     /// Writes `w` to `nodes`: together, [`NODES_PER_WRITE_MAX`] at a time,
@@ -302,5 +329,23 @@ impl Actuator {
                 tracing::warn!(node, error = %e, "cannot replace the reason slurm kept after a resume");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listing_least;
+
+    #[test]
+    fn a_listing_through_scontrol_pays_whatever_the_cluster_size() {
+        // slurmrestd: a quarter of the cluster at least.
+        assert_eq!(listing_least(32, 10_000, false), 2_500);
+        assert_eq!(listing_least(32, 40, false), 32);
+        assert_eq!(listing_least(32, 0, false), 32);
+        // scontrol: the configured least alone.
+        assert_eq!(listing_least(32, 10_000, true), 32);
+        // Never zero: an empty batch reads nothing.
+        assert_eq!(listing_least(0, 0, true), 1);
+        assert_eq!(listing_least(0, 2, false), 1);
     }
 }
