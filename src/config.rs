@@ -70,7 +70,9 @@ pub struct SlurmConfig {
     /// `SLURM_CONF` for scontrol. Unset: inherited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slurm_conf: Option<PathBuf>,
-    /// Pause between polls while Slurm answers. The default, 350 ms, keeps
+    /// Time between the starts of two polls while Slurm answers (at least
+    /// half of it between the end of one and the start of the next). The
+    /// default, 350 ms, keeps
     /// Slurm -> Kubernetes under 500 ms at p99 on Slurm 24.11+ while an
     /// unchanged poll of 10,000 nodes costs slurmctld under 1% of a core
     /// (~3.2 ms a poll; 22.05 spends ~5.5 ms, 1.6%: raise it there for
@@ -80,7 +82,8 @@ pub struct SlurmConfig {
     /// about every 10 min at the default interval.
     pub resync_every_polls: u32,
     /// With `rest_url`: list nodes through scontrol (`slurm_conf`) at every
-    /// poll, jobs and partitions and every write through slurmrestd. For
+    /// poll and where the actuator reads many nodes at once (a node pool's
+    /// drains), jobs and partitions and every write through slurmrestd. For
     /// 10,000 nodes and more, where a poll that finds a change waits 2-4 s
     /// for slurmrestd's JSON of every node, against about 0.05 s through
     /// scontrol; the price is a full node listing at every poll (about 9 ms

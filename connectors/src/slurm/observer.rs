@@ -100,8 +100,10 @@ fn map<T, U>(f: Fetch<T>, g: impl FnOnce(T) -> U) -> Fetch<U> {
 /// Bounds and rhythm of the observer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObserverConfig {
-    /// Pause between two polls while Slurm answers (measured from the end of
-    /// one poll to the start of the next, so a slow Slurm is not piled on).
+    /// Time between the starts of two polls while Slurm answers: what
+    /// lockstep sees lags Slurm by at most this and one poll. After a poll
+    /// that took longer than half of it, the next waits half of it from
+    /// that poll's end, so a slow Slurm is never polled back to back.
     pub poll_interval_ms: u64,
     /// Every this many polls, a full listing of every object (bracketed by
     /// `SyncStarted` .. `SyncDone`) instead of a diff. 0: only the first.
@@ -354,7 +356,20 @@ impl Observer {
         !matches!(self.state, State::Lost { .. })
     }
 
-    /// How long to wait before the next [`Observer::poll`].
+    /// How long to wait before the next [`Observer::poll`], counted from
+    /// the end of the last one. While Slurm answers that is the interval
+    /// less what the poll took (its start and the next are the interval
+    /// apart), but at least half the interval; after failures, the back-off.
+    pub fn next_delay_after(&self, took: Duration) -> Duration {
+        let delay = self.next_delay();
+        match self.state {
+            State::Seeing { failures: 0, .. } => delay.saturating_sub(took).max(delay / 2),
+            _ => delay,
+        }
+    }
+
+    /// How long to wait after the last [`Observer::poll`] ended if it took
+    /// no time: the interval while Slurm answers, else the back-off.
     pub fn next_delay(&self) -> Duration {
         let failures = match self.state {
             State::Starting { failures: 0 } => return Duration::ZERO,
@@ -383,16 +398,19 @@ impl Observer {
     /// gives up on Slurm; the channel's bound is the only queue (a slow
     /// consumer delays the next poll).
     pub async fn run(mut self, tx: mpsc::Sender<Observation>) {
+        let mut took = Duration::ZERO;
         loop {
             tokio::select! {
                 () = tx.closed() => return,
-                () = tokio::time::sleep(self.next_delay()) => {}
+                () = tokio::time::sleep(self.next_delay_after(took)) => {}
             }
+            let started = tokio::time::Instant::now();
             for o in self.poll().await {
                 if tx.send(o).await.is_err() {
                     return;
                 }
             }
+            took = started.elapsed();
         }
     }
 
@@ -671,10 +689,39 @@ mod tests {
         };
         assert_eq!(o.next_delay(), Duration::from_millis(1_000));
         o.state = State::Lost { failures: 1 };
+        assert_eq!(
+            o.next_delay_after(Duration::from_millis(300)),
+            Duration::from_millis(500),
+            "a back-off counts from the failed poll's end"
+        );
         assert_eq!(o.next_delay(), Duration::from_millis(500));
         o.state = State::Lost { failures: 4 };
         assert_eq!(o.next_delay(), Duration::from_millis(4_000));
         o.state = State::Lost { failures: 400 };
         assert_eq!(o.next_delay(), Duration::from_millis(30_000));
+    }
+
+    #[test]
+    fn polls_start_an_interval_apart_with_half_of_it_between() {
+        let mut o = Observer::new(
+            Backend::Scontrol(Scontrol::new(Default::default())),
+            ObserverConfig {
+                poll_interval_ms: 400,
+                ..ObserverConfig::default()
+            },
+        );
+        // The first poll at once, however long nothing took.
+        assert_eq!(o.next_delay_after(Duration::from_secs(9)), Duration::ZERO);
+        o.state = State::Seeing {
+            polls_since_resync: 1,
+            failures: 0,
+        };
+        let after = |ms| o.next_delay_after(Duration::from_millis(ms));
+        assert_eq!(after(0), Duration::from_millis(400));
+        assert_eq!(after(120), Duration::from_millis(280));
+        assert_eq!(after(200), Duration::from_millis(200));
+        // A slow poll: half the interval between it and the next.
+        assert_eq!(after(350), Duration::from_millis(200));
+        assert_eq!(after(3_000), Duration::from_millis(200));
     }
 }
