@@ -369,9 +369,11 @@ async fn main() {
         rpcs_of(READER),
     );
 
-    if a.pool > 0 {
-        pool_cordon(&a, &nodes, &rest, &nats_url).await;
-    }
+    let pool_listings = if a.pool > 0 {
+        pool_cordon(&a, &nodes, &nats_url).await
+    } else {
+        0
+    };
 
     let mut cordon = Vec::with_capacity(a.trials);
     eprintln!("{} trials: kubectl cordon -> DRAIN in slurmctld", a.trials);
@@ -418,6 +420,12 @@ async fn main() {
     let mut rng = lockstep_testkit::gen::Rng::new(42);
     let mut jitter = move || Duration::from_millis(rng.below(a.poll_ms.max(1)));
     let mut drain = Vec::with_capacity(a.trials);
+    let mut drain_walls = Vec::with_capacity(a.trials);
+    let drain_log =
+        lockstep_store::EventLog::connect_nats(&nats_url, &lockstep_store::StreamLimits::default())
+            .await
+            .expect("the log");
+    let drain_log_from = drain_log.head().await.expect("head") + 1;
     eprintln!(
         "{} trials: scontrol drain -> pod condition in the API server",
         a.trials
@@ -435,12 +443,14 @@ async fn main() {
         };
         tokio::time::sleep(jitter()).await;
         let started = Instant::now();
+        let wall = wall_ms();
         scontrol(&[
             "update",
             &format!("nodename={s}"),
             "state=drain",
             "reason=bench: drain",
         ]);
+        let updated = wall_ms();
         wait(
             "pod condition SlurmNodeDrained=True",
             Duration::from_secs(30),
@@ -448,6 +458,12 @@ async fn main() {
         )
         .await;
         drain.push(started.elapsed());
+        drain_walls.push(DrainTrial {
+            node: s.clone(),
+            started: wall,
+            updated,
+            seen: wall_ms(),
+        });
         scontrol(&["update", &format!("nodename={s}"), "state=resume"]);
         wait("pod condition cleared", Duration::from_secs(30), || {
             shown(false)
@@ -464,6 +480,7 @@ async fn main() {
             ),
             drain,
         );
+        drain_breakdown(&drain_log, drain_log_from, &drain_walls).await;
     }
 
     let wall = measured.0.elapsed().as_secs_f64();
@@ -476,14 +493,15 @@ async fn main() {
         (cpu_seconds(slurmctld_pid) - measured.2) / wall * 100.0,
     );
     // root: lockstep's requests through slurmrestd and its scontrol calls,
-    // and the bench's own scontrol drains and resumes (two per drain trial).
+    // and the bench's own scontrol drains and resumes (two per drain trial)
+    // and its listings of the pool.
     let (root, reader) = (rpcs_of("root"), rpcs_of(READER));
     let (root, reader) = (
         (root.0 - measured.3 .0, root.1 - measured.3 .1),
         (reader.0 - measured.4 .0, reader.1 - measured.4 .1),
     );
     println!(
-        "slurmctld's time on requests over the {wall:.0} s: root (lockstep, and the bench's {} scontrol writes) {} RPCs, {:.1} s ({:.2}% of the wall time); the bench's reads ({READER}) {} RPCs, {:.1} s ({:.2}%)",
+        "slurmctld's time on requests over the {wall:.0} s: root (lockstep, and the bench's {} scontrol writes and {pool_listings} listings of the pool) {} RPCs, {:.1} s ({:.2}% of the wall time); the bench's reads ({READER}) {} RPCs, {:.1} s ({:.2}%)",
         2 * a.trials,
         root.0,
         root.1,
@@ -579,37 +597,142 @@ fn node_rpcs() -> (u64, u64) {
     )
 }
 
+/// Now, in ms since the Unix epoch (the log's clock is this machine's).
+fn wall_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.expect("after the epoch").as_millis() as u64
+}
+
+/// One Slurm drain trial, by the wall clock (ms since the epoch).
+struct DrainTrial {
+    node: String,
+    /// `scontrol update state=drain` spawned.
+    started: u64,
+    /// It returned: slurmctld has the drain.
+    updated: u64,
+    /// The bench saw the pod condition.
+    seen: u64,
+}
+
+/// Where each drain trial's time went, from lockstep's log: scontrol's
+/// update -> the poll that observed the drain (`observed_ms`) -> its
+/// append -> the pod condition's outcome appended (the reducer, the
+/// action, the PATCH) -> the bench's GET that saw it.
+async fn drain_breakdown(log: &lockstep_store::EventLog, from: u64, trials: &[DrainTrial]) {
+    use lockstep_schemas::{Action, ConditionStatus, Event};
+    // The first observation of each trial's drain: (observed, appended, seq).
+    let mut observed: Vec<Option<(u64, u64, u64)>> = vec![None; trials.len()];
+    let mut outcome_at = std::collections::HashMap::new();
+    let head = log.head().await.expect("head");
+    let mut next = from;
+    while next <= head {
+        let records = log
+            .read(next, 4096, Duration::from_secs(1))
+            .await
+            .expect("read");
+        let Some(last) = records.last() else { break };
+        next = last.seq + 1;
+        for r in records {
+            match &r.envelope.event {
+                Event::SlurmNode(n) if n.flags.contains(&SlurmNodeFlag::Drain) => {
+                    let k = trials.iter().position(|t| {
+                        t.node == n.name && (t.started..=t.seen).contains(&r.time_ms)
+                    });
+                    if let Some(k) = k {
+                        observed[k].get_or_insert((r.envelope.observed_ms, r.time_ms, r.seq));
+                    }
+                }
+                Event::ActionOutcome(o) => {
+                    outcome_at.entry(o.action_id.clone()).or_insert(r.time_ms);
+                }
+                _ => {}
+            }
+        }
+    }
+    let actions = log.actions().await.expect("actions");
+    let mut parts: [Vec<Duration>; 5] = Default::default();
+    for (t, seen) in trials.iter().zip(&observed) {
+        let Some((obs, appended, seq)) = *seen else {
+            continue;
+        };
+        let condition = actions.iter().find(|i| {
+            i.seq >= seq
+                && matches!(&i.action, Action::KubeSetPodCondition { pod, condition, .. }
+                    if *pod == t.node
+                        && condition.type_ == "SlurmNodeDrained"
+                        && condition.status == ConditionStatus::True)
+        });
+        let Some(done) = condition.and_then(|i| outcome_at.get(&i.id)) else {
+            continue;
+        };
+        let ms = |a: u64, b: u64| Duration::from_millis(b.saturating_sub(a));
+        parts[0].push(ms(t.started, t.updated));
+        parts[1].push(ms(t.updated, obs));
+        parts[2].push(ms(obs, appended));
+        parts[3].push(ms(appended, *done));
+        parts[4].push(ms(*done, t.seen));
+    }
+    let names = [
+        "drain trials: scontrol update spawned -> returned",
+        "drain trials: scontrol returned -> the poll that observed the drain",
+        "drain trials: observed -> appended to the log",
+        "drain trials: appended -> the pod condition's outcome in the log",
+        "drain trials: the outcome in the log -> seen by the bench",
+    ];
+    for (name, v) in names.into_iter().zip(parts) {
+        if !v.is_empty() {
+            figures(name, v);
+        }
+    }
+}
+
 /// `kubectl cordon -l pool=a` (a Kubernetes upgrade of a node pool): the
 /// first `a.pool` nodes cordoned at once, one PATCH each, 16 at a time. The
 /// clock of each node starts when its PATCH returned and stops at the first
-/// listing of every Slurm node (`GET /nodes`, one after the other) that
-/// shows its Slurm node DRAIN; then the pool is uncordoned the same way.
+/// listing of every Slurm node (`scontrol show node -o`, as root, one after
+/// the other) that shows its Slurm node DRAIN; then the pool is uncordoned
+/// the same way.
 /// slurmctld's node writes during it (`sdiag`), and the log: one drain and
 /// one outcome per node, nothing for the others.
-async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &str) {
+async fn pool_cordon(a: &Args, nodes: &Api<Node>, nats_url: &str) -> u64 {
     use lockstep_schemas::{Action, Event, OutcomeResult};
     let n = a.pool;
     let index = |slurm: &str| -> Option<usize> {
         let i: usize = slurm.strip_prefix("ls-n")?.parse().ok()?;
         (1..=n).contains(&i).then(|| i - 1)
     };
-    // Slurm as it shows the pool: which nodes are drained.
+    // Slurm as it shows the pool: which nodes are drained, and which down.
+    // `scontrol show node -o` answers in some 50 ms at 10,000 nodes (on a
+    // slurm.conf of ranges); slurmrestd's listing takes seconds and a core.
     let drained = || async {
-        match rest.nodes(None).await {
-            Ok(lockstep_connectors::slurm::Fetch::Changed(l)) => Some(
-                l.items
-                    .into_iter()
-                    .filter_map(|s| {
-                        Some((
-                            index(&s.name)?,
-                            s.flags.contains(&SlurmNodeFlag::Drain),
-                            s.state == lockstep_schemas::SlurmBaseState::Down,
-                        ))
-                    })
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        }
+        let out = tokio::task::spawn_blocking(|| {
+            Command::new(slurm_program("scontrol"))
+                .args(["show", "node", "-o"])
+                .env_remove("SLURM_JWT")
+                .output()
+        })
+        .await
+        .expect("the listing's thread");
+        let out = out.ok().filter(|o| o.status.success())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let field = |line: &'_ str, name: &str| -> Option<String> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(str::to_owned)
+        };
+        Some(
+            text.lines()
+                .filter_map(|l| {
+                    let state = field(l, "State=")?;
+                    let base = state.split('+').next().unwrap_or_default();
+                    Some((
+                        index(&field(l, "NodeName=")?)?,
+                        state.split('+').any(|w| w == "DRAIN"),
+                        base.trim_end_matches('*') == "DOWN",
+                    ))
+                })
+                .collect::<Vec<_>>(),
+        )
     };
     let toggle = |on: bool| async move {
         let started = Instant::now();
@@ -661,7 +784,8 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A listing costs slurmctld some 9 ms at 10,000 nodes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (reads_after, writes_after) = node_rpcs();
     let last = seen.iter().flatten().max().copied().unwrap_or_default();
@@ -767,6 +891,16 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
         &format!("pool of {n}: its PATCH returned -> the drain's outcome in the log, per node"),
         span(&patched_ms, &drain_done),
     );
+    let first_patch = started_wall
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as u64;
+    if let Some(last) = drain_done.iter().flatten().max() {
+        println!(
+            "pool of {n}: the last drain's outcome in the log {} ms after the first PATCH was sent",
+            last.saturating_sub(first_patch)
+        );
+    }
     let doubled = drains.iter().filter(|d| **d > 1).count();
     let lost = drains.iter().filter(|d| **d == 0).count();
     let outcomes_doubled = outcomes.values().filter(|c| **c > 1).count();
@@ -786,6 +920,7 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
     let (started, _, _) = toggle(false).await;
     let held = loop {
         if let Some(shown) = drained().await {
+            listings += 1;
             if shown.len() == n && shown.iter().all(|(_, d, down)| !d || *down) {
                 break shown.iter().filter(|(_, d, _)| *d).count();
             }
@@ -794,12 +929,14 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, rest: &RestClient, nats_url: &
             started.elapsed() < Duration::from_secs(300),
             "the pool not resumed within 300 s"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A listing costs slurmctld some 9 ms at 10,000 nodes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     println!(
         "pool of {n} uncordoned at once: every Slurm node resumed {:.0} ms after the first PATCH, but {held} that slurmctld holds DOWN (no slurmd answers for them)",
         started.elapsed().as_secs_f64() * 1e3
     );
+    listings
 }
 
 /// User and system CPU time of process `pid`, in seconds (`/proc/PID/stat`).
