@@ -579,21 +579,23 @@ fn rpcs_of(user: &str) -> (u64, f64) {
         })
 }
 
-/// `sdiag`'s count of the RPCs of `kind` slurmctld has served.
-fn rpc_count(kind: &str) -> u64 {
-    sdiag()
-        .lines()
+/// `sdiag`'s count of the RPCs of `kind` slurmctld has served, from its
+/// output `text`.
+fn rpc_count(text: &str, kind: &str) -> u64 {
+    text.lines()
         .find(|l| l.split_whitespace().next() == Some(kind))
         .and_then(|l| l.split("count:").nth(1))
         .and_then(|rest| rest.split_whitespace().next())
         .map_or(0, |n| n.parse().expect("a count"))
 }
 
-/// The node reads and node writes slurmctld has served.
+/// The node reads and node writes slurmctld has served (one `sdiag`).
 fn node_rpcs() -> (u64, u64) {
+    let text = sdiag();
+    let count = |kind| rpc_count(&text, kind);
     (
-        rpc_count("REQUEST_NODE_INFO") + rpc_count("REQUEST_NODE_INFO_SINGLE"),
-        rpc_count("REQUEST_UPDATE_NODE"),
+        count("REQUEST_NODE_INFO") + count("REQUEST_NODE_INFO_SINGLE"),
+        count("REQUEST_UPDATE_NODE"),
     )
 }
 
