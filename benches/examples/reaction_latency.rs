@@ -616,6 +616,26 @@ struct DrainTrial {
     seen: u64,
 }
 
+/// The log's records from `from` up to its head as it is now.
+async fn records_from(
+    log: &lockstep_store::EventLog,
+    from: u64,
+) -> Vec<lockstep_schemas::EventRecord> {
+    let head = log.head().await.expect("head");
+    let mut all = Vec::new();
+    let mut next = from;
+    while next <= head {
+        let records = log
+            .read(next, 4096, Duration::from_secs(1))
+            .await
+            .expect("read");
+        let Some(last) = records.last() else { break };
+        next = last.seq + 1;
+        all.extend(records);
+    }
+    all
+}
+
 /// Where each drain trial's time went, from lockstep's log: scontrol's
 /// update -> the poll that observed the drain (`observed_ms`) -> its
 /// append -> the pod condition's outcome appended (the reducer, the
@@ -625,30 +645,20 @@ async fn drain_breakdown(log: &lockstep_store::EventLog, from: u64, trials: &[Dr
     // The first observation of each trial's drain: (observed, appended, seq).
     let mut observed: Vec<Option<(u64, u64, u64)>> = vec![None; trials.len()];
     let mut outcome_at = std::collections::HashMap::new();
-    let head = log.head().await.expect("head");
-    let mut next = from;
-    while next <= head {
-        let records = log
-            .read(next, 4096, Duration::from_secs(1))
-            .await
-            .expect("read");
-        let Some(last) = records.last() else { break };
-        next = last.seq + 1;
-        for r in records {
-            match &r.envelope.event {
-                Event::SlurmNode(n) if n.flags.contains(&SlurmNodeFlag::Drain) => {
-                    let k = trials.iter().position(|t| {
-                        t.node == n.name && (t.started..=t.seen).contains(&r.time_ms)
-                    });
-                    if let Some(k) = k {
-                        observed[k].get_or_insert((r.envelope.observed_ms, r.time_ms, r.seq));
-                    }
+    for r in records_from(log, from).await {
+        match &r.envelope.event {
+            Event::SlurmNode(n) if n.flags.contains(&SlurmNodeFlag::Drain) => {
+                let k = trials
+                    .iter()
+                    .position(|t| t.node == n.name && (t.started..=t.seen).contains(&r.time_ms));
+                if let Some(k) = k {
+                    observed[k].get_or_insert((r.envelope.observed_ms, r.time_ms, r.seq));
                 }
-                Event::ActionOutcome(o) => {
-                    outcome_at.entry(o.action_id.clone()).or_insert(r.time_ms);
-                }
-                _ => {}
             }
+            Event::ActionOutcome(o) => {
+                outcome_at.entry(o.action_id.clone()).or_insert(r.time_ms);
+            }
+            _ => {}
         }
     }
     let actions = log.actions().await.expect("actions");
@@ -706,31 +716,21 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, nats_url: &str) -> u64 {
     // Slurm as it shows the pool: which nodes are drained, and which down.
     // `scontrol show node -o` answers in some 50 ms at 10,000 nodes (on a
     // slurm.conf of ranges); slurmrestd's listing takes seconds and a core.
+    let sc =
+        lockstep_connectors::slurm::Scontrol::new(lockstep_connectors::slurm::ScontrolConfig {
+            program: slurm_program("scontrol"),
+            ..Default::default()
+        });
     let drained = || async {
-        let out = tokio::task::spawn_blocking(|| {
-            Command::new(slurm_program("scontrol"))
-                .args(["show", "node", "-o"])
-                .env_remove("SLURM_JWT")
-                .output()
-        })
-        .await
-        .expect("the listing's thread");
-        let out = out.ok().filter(|o| o.status.success())?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let field = |line: &'_ str, name: &str| -> Option<String> {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .map(str::to_owned)
-        };
+        let listed = sc.nodes().await.ok()?;
         Some(
-            text.lines()
-                .filter_map(|l| {
-                    let state = field(l, "State=")?;
-                    let base = state.split('+').next().unwrap_or_default();
+            listed
+                .into_iter()
+                .filter_map(|s| {
                     Some((
-                        index(&field(l, "NodeName=")?)?,
-                        state.split('+').any(|w| w == "DRAIN"),
-                        base.trim_end_matches('*') == "DOWN",
+                        index(&s.name)?,
+                        s.flags.contains(&SlurmNodeFlag::Drain),
+                        s.state == lockstep_schemas::SlurmBaseState::Down,
                     ))
                 })
                 .collect::<Vec<_>>(),
@@ -839,37 +839,27 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, nats_url: &str) -> u64 {
         .collect();
     let mut cordon_logged: Vec<Option<u64>> = vec![None; n];
     let mut drain_done: Vec<Option<u64>> = vec![None; n];
-    let head = log.head().await.expect("head");
     let mut outcomes = std::collections::BTreeMap::new();
-    let mut from = seq_before + 1;
-    while from <= head {
-        let records = log
-            .read(from, 4096, Duration::from_secs(1))
-            .await
-            .expect("read");
-        let Some(last) = records.last() else { break };
-        from = last.seq + 1;
-        for r in records {
-            if let Event::KubeNode(node) = &r.envelope.event {
-                let k = node
-                    .name
-                    .strip_prefix("bench-k")
-                    .and_then(|i| i.parse::<usize>().ok())
-                    .filter(|i| (1..=n).contains(i));
-                if let (Some(k), true) = (k, node.unschedulable) {
-                    cordon_logged[k - 1].get_or_insert(r.time_ms);
-                }
+    for r in records_from(&log, seq_before + 1).await {
+        if let Event::KubeNode(node) = &r.envelope.event {
+            let k = node
+                .name
+                .strip_prefix("bench-k")
+                .and_then(|i| i.parse::<usize>().ok())
+                .filter(|i| (1..=n).contains(i));
+            if let (Some(k), true) = (k, node.unschedulable) {
+                cordon_logged[k - 1].get_or_insert(r.time_ms);
             }
-            if let Event::ActionOutcome(o) = &r.envelope.event {
-                if let Some(&k) = ids.get(&o.action_id) {
-                    drain_done[k].get_or_insert(r.time_ms);
-                    *outcomes.entry(o.action_id.clone()).or_insert(0usize) += 1;
-                    assert!(
-                        matches!(o.result, OutcomeResult::Succeeded),
-                        "{:?}",
-                        o.result
-                    );
-                }
+        }
+        if let Event::ActionOutcome(o) = &r.envelope.event {
+            if let Some(&k) = ids.get(&o.action_id) {
+                drain_done[k].get_or_insert(r.time_ms);
+                *outcomes.entry(o.action_id.clone()).or_insert(0usize) += 1;
+                assert!(
+                    matches!(o.result, OutcomeResult::Succeeded),
+                    "{:?}",
+                    o.result
+                );
             }
         }
     }

@@ -11,8 +11,7 @@ mod common;
 
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{
-    Action, Connector, Envelope, Event, EventRecord, LabelFeature, Policy, SlurmBaseState,
-    SlurmNode, Source,
+    Action, Envelope, Event, EventRecord, LabelFeature, Policy, SlurmBaseState, SlurmNode, Source,
 };
 
 fn events() -> Vec<Event> {
@@ -21,18 +20,9 @@ fn events() -> Vec<Event> {
         label: "lockstep.io/gpu".into(),
         prefix: "gpu-".into(),
     }];
-    vec![
-        Event::PolicyChanged(Box::new(policy)),
-        Event::ConnectorStatus {
-            connector: Connector::Slurm,
-            visible: true,
-            detail: String::new(),
-        },
-        Event::ConnectorStatus {
-            connector: Connector::Kubernetes,
-            visible: true,
-            detail: String::new(),
-        },
+    let mut events = vec![Event::PolicyChanged(Box::new(policy))];
+    events.extend(common::both_visible());
+    events.extend([
         Event::SlurmNode(SlurmNode {
             name: "n3".into(),
             state: SlurmBaseState::Idle,
@@ -50,7 +40,8 @@ fn events() -> Vec<Event> {
             BTreeMap::from([("lockstep.io/gpu".into(), "h100".into())]),
         )),
         Event::KubePod(common::running_pod("n3", "u3", "k6")),
-    ]
+    ]);
+    events
 }
 
 fn permutations(n: usize) -> Vec<Vec<usize>> {

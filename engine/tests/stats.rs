@@ -8,8 +8,8 @@ mod common;
 
 use lockstep_engine::{Engine, Output, Stats, STATS_PARTS_MAX};
 use lockstep_schemas::{
-    Connector, Envelope, Event, EventRecord, Policy, SlurmBaseState, SlurmJob, SlurmJobState,
-    SlurmNode, SlurmNodeFlag, SlurmPartition, Source,
+    Envelope, Event, EventRecord, Policy, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode,
+    SlurmNodeFlag, SlurmPartition, Source,
 };
 
 /// A model of 3,000 Slurm nodes in two partitions (some in none), in
@@ -17,19 +17,8 @@ use lockstep_schemas::{
 /// cordoned (drains in flight), and 2,000 jobs, most pending, one
 /// partition of them unknown to Slurm's partition list.
 fn events() -> Vec<Event> {
-    let mut events = vec![
-        Event::PolicyChanged(Box::default()),
-        Event::ConnectorStatus {
-            connector: Connector::Slurm,
-            visible: true,
-            detail: String::new(),
-        },
-        Event::ConnectorStatus {
-            connector: Connector::Kubernetes,
-            visible: true,
-            detail: String::new(),
-        },
-    ];
+    let mut events = vec![Event::PolicyChanged(Box::default())];
+    events.extend(common::both_visible());
     for p in ["batch", "gpu"] {
         events.push(Event::SlurmPartition(SlurmPartition {
             name: p.into(),

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use lockstep_schemas::{ConditionStatus, KubeNode, KubePod, PodPhase};
+use lockstep_schemas::{ConditionStatus, Connector, Event, KubeNode, KubePod, PodPhase};
 
 /// A Ready Kubernetes node with these labels, cordoned or not.
 pub fn kube_node(name: &str, unschedulable: bool, labels: BTreeMap<String, String>) -> KubeNode {
@@ -40,4 +40,13 @@ pub fn running_pod(name: &str, uid: &str, node: &str) -> KubePod {
         eviction: Default::default(),
         version: 0,
     }
+}
+
+/// Both connectors see their side.
+pub fn both_visible() -> [Event; 2] {
+    [Connector::Slurm, Connector::Kubernetes].map(|connector| Event::ConnectorStatus {
+        connector,
+        visible: true,
+        detail: String::new(),
+    })
 }
