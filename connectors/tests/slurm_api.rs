@@ -427,8 +427,11 @@ async fn serve(routes: Vec<(&'static str, u16, Vec<u8>)>) -> (String, Routes) {
     (url, shared)
 }
 
+/// A client of `url` with a token file of its own: the tests run on
+/// threads of one process, and a file they shared could be read while
+/// another test rewrites it.
 fn client(url: &str) -> RestClient {
-    let token = std::env::temp_dir().join(format!("lockstep-slurm-api-{}.jwt", std::process::id()));
+    let token = lockstep_testkit::temp_dir("slurm-api").join("token");
     std::fs::write(&token, "SLURM_JWT=a.b.c\n").unwrap();
     let mut c = RestConfig::new(url, "root", TokenSource::File(token));
     c.openapi_version = lockstep_connectors::slurm::ApiVersion::parse("v0.0.44");

@@ -41,10 +41,13 @@ pub fn repo() -> PathBuf {
         .to_owned()
 }
 
-/// A fresh temporary directory.
+/// A fresh temporary directory, never another call's (even on another
+/// thread in the same nanosecond).
 pub fn temp_dir(name: &str) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!(
-        "lockstep-{name}-{}-{}",
+        "lockstep-{name}-{}-{}-{call}",
         std::process::id(),
         nanos()
     ));
