@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::{FxHashMap, FxHashSet};
+
 use lockstep_schemas::{
     Action, ActionPolicy, KubeScaleTarget, Phase, Policy, Removal, Rule, ScaleRule, Transition,
 };
@@ -44,13 +46,13 @@ pub(crate) struct Evaluated {
 
 /// A scale target's evaluation after its scale-in plan: what the plan
 /// wants, and the target's pods as `(Slurm node, pod key, UID)`.
-struct Planned {
+struct Planned<'m> {
     current: u32,
     desired: u32,
     plan: super::ScaleInPlan,
     /// Scale-in victims whose pods are still there.
-    present: Vec<String>,
-    live: Vec<(String, String, String)>,
+    present: Vec<&'m str>,
+    live: Vec<(&'m str, &'m str, &'m str)>,
 }
 
 /// What evaluating one scale target did that the loop acts on.
@@ -160,18 +162,24 @@ impl super::Book {
         let planned = self.plan_target(index, rule, target, cx, wake, &mut looked);
         let now = cx.ctx.now_ms;
         // Victims: drop the ones no longer wanted, add the new ones.
-        for node in &planned.present {
-            if !planned.plan.victims.contains(node) {
+        let wanted: FxHashSet<&str> = planned.plan.victims.iter().map(String::as_str).collect();
+        for &node in &planned.present {
+            if !wanted.contains(node) {
                 self.drop_victim(node, cx.flights, cx.policy, now);
-                looked.touched.push(node.clone());
+                looked.touched.push(node.to_owned());
             }
         }
         let mut picked = false;
+        // Each Slurm node's first pod, as a walk of `live` would find it.
+        let mut pod_of: FxHashMap<&str, (&str, &str)> = FxHashMap::default();
+        for &(slurm, key, uid) in &planned.live {
+            pod_of.entry(slurm).or_insert((key, uid));
+        }
         for node in &planned.plan.victims {
             if self.victims.contains_key(node) {
                 continue;
             }
-            let Some((_, key, uid)) = planned.live.iter().find(|(s, _, _)| s == node) else {
+            let Some(&(key, uid)) = pod_of.get(node.as_str()) else {
                 continue;
             };
             self.add_victim(node, rule, VictimKind::ScaleIn, key, uid, cx.flights);
@@ -211,15 +219,15 @@ impl super::Book {
     /// count; settles replacement and scale-in victims whose pods are gone
     /// and deletes replaced pods once DRAINED; plans the scale-in.
     #[allow(clippy::too_many_arguments)]
-    fn plan_target(
+    fn plan_target<'m>(
         &mut self,
         index: usize,
         rule: &ScaleRule,
         target: &KubeScaleTarget,
-        cx: &mut Cx<'_, '_>,
+        cx: &mut Cx<'m, '_>,
         wake: &mut Option<u64>,
         looked: &mut Looked,
-    ) -> Planned {
+    ) -> Planned<'m> {
         let now = cx.ctx.now_ms;
         let current = target.replicas;
         let visible = cx.model.slurm_visible && cx.model.kube_visible;
@@ -241,7 +249,7 @@ impl super::Book {
             .iter()
             .filter(|p| p.busy)
             .map(|p| p.slurm)
-            .collect::<std::collections::BTreeSet<_>>()
+            .collect::<FxHashSet<_>>()
             .len() as u32;
         self.busy[index] = busy;
         for p in &pods {
@@ -266,6 +274,7 @@ impl super::Book {
             flights: &mut *cx.flights,
             rule,
             pods: &pods,
+            by_key: pods.iter().enumerate().map(|(i, p)| (p.key, i)).collect(),
             now,
             timeout_ms: ms(cx.policy.actions.timeout_s),
         };
@@ -306,11 +315,8 @@ impl super::Book {
             current,
             desired,
             plan,
-            present: present.iter().map(|s| (*s).to_owned()).collect(),
-            live: pods
-                .iter()
-                .map(|p| (p.slurm.to_owned(), p.key.to_owned(), p.uid.to_owned()))
-                .collect(),
+            present,
+            live: pods.iter().map(|p| (p.slurm, p.key, p.uid)).collect(),
         }
     }
 
@@ -354,12 +360,13 @@ impl super::Book {
         cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
     ) {
+        let delete: FxHashSet<&str> = plan.delete.iter().map(String::as_str).collect();
         for v in self
             .victims
             .values()
             .filter(|v| v.target == rule.target && v.kind == VictimKind::ScaleIn)
         {
-            let want = plan.delete.contains(&v.pod_key).then(|| {
+            let want = delete.contains(v.pod_key.as_str()).then(|| {
                 let (namespace, pod) = v
                     .pod_key
                     .split_once('/')
@@ -382,16 +389,17 @@ impl super::Book {
     /// pod of the target (`scaling.deletion_cost`).
     fn mark_deletion_cost(
         &mut self,
-        planned: &Planned,
+        planned: &Planned<'_>,
         cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
     ) {
         let cost_key = super::COST_LABEL;
-        for (_, key, _) in &planned.live {
+        let mark: FxHashSet<&str> = planned.plan.mark.iter().map(String::as_str).collect();
+        for &(_, key, _) in &planned.live {
             let Some(entry) = cx.model.pods.get(key) else {
                 continue;
             };
-            let marked = planned.plan.mark.contains(key);
+            let marked = mark.contains(key);
             let want = super::cost_want(&entry.obs, marked);
             let issue = cx.ctx.issue(Rule::DeletionCost);
             let key = Key::Pod(key, AspectRef::Label(cost_key));
@@ -407,7 +415,7 @@ impl super::Book {
         &mut self,
         rule: &ScaleRule,
         target: &KubeScaleTarget,
-        live: &[(String, String, String)],
+        live: &[(&str, &str, &str)],
         cx: &mut Cx<'_, '_>,
         looked: &mut Looked,
     ) {
@@ -428,10 +436,10 @@ impl super::Book {
             }
             // `live` is sorted by pod key, each key once (`pod_facts`): a
             // look-up per pod, not a walk of every pod of the target.
-            let Ok(at) = live.binary_search_by(|(_, k, _)| k.as_str().cmp(key.as_str())) else {
+            let Ok(at) = live.binary_search_by(|(_, k, _)| (*k).cmp(key.as_str())) else {
                 continue;
             };
-            let (slurm, _, uid) = &live[at];
+            let (slurm, _, uid) = live[at];
             if self.victims.contains_key(slurm)
                 || p.deleting
                 || !cx.model.slurm_nodes.contains_key(slurm)
@@ -439,7 +447,7 @@ impl super::Book {
                 continue;
             }
             let jobs = cx.model.jobs_on(slurm);
-            old.push((jobs, slurm.clone(), key.clone(), uid.clone()));
+            old.push((jobs, slurm.to_owned(), key.clone(), uid.to_owned()));
         }
         old.sort_by(|a, b| super::victim_order((a.0, &a.1), (b.0, &b.1)));
         for (_, slurm, key, uid) in old.into_iter().take(room) {
@@ -451,7 +459,7 @@ impl super::Book {
 
     /// Why scale-in stops short, once per change, in the audit trail
     /// (`scaling.blocked`).
-    fn report_blocked(&mut self, rule: &ScaleRule, planned: &Planned, cx: &mut Cx<'_, '_>) {
+    fn report_blocked(&mut self, rule: &ScaleRule, planned: &Planned<'_>, cx: &mut Cx<'_, '_>) {
         let (current, desired) = (planned.current, planned.desired);
         let blocked = planned
             .plan
@@ -551,6 +559,9 @@ struct Victims<'a, 'p> {
     flights: &'a mut Flights,
     rule: &'a ScaleRule,
     pods: &'a [PodFacts<'p>],
+    /// Pod key -> its index in `pods` (each key once: `pod_facts` walks a
+    /// map by key).
+    by_key: FxHashMap<&'p str, usize>,
     now: u64,
     timeout_ms: u64,
 }
@@ -567,9 +578,8 @@ impl<'p> Victims<'_, 'p> {
 
     /// The pod a victim was picked for, if it is still there.
     fn pod_of(&self, v: &Victim) -> Option<&'_ PodFacts<'p>> {
-        self.pods
-            .iter()
-            .find(|p| p.key == v.pod_key && p.uid == v.uid)
+        let p = &self.pods[*self.by_key.get(v.pod_key.as_str())?];
+        (p.uid == v.uid).then_some(p)
     }
 
     /// A victim settled: its pod's deletion, if in flight, is parked.
@@ -634,12 +644,19 @@ impl<'p> Victims<'_, 'p> {
         looked: &mut Looked,
     ) -> (Vec<&'p str>, u32) {
         let mut present: Vec<&'p str> = Vec::new();
-        let mut gone = 0u32;
-        for node in self.of_kind(VictimKind::ScaleIn) {
-            if let Some(p) = self.pod_of(&self.victims[&node]) {
-                present.push(p.slurm);
-                continue;
+        // Those whose pods are gone: few, where all may be present (a
+        // scale-in of thousands waits on its drains).
+        let mut missing: Vec<String> = Vec::new();
+        let rule = self.rule;
+        let of_rule = |v: &Victim| v.target == rule.target && v.kind == VictimKind::ScaleIn;
+        for (node, v) in self.victims.iter().filter(|(_, v)| of_rule(v)) {
+            match self.pod_of(v) {
+                Some(p) => present.push(p.slurm),
+                None => missing.push(node.clone()),
             }
+        }
+        let mut gone = 0u32;
+        for node in missing {
             let v = self.victims.get_mut(&node).expect("listed above");
             match v.gone_at_replicas {
                 _ if !counted => {}

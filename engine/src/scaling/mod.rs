@@ -253,8 +253,11 @@ impl PodFacts<'_> {
 /// The ordinal of a StatefulSet pod `<set>-<ordinal>` (canonical decimal).
 pub(crate) fn ordinal(set: &str, pod: &str) -> Option<u32> {
     let digits = pod.strip_prefix(set)?.strip_prefix('-')?;
-    let o: u32 = digits.parse().ok()?;
-    (o.to_string() == digits).then_some(o)
+    // Canonical: digits only (no sign), no leading zero; checked without
+    // printing the number back (a scale-in scan asks this of every pod).
+    let canonical = digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits.len() == 1 || !digits.starts_with('0'));
+    canonical.then(|| digits.parse().ok()).flatten()
 }
 
 /// Whether a pod's controller is the scale target: the target itself, or

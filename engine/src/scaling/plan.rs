@@ -68,10 +68,12 @@ pub(crate) fn plan_scale_in(s: &ScaleIn<'_, '_>) -> ScaleInPlan {
         }
         return plan;
     };
+    // A set: the plans ask of every pod whether it is a victim.
+    let victims: FxHashSet<&str> = s.victims.iter().copied().collect();
     match removal {
-        Removal::HighestOrdinal => highest_ordinal(s, &mut plan),
-        Removal::DeletionCost => deletion_cost(s, &mut plan),
-        Removal::DeletePod => delete_pod(s, &mut plan),
+        Removal::HighestOrdinal => highest_ordinal(s, &victims, &mut plan),
+        Removal::DeletionCost => deletion_cost(s, &victims, &mut plan),
+        Removal::DeletePod => delete_pod(s, &victims, &mut plan),
         Removal::ControllerDrains => {
             if s.desired < s.current && s.may_pick {
                 let idle = s
@@ -88,18 +90,19 @@ pub(crate) fn plan_scale_in(s: &ScaleIn<'_, '_>) -> ScaleInPlan {
 }
 
 /// `highest_ordinal`: the chain of top ordinals.
-fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
+fn highest_ordinal(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut ScaleInPlan) {
     let set = s.target.name.as_str();
+    let ordinals = Ordinals::of(set, s.pods);
     let at = |o: u32| {
-        s.pods
-            .iter()
-            .find(|p| ordinal(set, p.name) == Some(o) && !p.deleting)
-            .or_else(|| s.pods.iter().find(|p| ordinal(set, p.name) == Some(o)))
+        ordinals
+            .at(o)
+            .find(|p| !p.deleting)
+            .or_else(|| ordinals.at(o).next())
     };
     // Ordinals at or above the count are the controller's to remove: their
     // victims stay until their pods are gone.
     for p in s.pods {
-        if ordinal(set, p.name).is_some_and(|o| o >= s.current) && s.victims.contains(&p.slurm) {
+        if ordinal(set, p.name).is_some_and(|o| o >= s.current) && victims.contains(p.slurm) {
             plan.victims.push(p.slurm.to_owned());
         }
     }
@@ -111,7 +114,7 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
             plan.blocked = Some((None, format!("pod {set}-{o} is not known")));
             break;
         };
-        let victim = s.victims.contains(&p.slurm);
+        let victim = victims.contains(p.slurm);
         // A pod already leaving does not stop the chain; one being deleted
         // whose node still holds work does.
         let leaving = p.leaving();
@@ -129,10 +132,11 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
     }
     // Lower past each ordinal from the top whose node is DRAINED, or whose
     // pod is leaving anyway and its node takes no job.
+    let picked: FxHashSet<&str> = plan.victims.iter().map(String::as_str).collect();
     let mut to = s.current;
     while to > s.desired {
         let Some(p) = at(to - 1) else { break };
-        if !(plan.victims.iter().any(|v| v == p.slurm) && p.passable()) {
+        if !(picked.contains(p.slurm) && p.passable()) {
             break;
         }
         to -= 1;
@@ -141,14 +145,14 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
 }
 
 /// `deletion_cost`: any idle pods, marked lowest cost once DRAINED.
-fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
+fn deletion_cost(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut ScaleInPlan) {
     let victim_cost: i64 = VICTIM_COST.parse().expect("a number");
     let wanted = s.current.saturating_sub(s.desired) as usize;
     // Victims being removed (after a lowering) stay until gone.
     let leaving: Vec<&PodFacts> = s
         .pods
         .iter()
-        .filter(|p| p.deleting && s.victims.contains(&p.slurm))
+        .filter(|p| p.deleting && victims.contains(p.slurm))
         .collect();
     plan.victims
         .extend(leaving.iter().map(|p| p.slurm.to_owned()));
@@ -159,18 +163,19 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
     let mut doomed: Vec<&PodFacts> = s
         .pods
         .iter()
-        .filter(|p| !p.deleting && s.victims.contains(&p.slurm))
+        .filter(|p| !p.deleting && victims.contains(p.slurm))
         .filter(|p| p.cost == Some(victim_cost))
         .collect();
     doomed.sort_by(|a, b| victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
     doomed.truncate(live.saturating_sub(s.current) as usize);
     plan.victims
         .extend(doomed.iter().map(|p| p.slurm.to_owned()));
+    let doomed_keys: FxHashSet<&str> = doomed.iter().map(|p| p.key).collect();
     let mut kept: Vec<&PodFacts> = s
         .pods
         .iter()
-        .filter(|p| !p.deleting && s.victims.contains(&p.slurm))
-        .filter(|p| !doomed.iter().any(|d| d.key == p.key))
+        .filter(|p| !p.deleting && victims.contains(p.slurm))
+        .filter(|p| !doomed_keys.contains(p.key))
         .filter(|p| p.why_not_removable().is_none())
         .collect();
     kept.sort_by(|a, b| victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
@@ -179,7 +184,7 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
         let mut fresh: Vec<&PodFacts> = s
             .pods
             .iter()
-            .filter(|p| !s.victims.contains(&p.slurm) && p.serving && p.idle_enough)
+            .filter(|p| !victims.contains(p.slurm) && p.serving && p.idle_enough)
             .filter(|p| p.why_not_removable().is_none())
             .collect();
         fresh.sort_by(|a, b| victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
@@ -199,9 +204,10 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
     // Lower only when the controller can pick nothing but the marked,
     // DRAINED victims: every other pod serves and costs more, none is on
     // its way out, and the count is settled.
-    let marked: Vec<&&PodFacts> = kept
+    let marked: FxHashSet<&str> = kept
         .iter()
         .filter(|p| p.safe_to_remove() && p.cost == Some(victim_cost))
+        .map(|p| p.key)
         .collect();
     if marked.is_empty() {
         return;
@@ -210,7 +216,7 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
     let blocker = s
         .pods
         .iter()
-        .filter(|p| !marked.iter().any(|m| m.key == p.key))
+        .filter(|p| !marked.contains(p.key))
         .find_map(|p| {
             if p.deleting {
                 Some(format!("pod {} is being deleted", p.key))
@@ -245,13 +251,13 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
 }
 
 /// `delete_pod`: lockstep deletes DRAINED victims, then lowers by the gone.
-fn delete_pod(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
+fn delete_pod(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut ScaleInPlan) {
     let wanted = s.current.saturating_sub(s.desired).saturating_sub(s.gone) as usize;
     // Pods already being deleted stay victims until gone.
     let mut kept: Vec<&PodFacts> = s
         .pods
         .iter()
-        .filter(|p| s.victims.contains(&p.slurm))
+        .filter(|p| victims.contains(p.slurm))
         .filter(|p| p.deleting || p.why_not_removable().is_none())
         .collect();
     kept.sort_by(|a, b| {
@@ -265,7 +271,7 @@ fn delete_pod(s: &ScaleIn<'_, '_>, plan: &mut ScaleInPlan) {
         let mut fresh: Vec<&PodFacts> = s
             .pods
             .iter()
-            .filter(|p| !s.victims.contains(&p.slurm) && p.idle_enough)
+            .filter(|p| !victims.contains(p.slurm) && p.idle_enough)
             .filter(|p| p.why_not_removable().is_none())
             .collect();
         fresh.sort_by(|a, b| victim_order((a.jobs, a.slurm), (b.jobs, b.slurm)));
@@ -314,10 +320,11 @@ pub(crate) fn lowering_allowed(
     match removal {
         None => Err(format!("no removal rule for kind {}", target.kind)),
         Some(Removal::HighestOrdinal) => {
+            let ordinals = Ordinals::of(&target.name, pods);
             for o in to..from {
-                let p = pods
-                    .iter()
-                    .find(|p| ordinal(&target.name, p.name) == Some(o))
+                let p = ordinals
+                    .at(o)
+                    .next()
                     .ok_or_else(|| format!("pod {}-{o} is not known", target.name))?;
                 if !p.passable() {
                     return Err(format!(
@@ -332,5 +339,36 @@ pub(crate) fn lowering_allowed(
         // (deletion_cost) or nothing is left to choose (delete_pod), or the
         // controller drains itself.
         Some(Removal::DeletionCost | Removal::DeletePod | Removal::ControllerDrains) => Ok(()),
+    }
+}
+
+/// A StatefulSet's pods by ordinal, found by a binary search instead of a
+/// walk of every pod: a scale-in of a large set asks for each ordinal it
+/// passes.
+struct Ordinals<'a, 'p> {
+    pods: &'a [PodFacts<'p>],
+    /// `(ordinal, index in pods)`, sorted: an ordinal's pods in the order of
+    /// `pods` (two while a replacement starts beside a terminating pod).
+    sorted: Vec<(u32, usize)>,
+}
+
+impl<'a, 'p> Ordinals<'a, 'p> {
+    fn of(set: &str, pods: &'a [PodFacts<'p>]) -> Self {
+        let mut sorted: Vec<(u32, usize)> = pods
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| ordinal(set, p.name).map(|o| (o, i)))
+            .collect();
+        sorted.sort_unstable();
+        Self { pods, sorted }
+    }
+
+    /// The pods of ordinal `o`, in the order of `pods`.
+    fn at(&self, o: u32) -> impl Iterator<Item = &'a PodFacts<'p>> + '_ {
+        let from = self.sorted.partition_point(|&(x, _)| x < o);
+        self.sorted[from..]
+            .iter()
+            .take_while(move |&&(x, _)| x == o)
+            .map(|&(_, i)| &self.pods[i])
     }
 }
