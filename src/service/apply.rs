@@ -20,6 +20,10 @@ use crate::telemetry;
 /// committed and dispatched.
 pub(super) const ACTIONS_PER_COMMIT: usize = 512;
 
+/// A record that takes the engine this long is logged (at debug level),
+/// with what it was: the apply loop's pauses, laid beside their causes.
+const SLOW_RECORD: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl Service {
     /// Applies a batch, or its first records that issue
     /// [`ACTIONS_PER_COMMIT`] actions, and commits them (ledger, audit),
@@ -38,7 +42,20 @@ impl Service {
             if rec.seq < self.next {
                 continue;
             }
+            let one = Instant::now();
+            let actions = self.out.actions.len();
             self.engine.apply(rec, &mut self.out);
+            let took = one.elapsed();
+            if took >= SLOW_RECORD {
+                telemetry::SlowRecord {
+                    seq: rec.seq,
+                    time_ms: rec.time_ms,
+                    event: &rec.envelope.event,
+                    actions: self.out.actions.len() - actions,
+                    took,
+                }
+                .emit();
+            }
             if let Event::ActionOutcome(o) = &rec.envelope.event {
                 telemetry::OutcomeApplied {
                     kind: o.kind.name(),
