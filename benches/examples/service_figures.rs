@@ -755,15 +755,7 @@ fn pauses(nodes: usize) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let nats = NatsServer::start();
     let log = unbounded_log(&rt, &nats.url());
-    let shape = Shape {
-        slurm_nodes: nodes,
-        per_kube_node: 1,
-        pending_jobs: 0,
-        scaling_and_topology: true,
-    };
-    let mut g = Generator::new(shape, 11);
-    let in_flight = g.cordon_all();
-    let records = g.into_records();
+    let (_, records, in_flight) = lockstep_testkit::gen::cordoned_fleet(nodes, 11);
     let relists: Vec<lockstep_schemas::Envelope> = records
         .iter()
         .filter(|r| matches!(r.envelope.event, lockstep_schemas::Event::SlurmNode(_)))

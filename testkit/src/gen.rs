@@ -69,6 +69,23 @@ impl Shape {
     }
 }
 
+/// A whole fleet cordoned at once, lockstep's actuators silent:
+/// `slurm_nodes` idle Slurm nodes, one per Kubernetes node, scaling and
+/// topology on, every Kubernetes node cordoned and nothing lockstep issued
+/// for that answered. Its shape, its log, and the actions in flight at the
+/// end of it.
+pub fn cordoned_fleet(slurm_nodes: usize, seed: u64) -> (Shape, Vec<EventRecord>, usize) {
+    let shape = Shape {
+        slurm_nodes,
+        per_kube_node: 1,
+        pending_jobs: 0,
+        scaling_and_topology: true,
+    };
+    let mut g = Generator::new(shape, seed);
+    let in_flight = g.cordon_all();
+    (shape, g.into_records(), in_flight)
+}
+
 /// The policy of a synthetic cluster.
 pub fn policy(shape: Shape) -> Policy {
     let mut p = Policy::default();

@@ -150,15 +150,7 @@ fn checkpoint(slurm_nodes: usize) {
 
 fn scale_in(slurm_nodes: usize) {
     use lockstep_schemas::{Envelope, Event, EventRecord, Source};
-    let shape = Shape {
-        slurm_nodes,
-        per_kube_node: 1,
-        pending_jobs: 0,
-        scaling_and_topology: true,
-    };
-    let mut g = Generator::new(shape, 11);
-    let in_flight = g.cordon_all();
-    let records = g.into_records();
+    let (shape, records, in_flight) = lockstep_testkit::gen::cordoned_fleet(slurm_nodes, 11);
     let mut nodes = std::collections::BTreeMap::new();
     for r in &records {
         if let Event::SlurmNode(n) = &r.envelope.event {

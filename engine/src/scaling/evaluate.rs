@@ -274,7 +274,6 @@ impl super::Book {
             flights: &mut *cx.flights,
             rule,
             pods: &pods,
-            by_key: pods.iter().enumerate().map(|(i, p)| (p.key, i)).collect(),
             now,
             timeout_ms: ms(cx.policy.actions.timeout_s),
         };
@@ -558,27 +557,28 @@ struct Victims<'a, 'p> {
     victims: &'a mut BTreeMap<String, Victim>,
     flights: &'a mut Flights,
     rule: &'a ScaleRule,
+    /// Sorted by pod key, each key once (`pod_facts`).
     pods: &'a [PodFacts<'p>],
-    /// Pod key -> its index in `pods` (each key once: `pod_facts` walks a
-    /// map by key).
-    by_key: FxHashMap<&'p str, usize>,
     now: u64,
     timeout_ms: u64,
 }
 
 impl<'p> Victims<'_, 'p> {
     /// Victims of this target of one kind.
-    fn of_kind(&self, kind: VictimKind) -> Vec<String> {
+    fn of_kind(&self, kind: VictimKind) -> impl Iterator<Item = (&String, &Victim)> {
+        let target = &self.rule.target;
         self.victims
             .iter()
-            .filter(|(_, v)| v.target == self.rule.target && v.kind == kind)
-            .map(|(n, _)| n.clone())
-            .collect()
+            .filter(move |(_, v)| v.target == *target && v.kind == kind)
     }
 
     /// The pod a victim was picked for, if it is still there.
     fn pod_of(&self, v: &Victim) -> Option<&'_ PodFacts<'p>> {
-        let p = &self.pods[*self.by_key.get(v.pod_key.as_str())?];
+        let at = self
+            .pods
+            .binary_search_by(|p| p.key.cmp(v.pod_key.as_str()))
+            .ok()?;
+        let p = &self.pods[at];
         (p.uid == v.uid).then_some(p)
     }
 
@@ -607,7 +607,11 @@ impl<'p> Victims<'_, 'p> {
         looked: &mut Looked,
         out: &mut Output,
     ) {
-        for node in self.of_kind(VictimKind::Replace) {
+        let replacing: Vec<String> = self
+            .of_kind(VictimKind::Replace)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for node in replacing {
             let v = &self.victims[&node];
             let Some(pod) = self.pod_of(v) else {
                 let back = self
@@ -647,9 +651,7 @@ impl<'p> Victims<'_, 'p> {
         // Those whose pods are gone: few, where all may be present (a
         // scale-in of thousands waits on its drains).
         let mut missing: Vec<String> = Vec::new();
-        let rule = self.rule;
-        let of_rule = |v: &Victim| v.target == rule.target && v.kind == VictimKind::ScaleIn;
-        for (node, v) in self.victims.iter().filter(|(_, v)| of_rule(v)) {
+        for (node, v) in self.of_kind(VictimKind::ScaleIn) {
             match self.pod_of(v) {
                 Some(p) => present.push(p.slurm),
                 None => missing.push(node.clone()),
