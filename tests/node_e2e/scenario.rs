@@ -222,9 +222,19 @@ impl Scenario {
     pub fn wait_slurm_idle(&self, n: usize) {
         for i in 0..n {
             let node = format!("slurmd-{i}");
-            wait_for(&format!("{node} registered and idle"), 2 * MINUTE, || {
-                (self.bed.slurm_state(&node) == "IDLE").then_some(())
-            });
+            let t = std::time::Instant::now();
+            loop {
+                let state = self.bed.slurm_state(&node);
+                if state == "IDLE" {
+                    break;
+                }
+                assert!(
+                    t.elapsed() < 2 * MINUTE,
+                    "{node} registered and idle: not within {:?} (State={state})",
+                    2 * MINUTE
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
     }
 
@@ -541,6 +551,7 @@ impl Scenario {
             .try_slurm("sinfo", &["-N", "-o", "%N %T %E"])
             .unwrap_or_else(|e| e);
         std::fs::write(self.dir.join("diagnostics.txt"), out).unwrap();
+        eprintln!("{}", self.digest());
         let _ = Command::new(&self.bed.images["LOCKSTEP_BINARY"])
             .args(["export", "--nats", &nats_url()])
             .arg(self.dir.join("log-at-failure.jsonl"))
@@ -556,6 +567,71 @@ impl Scenario {
         ] {
             let _ = std::fs::copy(PathBuf::from(ROOT).join(src), self.dir.join(dst));
         }
+    }
+}
+
+impl Scenario {
+    /// A short account of the bed at a failure, for the test's own output
+    /// (where CI shows it; the files stay on the machine that ran it): the
+    /// node's conditions and taints, the slurmd pods and their containers'
+    /// states, warning events, Slurm's view of its nodes, and the end of
+    /// each slurmd pod's log.
+    fn digest(&self) -> String {
+        let b = &self.bed;
+        let mut out = String::from("---- the bed at the failure\n");
+        let jsonpath = |args: &[&str]| b.try_kubectl(args, None).unwrap_or_else(|e| e);
+        out += &jsonpath(&[
+            "get",
+            "node",
+            NODE_NAME,
+            "-o",
+            "jsonpath={range .status.conditions[*]}{.type}={.status} {end}taints: {.spec.taints}",
+        ]);
+        out += "\n";
+        out += &jsonpath(&[
+            "get",
+            "pods",
+            "-n",
+            SLURM_NS,
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.spec.nodeName} {.status.containerStatuses[*].state}{\"\\n\"}{end}",
+        ]);
+        out += &jsonpath(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector=type=Warning",
+            "-o",
+            "custom-columns=AGE:.lastTimestamp,OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message",
+        ]);
+        out += "\n";
+        out += &b
+            .try_slurm("sinfo", &["-N", "-o", "%N %T %E"])
+            .unwrap_or_else(|e| e);
+        let ctld = std::fs::read_to_string(PathBuf::from(ROOT).join("slurm/log/slurmctld.log"))
+            .unwrap_or_default();
+        out += "-- the end of slurmctld.log\n";
+        for line in ctld
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            out += line;
+            out += "\n";
+        }
+        let pods = b
+            .try_kubectl(&["get", "pods", "-n", SLURM_NS, "-o", "name"], None)
+            .unwrap_or_default();
+        for p in pods.lines() {
+            out += &format!("-- {p}, the end of its log\n");
+            out += &b
+                .try_kubectl(&["logs", "-n", SLURM_NS, p, "--tail=12"], None)
+                .unwrap_or_else(|e| e);
+        }
+        out
     }
 }
 
