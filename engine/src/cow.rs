@@ -117,6 +117,15 @@ impl<K: Eq + Hash, V> CowMap<K, V> {
         self.shards[shard_of(key)].get(key)
     }
 
+    /// The entry of `key`: the map's own key and its value.
+    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &V)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.shards[shard_of(key)].get_key_value(key)
+    }
+
     /// Whether `key` has a value.
     pub fn contains_key<Q>(&self, key: &Q) -> bool
     where

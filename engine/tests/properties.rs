@@ -1063,3 +1063,91 @@ fn a_victim_dropped_while_its_pod_deletion_is_in_flight_does_not_race_it() {
         .collect();
     assert_eq!(deletions.len(), 1, "{deletions:?}");
 }
+
+/// A scale-in waiting for its top ordinal to be idle long enough, while
+/// the nodes below it keep changing: between scans scaling looks at the
+/// top pod alone, and must decide exactly as a scan of every pod would (a
+/// restored engine scans at its first look), then pick the top ordinal once
+/// it has been idle long enough.
+#[test]
+fn a_scale_in_waiting_on_its_top_ordinal_decides_as_a_full_scan_would() {
+    let mut ops = vec![
+        Op::Policy {
+            host: false,
+            delete_pod: false,
+        },
+        Op::Scale {
+            replicas: 3,
+            revision: false,
+        },
+    ];
+    for node in 0..3 {
+        ops.push(Op::Slurm {
+            node,
+            state: 0,
+            drain: None,
+            not_responding: false,
+        });
+        ops.push(Op::Pod {
+            node,
+            on: node,
+            deleting: false,
+            evicted: false,
+            cond: 0,
+        });
+    }
+    // The bottom node flaps (relevant to scaling, below the top) for 24 s,
+    // within the 30 s idle time; a job comes and goes on it.
+    for i in 0..12 {
+        ops.push(Op::Slurm {
+            node: 0,
+            state: 0,
+            drain: None,
+            not_responding: i % 2 == 0,
+        });
+        if i == 4 {
+            ops.push(Op::Job {
+                id: 1,
+                state: 2,
+                nodes: 1,
+                count: 1,
+            });
+        }
+        if i == 6 {
+            ops.push(Op::Job {
+                id: 1,
+                state: 3,
+                nodes: 1,
+                count: 1,
+            });
+        }
+        ops.push(Op::Advance { s: 2 });
+    }
+    ops.push(Op::Advance { s: 10 });
+    ops.push(Op::Advance { s: 2 });
+    let recs = build_log(&ops);
+    let mut live = Engine::new(Policy::default());
+    let (mut a, mut b) = (Output::default(), Output::default());
+    let mut actions = Vec::new();
+    for (i, rec) in recs.iter().enumerate() {
+        let mut restored = Engine::restore(&live.snapshot()).unwrap();
+        a.clear();
+        b.clear();
+        live.apply(rec, &mut a);
+        restored.apply(rec, &mut b);
+        assert_eq!(a, b, "record {i} ({:?})", rec.envelope.event.kind());
+        assert_eq!(live.hash(), restored.hash(), "record {i}");
+        actions.extend(a.actions.iter().map(|x| x.action.clone()));
+    }
+    let drained: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SlurmDrain { node, .. } => Some(node.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        drained.contains(&SLURM[2]),
+        "the top ordinal is drained once idle long enough: {actions:?}"
+    );
+}

@@ -90,13 +90,17 @@ impl super::Book {
         if scan_all {
             self.busy = vec![0; rules.len()];
             self.rollout = vec![true; rules.len()];
+            self.stopped_at_top = vec![false; rules.len()];
             self.rule_of.clear();
         }
         for (index, rule) in rules.iter().enumerate() {
             let Some(target) = cx.model.scale_targets.get(&rule.target).map(|t| &t.obs) else {
                 continue;
             };
-            if !scan_all && self.scale_fast(index, rule, target, cx, &mut wake) {
+            if !scan_all
+                && (self.scale_fast(index, rule, target, cx, &mut wake)
+                    || self.scale_top(index, rule, target, cx, &mut wake))
+            {
                 continue;
             }
             let looked = self.scale_target(index, rule, target, cx, &mut wake);
@@ -138,6 +142,117 @@ impl super::Book {
         let ctl = self.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
         ctl.blocked = None;
+        let counts = Replicas {
+            current,
+            desired,
+            lower_to: None,
+        };
+        reconcile_replicas(ctl, rule, counts, cx, wake);
+        true
+    }
+
+    /// The top ordinal alone: the last scan found a `highest_ordinal`
+    /// scale-in stopped at the target's top ordinal with nothing to pick,
+    /// mark, delete or lower and no victims, and no pod, target, policy or
+    /// visibility changed since (each forces a scan). Then the pods below
+    /// the top wait for it, and only the top pod, looked at afresh, can
+    /// set the chain going: its plan is the whole target's. When that plan
+    /// wants more than to stop there, the target is scanned instead.
+    /// Whether it applied.
+    fn scale_top(
+        &mut self,
+        index: usize,
+        rule: &ScaleRule,
+        target: &KubeScaleTarget,
+        cx: &mut Cx<'_, '_>,
+        wake: &mut Option<u64>,
+    ) -> bool {
+        let visible = cx.model.slurm_visible && cx.model.kube_visible;
+        let removal = cx.policy.scaling.removal_of(&rule.target);
+        let current = target.replicas;
+        if !self.stopped_at_top[index]
+            || !visible
+            || removal != Some(Removal::HighestOrdinal)
+            || current == 0
+            || self.victims.values().any(|v| v.target == rule.target)
+        {
+            return false;
+        }
+        let now = cx.ctx.now_ms;
+        let pending = cx.model.pending_nodes(&rule.partition);
+        let desired = super::desired(
+            self.busy[index],
+            pending,
+            rule.min_replicas,
+            rule.max_replicas,
+        );
+        if desired >= current {
+            return false;
+        }
+        let (model, policy) = (cx.model, cx.policy);
+        let flights: &Flights = cx.flights;
+        let unseen = |slurm: &str| (cx.unseen)(flights, slurm);
+        let key = crate::model::pod_key(
+            &rule.target.namespace,
+            &format!("{}-{}", rule.target.name, current - 1),
+        );
+        let top: Vec<PodFacts<'_>> = model
+            .pods
+            .get_key_value(&key)
+            .and_then(|(key, entry)| {
+                super::pod_fact(
+                    model,
+                    policy,
+                    rule,
+                    &self.idle_since,
+                    &self.victims,
+                    &unseen,
+                    now,
+                    (key, &entry.obs),
+                )
+            })
+            .into_iter()
+            .collect();
+        let ctl = self.targets.entry(rule.target.clone()).or_default();
+        let down_ready_at = ctl
+            .last_down_ms
+            .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
+        let may_pick = now >= down_ready_at;
+        let plan = super::plan_scale_in(&ScaleIn {
+            removal,
+            target: &rule.target,
+            current,
+            desired,
+            pods: &top,
+            victims: &[],
+            gone: 0,
+            may_pick,
+            visible,
+        });
+        let stops = plan.victims.is_empty()
+            && plan.lower_to.is_none()
+            && plan.delete.is_empty()
+            && plan.mark.is_empty();
+        if !stops {
+            return false;
+        }
+        ctl.desired = Some(desired);
+        if may_pick {
+            if let Some(at) = plan.idle_wake {
+                min_wake(wake, at);
+            }
+        } else {
+            min_wake(wake, down_ready_at);
+        }
+        let planned = Planned {
+            current,
+            desired,
+            plan,
+            present: Vec::new(),
+            live: Vec::new(),
+        };
+        self.report_blocked(rule, &planned, cx);
+        let ctl = self.targets.get_mut(&rule.target).expect("made above");
         let counts = Replicas {
             current,
             desired,
@@ -195,7 +310,7 @@ impl super::Book {
             ctl.last_down_ms = Some(now);
         }
         self.delete_victim_pods(rule, &planned.plan, cx, wake);
-        self.mark_deletion_cost(&planned, cx, wake);
+        let costs_settled = self.mark_deletion_cost(&planned, cx, wake);
         if cx.model.slurm_visible && cx.model.kube_visible {
             self.pick_replacements(rule, target, &planned.live, cx, &mut looked);
         }
@@ -212,6 +327,19 @@ impl super::Book {
             lower_to: planned.plan.lower_to,
         };
         reconcile_replicas(ctl, rule, counts, cx, wake);
+        let plan = &planned.plan;
+        self.stopped_at_top[index] = cx.policy.scaling.removal_of(&rule.target)
+            == Some(Removal::HighestOrdinal)
+            && cx.model.slurm_visible
+            && cx.model.kube_visible
+            && planned.desired < planned.current
+            && plan.victims.is_empty()
+            && plan.lower_to.is_none()
+            && plan.delete.is_empty()
+            && plan.mark.is_empty()
+            && costs_settled
+            && !self.rollout[index]
+            && !self.victims.values().any(|v| v.target == rule.target);
         looked
     }
 
@@ -234,7 +362,7 @@ impl super::Book {
         let removal = cx.policy.scaling.removal_of(&rule.target);
         let (model, policy) = (cx.model, cx.policy);
         let flights: &Flights = cx.flights;
-        let (pods, idle_at) = super::pod_facts(
+        let pods = super::pod_facts(
             model,
             policy,
             rule,
@@ -298,7 +426,7 @@ impl super::Book {
             visible,
         });
         if desired < current && visible && may_pick {
-            for at in idle_at {
+            if let Some(at) = plan.idle_wake {
                 min_wake(wake, at);
             }
         }
@@ -385,15 +513,17 @@ impl super::Book {
     }
 
     /// `deletion_cost`: the lowest cost on DRAINED victims, and on no other
-    /// pod of the target (`scaling.deletion_cost`).
+    /// pod of the target (`scaling.deletion_cost`). Whether every pod
+    /// already carries what it should, with nothing of it in flight.
     fn mark_deletion_cost(
         &mut self,
         planned: &Planned<'_>,
         cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
-    ) {
+    ) -> bool {
         let cost_key = super::COST_LABEL;
         let mark: FxHashSet<&str> = planned.plan.mark.iter().map(String::as_str).collect();
+        let mut settled = true;
         for &(_, key, _) in &planned.live {
             let Some(entry) = cx.model.pods.get(key) else {
                 continue;
@@ -402,10 +532,12 @@ impl super::Book {
             let want = super::cost_want(&entry.obs, marked);
             let issue = cx.ctx.issue(Rule::DeletionCost);
             let key = Key::Pod(key, AspectRef::Label(cost_key));
+            settled &= want.is_none() && !cx.flights.holds(key);
             let policy = &cx.policy.actions;
             cx.flights
                 .bring(key, want, &issue, policy, &mut cx.out.actions, wake);
         }
+        settled
     }
 
     /// Rolling replacement: pods of an old revision become victims, at most

@@ -104,6 +104,12 @@ pub(crate) struct Book {
     /// (pods do not change between scans: a change forces one).
     #[serde(skip)]
     pub rule_of: FxHashMap<String, usize>,
+    /// Per scale rule: the last scan found a `highest_ordinal` scale-in
+    /// stopped at its top ordinal, nothing to pick, mark, delete or lower
+    /// and no victims; until the next scan only the top pod can change
+    /// that (`Book::scale_top`).
+    #[serde(skip)]
+    pub stopped_at_top: Vec<bool>,
     /// Pods, targets or visibility changed since the last scan.
     #[serde(skip, default = "yes")]
     pub scan_needed: bool,
@@ -119,6 +125,7 @@ impl Default for Book {
             busy: Vec::new(),
             rollout: Vec::new(),
             rule_of: FxHashMap::default(),
+            stopped_at_top: Vec::new(),
             scan_needed: true,
         }
     }
@@ -136,6 +143,7 @@ impl Book {
             busy: _,
             rollout: _,
             rule_of: _,
+            stopped_at_top: _,
             scan_needed: _,
         } = self;
         Self {
@@ -201,6 +209,9 @@ pub(crate) struct PodFacts<'a> {
     /// `None`: not a number, so its rank is unknown).
     pub cost: Option<i64>,
     pub revision: Option<&'a str>,
+    /// When it becomes idle long enough, while it is idle, not busy, no
+    /// victim, and not idle long enough yet.
+    pub idle_at: Option<u64>,
 }
 
 impl PodFacts<'_> {
@@ -275,8 +286,7 @@ pub(crate) fn owned_by(target: &ScaleTargetRef, owner_kind: &str, owner_name: &s
     owner_kind == target.kind && owner_name == target.name
 }
 
-/// What scaling knows of each pod of a scale target, sorted by pod key, and
-/// the log times at which idle pods become idle long enough.
+/// What scaling knows of each pod of a scale target, sorted by pod key.
 pub(crate) fn pod_facts<'a>(
     model: &'a Model,
     policy: &Policy,
@@ -285,65 +295,88 @@ pub(crate) fn pod_facts<'a>(
     victims: &BTreeMap<String, Victim>,
     unseen: impl Fn(&str) -> bool,
     now: u64,
-) -> (Vec<PodFacts<'a>>, Vec<u64>) {
-    let idle_ms = ms(rule.idle_before_scale_down_s);
-    let mut pods: Vec<PodFacts> = Vec::new();
-    let mut idle_at: Vec<u64> = Vec::new();
-    for (key, entry) in &model.pods {
-        let p = &entry.obs;
-        let owned = p.namespace == rule.target.namespace
-            && p.owner
-                .as_ref()
-                .is_some_and(|o| owned_by(&rule.target, &o.kind, &o.name));
-        if !owned {
-            continue;
-        }
-        let Some(slurm) = slurm_name_of_pod(p, policy) else {
-            continue;
-        };
-        let node = model.slurm_nodes.get(slurm).map(|n| &n.obs);
-        let jobs = model.jobs_on(slurm);
-        let busy = jobs > 0 || node.is_some_and(slurm_busy);
-        let idle_enough = match idle_since.get(slurm).copied() {
-            Some(t) if after_ms(t, idle_ms) <= now => true,
-            Some(t) => {
-                if !busy && !victims.contains_key(slurm) {
-                    idle_at.push(after_ms(t, idle_ms));
-                }
-                false
-            }
-            None => false,
-        };
-        pods.push(PodFacts {
-            key,
-            name: &p.name,
-            uid: &p.uid,
-            slurm,
-            jobs,
-            busy,
-            known: node.is_some(),
-            drained: node.is_some_and(|n| drained(n, jobs)) && !unseen(slurm),
-            deleting: p.deleting,
-            serving: p.running_and_ready()
-                && p.node_name.as_deref().is_some_and(|n| {
-                    model
-                        .kube_nodes
-                        .get(n)
-                        .is_none_or(|k| k.obs.ready == ConditionStatus::True)
-                }),
-            slurm_serves: node.is_some_and(slurm_serves),
-            held_down: node.is_some_and(|n| {
-                !n.has(&SlurmNodeFlag::Drain) && lockstep_schemas::set_down_by_user(n)
-            }),
-            idle_enough,
-            cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
-            revision: p.revision.as_deref(),
-        });
-    }
+) -> Vec<PodFacts<'a>> {
+    let mut pods: Vec<PodFacts> = model
+        .pods
+        .iter()
+        .filter_map(|(key, entry)| {
+            pod_fact(
+                model,
+                policy,
+                rule,
+                idle_since,
+                victims,
+                &unseen,
+                now,
+                (key, &entry.obs),
+            )
+        })
+        .collect();
     // Decisions must not depend on the hash map's order (it differs after
     // a restore).
     pods.sort_unstable_by(|a, b| a.key.cmp(b.key));
-    (pods, idle_at)
+    pods
+}
+
+/// What scaling knows of one pod (`key`, the pod), if it is one of the
+/// target's and names a Slurm node.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pod_fact<'a>(
+    model: &'a Model,
+    policy: &Policy,
+    rule: &ScaleRule,
+    idle_since: &CowMap<String, u64>,
+    victims: &BTreeMap<String, Victim>,
+    unseen: &impl Fn(&str) -> bool,
+    now: u64,
+    (key, p): (&'a str, &'a KubePod),
+) -> Option<PodFacts<'a>> {
+    let owned = p.namespace == rule.target.namespace
+        && p.owner
+            .as_ref()
+            .is_some_and(|o| owned_by(&rule.target, &o.kind, &o.name));
+    if !owned {
+        return None;
+    }
+    let slurm = slurm_name_of_pod(p, policy)?;
+    let node = model.slurm_nodes.get(slurm).map(|n| &n.obs);
+    let jobs = model.jobs_on(slurm);
+    let busy = jobs > 0 || node.is_some_and(slurm_busy);
+    let idle_ms = ms(rule.idle_before_scale_down_s);
+    let (idle_enough, idle_at) = match idle_since.get(slurm).copied() {
+        Some(t) if after_ms(t, idle_ms) <= now => (true, None),
+        Some(t) => {
+            let waits = !busy && !victims.contains_key(slurm);
+            (false, waits.then(|| after_ms(t, idle_ms)))
+        }
+        None => (false, None),
+    };
+    Some(PodFacts {
+        key,
+        name: &p.name,
+        uid: &p.uid,
+        slurm,
+        jobs,
+        busy,
+        known: node.is_some(),
+        drained: node.is_some_and(|n| drained(n, jobs)) && !unseen(slurm),
+        deleting: p.deleting,
+        serving: p.running_and_ready()
+            && p.node_name.as_deref().is_some_and(|n| {
+                model
+                    .kube_nodes
+                    .get(n)
+                    .is_none_or(|k| k.obs.ready == ConditionStatus::True)
+            }),
+        slurm_serves: node.is_some_and(slurm_serves),
+        held_down: node.is_some_and(|n| {
+            !n.has(&SlurmNodeFlag::Drain) && lockstep_schemas::set_down_by_user(n)
+        }),
+        idle_enough,
+        cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
+        revision: p.revision.as_deref(),
+        idle_at,
+    })
 }
 
 /// `deletion_cost`: the deletion cost a pod should carry, `marked` or not

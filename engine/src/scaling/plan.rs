@@ -40,11 +40,18 @@ pub(crate) struct ScaleInPlan {
     /// Why scale-in stops short, for the audit trail: the Slurm node that
     /// stops it (if one does) and why.
     pub blocked: Option<(Option<String>, String)>,
+    /// The next time an idle pod's becoming idle long enough can change
+    /// this plan: the earliest of any pod's, or for `highest_ordinal` the
+    /// one where the chain stops (the pods below it wait for it).
+    pub idle_wake: Option<u64>,
 }
 
 /// One scale-in step, by the target's removal rule (module table).
 pub(crate) fn plan_scale_in(s: &ScaleIn<'_, '_>) -> ScaleInPlan {
-    let mut plan = ScaleInPlan::default();
+    let mut plan = ScaleInPlan {
+        idle_wake: s.pods.iter().filter_map(|p| p.idle_at).min(),
+        ..ScaleInPlan::default()
+    };
     if !s.visible {
         // Blind: keep what was decided, decide nothing new.
         plan.victims = s.victims.iter().map(|v| (*v).to_owned()).collect();
@@ -107,6 +114,8 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut Sc
         }
     }
     // The chain: from the top down to the demand, each ordinal removable.
+    // Only the pod where it stops can set it going again by growing idle.
+    plan.idle_wake = None;
     let mut o = s.current;
     while o > s.desired {
         o -= 1;
@@ -126,6 +135,7 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut Sc
             break;
         }
         if !(victim || leaving || (s.may_pick && p.idle_enough)) {
+            plan.idle_wake = p.idle_at;
             break;
         }
         plan.victims.push(p.slurm.to_owned());

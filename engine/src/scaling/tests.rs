@@ -32,6 +32,7 @@ fn pod(name: &'static str, state: char) -> PodFacts<'static> {
         idle_enough: matches!(state, 'i' | 'd' | 'm' | 'p'),
         cost: Some(if state == 'm' { -2_147_483_648 } else { 0 }),
         revision: None,
+        idle_at: None,
     }
 }
 
