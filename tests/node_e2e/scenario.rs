@@ -628,7 +628,7 @@ impl Scenario {
         for p in pods.lines() {
             out += &format!("-- {p}, the end of its log\n");
             out += &b
-                .try_kubectl(&["logs", "-n", SLURM_NS, p, "--tail=12"], None)
+                .try_kubectl(&["logs", "-n", SLURM_NS, p, "--tail=20"], None)
                 .unwrap_or_else(|e| e);
         }
         out
