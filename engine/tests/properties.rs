@@ -548,6 +548,34 @@ fn run_once(recs: &[EventRecord]) -> Run {
     run_batched(recs, &[])
 }
 
+/// Applies each record to the engine and to a copy restored from its
+/// snapshot just before (whose first look at anything is a full one): the
+/// two must give the same outputs and hash, record for record. Returns the
+/// actions issued, or the first difference.
+fn live_beside_restored(recs: &[EventRecord]) -> Result<Vec<IssuedAction>, String> {
+    let mut live = Engine::new(Policy::default());
+    let (mut a, mut b) = (Output::default(), Output::default());
+    let mut actions = Vec::new();
+    for (i, rec) in recs.iter().enumerate() {
+        let mut restored = Engine::restore(&live.snapshot()).unwrap();
+        a.clear();
+        b.clear();
+        live.apply(rec, &mut a);
+        restored.apply(rec, &mut b);
+        let kind = rec.envelope.event.kind();
+        if a != b {
+            return Err(format!(
+                "record {i} ({kind:?}) after a restore:\n{a:?}\n{b:?}"
+            ));
+        }
+        if live.hash() != restored.hash() {
+            return Err(format!("record {i} ({kind:?}): the hashes differ"));
+        }
+        actions.append(&mut a.actions);
+    }
+    Ok(actions)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
 
@@ -555,18 +583,7 @@ proptest! {
     fn a_restored_engine_behaves_like_the_one_it_was_taken_from(
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        let recs = build_log(&ops);
-        let mut live = Engine::new(Policy::default());
-        let (mut a, mut b) = (Output::default(), Output::default());
-        for (i, rec) in recs.iter().enumerate() {
-            let mut restored = Engine::restore(&live.snapshot()).unwrap();
-            a.clear();
-            b.clear();
-            live.apply(rec, &mut a);
-            restored.apply(rec, &mut b);
-            prop_assert_eq!(&a, &b, "record {} ({:?}) after a restore", i, rec.envelope.event.kind());
-            prop_assert_eq!(live.hash(), restored.hash(), "record {}", i);
-        }
+        live_beside_restored(&build_log(&ops)).map_err(TestCaseError::fail)?;
     }
 
     /// The relevance filter (`model::slurm_relevant_change`) and the busy
@@ -882,7 +899,9 @@ fn with_scale_in_reasons(ops: &[Op]) -> Vec<EventRecord> {
     recs
 }
 
-fn scale_in_run(delete_pod: bool) -> Vec<lockstep_schemas::ActionKind> {
+/// The scale policy (`delete_pod` removal or not) and a StatefulSet of 3
+/// replicas whose 3 pods' Slurm nodes are idle.
+fn three_idle_pods(delete_pod: bool) -> Vec<Op> {
     let mut ops = vec![
         Op::Policy {
             host: false,
@@ -908,6 +927,11 @@ fn scale_in_run(delete_pod: bool) -> Vec<lockstep_schemas::ActionKind> {
             cond: 0,
         });
     }
+    ops
+}
+
+fn scale_in_run(delete_pod: bool) -> Vec<lockstep_schemas::ActionKind> {
+    let mut ops = three_idle_pods(delete_pod);
     ops.push(Op::Advance { s: 35 });
     ops.push(Op::Advance { s: 2 });
     for node in 1..3 {
@@ -1071,31 +1095,7 @@ fn a_victim_dropped_while_its_pod_deletion_is_in_flight_does_not_race_it() {
 /// it has been idle long enough.
 #[test]
 fn a_scale_in_waiting_on_its_top_ordinal_decides_as_a_full_scan_would() {
-    let mut ops = vec![
-        Op::Policy {
-            host: false,
-            delete_pod: false,
-        },
-        Op::Scale {
-            replicas: 3,
-            revision: false,
-        },
-    ];
-    for node in 0..3 {
-        ops.push(Op::Slurm {
-            node,
-            state: 0,
-            drain: None,
-            not_responding: false,
-        });
-        ops.push(Op::Pod {
-            node,
-            on: node,
-            deleting: false,
-            evicted: false,
-            cond: 0,
-        });
-    }
+    let mut ops = three_idle_pods(false);
     // The bottom node flaps (relevant to scaling, below the top) for 24 s,
     // within the 30 s idle time; a job comes and goes on it.
     for i in 0..12 {
@@ -1125,23 +1125,10 @@ fn a_scale_in_waiting_on_its_top_ordinal_decides_as_a_full_scan_would() {
     }
     ops.push(Op::Advance { s: 10 });
     ops.push(Op::Advance { s: 2 });
-    let recs = build_log(&ops);
-    let mut live = Engine::new(Policy::default());
-    let (mut a, mut b) = (Output::default(), Output::default());
-    let mut actions = Vec::new();
-    for (i, rec) in recs.iter().enumerate() {
-        let mut restored = Engine::restore(&live.snapshot()).unwrap();
-        a.clear();
-        b.clear();
-        live.apply(rec, &mut a);
-        restored.apply(rec, &mut b);
-        assert_eq!(a, b, "record {i} ({:?})", rec.envelope.event.kind());
-        assert_eq!(live.hash(), restored.hash(), "record {i}");
-        actions.extend(a.actions.iter().map(|x| x.action.clone()));
-    }
+    let actions = live_beside_restored(&build_log(&ops)).unwrap();
     let drained: Vec<&str> = actions
         .iter()
-        .filter_map(|a| match a {
+        .filter_map(|a| match &a.action {
             Action::SlurmDrain { node, .. } => Some(node.as_str()),
             _ => None,
         })

@@ -81,12 +81,24 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// Waits until `f` gives a value, polling every 100 ms; panics after `limit`.
 pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    wait_showing(what, limit, || f().ok_or_else(String::new))
+}
+
+/// Waits until `f` gives `Ok`, polling every 100 ms; panics after `limit`,
+/// naming what `f` saw last (its `Err`, when not empty).
+pub fn wait_showing<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
     let t = Instant::now();
     loop {
-        if let Some(v) = f() {
-            return v;
+        let seen = match f() {
+            Ok(v) => return v,
+            Err(seen) => seen,
+        };
+        if t.elapsed() >= limit {
+            if seen.is_empty() {
+                panic!("{what}: not within {limit:?}");
+            }
+            panic!("{what}: not within {limit:?} (last seen: {seen})");
         }
-        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lockstep_schemas::{Event, EventRecord, OutcomeResult};
 use lockstep_store::{EventLog, StreamLimits};
-use lockstep_testkit::temp_dir;
+use lockstep_testkit::{temp_dir, wait_showing};
 use serde_json::{json, Value};
 
 use crate::common::node::{Bed, LOCKSTEP_NS, NATS_PORT, NODE_NAME, RELEASE, ROOT, SLURM_NS};
@@ -222,19 +222,14 @@ impl Scenario {
     pub fn wait_slurm_idle(&self, n: usize) {
         for i in 0..n {
             let node = format!("slurmd-{i}");
-            let t = std::time::Instant::now();
-            loop {
+            wait_showing(&format!("{node} registered and idle"), 2 * MINUTE, || {
                 let state = self.bed.slurm_state(&node);
                 if state == "IDLE" {
-                    break;
+                    Ok(())
+                } else {
+                    Err(format!("State={state}"))
                 }
-                assert!(
-                    t.elapsed() < 2 * MINUTE,
-                    "{node} registered and idle: not within {:?} (State={state})",
-                    2 * MINUTE
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            });
         }
     }
 
@@ -516,7 +511,6 @@ impl Scenario {
 
     /// Writes what is needed to understand a failure into the scenario's dir.
     pub fn diagnostics(&self) {
-        let b = &self.bed;
         let mut out = String::new();
         for args in [
             vec![
@@ -530,26 +524,13 @@ impl Scenario {
             vec!["describe", "node", NODE_NAME],
         ] {
             out += &format!("\n==== kubectl {}\n", args.join(" "));
-            out += &b.try_kubectl(&args, None).unwrap_or_else(|e| e);
+            out += &self.kubectl_or_error(&args);
         }
         for ns in [LOCKSTEP_NS, SLURM_NS] {
-            let pods = b
-                .try_kubectl(&["get", "pods", "-n", ns, "-o", "name"], None)
-                .unwrap_or_default();
-            for p in pods.lines() {
-                out += &format!("\n==== kubectl logs -n {ns} {p} --all-containers\n");
-                out += &b
-                    .try_kubectl(
-                        &["logs", "-n", ns, p, "--all-containers", "--tail=300"],
-                        None,
-                    )
-                    .unwrap_or_else(|e| e);
-            }
+            out += &self.pod_logs(ns, 300);
         }
         out += "\n==== sinfo\n";
-        out += &b
-            .try_slurm("sinfo", &["-N", "-o", "%N %T %E"])
-            .unwrap_or_else(|e| e);
+        out += &self.sinfo();
         std::fs::write(self.dir.join("diagnostics.txt"), out).unwrap();
         eprintln!("{}", self.digest());
         let _ = Command::new(&self.bed.images["LOCKSTEP_BINARY"])
@@ -577,10 +558,8 @@ impl Scenario {
     /// states, warning events, Slurm's view of its nodes, and the end of
     /// each slurmd pod's log.
     fn digest(&self) -> String {
-        let b = &self.bed;
         let mut out = String::from("---- the bed at the failure\n");
-        let jsonpath = |args: &[&str]| b.try_kubectl(args, None).unwrap_or_else(|e| e);
-        out += &jsonpath(&[
+        out += &self.kubectl_or_error(&[
             "get",
             "node",
             NODE_NAME,
@@ -588,7 +567,7 @@ impl Scenario {
             "jsonpath={range .status.conditions[*]}{.type}={.status} {end}taints: {.spec.taints}",
         ]);
         out += "\n";
-        out += &jsonpath(&[
+        out += &self.kubectl_or_error(&[
             "get",
             "pods",
             "-n",
@@ -596,7 +575,7 @@ impl Scenario {
             "-o",
             "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.spec.nodeName} {.status.containerStatuses[*].state}{\"\\n\"}{end}",
         ]);
-        out += &jsonpath(&[
+        out += &self.kubectl_or_error(&[
             "get",
             "events",
             "-A",
@@ -605,33 +584,41 @@ impl Scenario {
             "custom-columns=AGE:.lastTimestamp,OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message",
         ]);
         out += "\n";
-        out += &b
-            .try_slurm("sinfo", &["-N", "-o", "%N %T %E"])
-            .unwrap_or_else(|e| e);
+        out += &self.sinfo();
         let ctld = std::fs::read_to_string(PathBuf::from(ROOT).join("slurm/log/slurmctld.log"))
             .unwrap_or_default();
+        let lines: Vec<&str> = ctld.lines().collect();
         out += "-- the end of slurmctld.log\n";
-        for line in ctld
-            .lines()
-            .rev()
-            .take(12)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
-            out += line;
-            out += "\n";
-        }
-        let pods = b
-            .try_kubectl(&["get", "pods", "-n", SLURM_NS, "-o", "name"], None)
+        out += &lines[lines.len().saturating_sub(12)..].join("\n");
+        out += &self.pod_logs(SLURM_NS, 20);
+        out
+    }
+
+    /// kubectl's output, or its error.
+    fn kubectl_or_error(&self, args: &[&str]) -> String {
+        self.bed.try_kubectl(args, None).unwrap_or_else(|e| e)
+    }
+
+    /// The last `tail` lines of the log of each pod of `ns`.
+    fn pod_logs(&self, ns: &str, tail: usize) -> String {
+        let mut out = String::new();
+        let pods = self
+            .bed
+            .try_kubectl(&["get", "pods", "-n", ns, "-o", "name"], None)
             .unwrap_or_default();
+        let tail = format!("--tail={tail}");
         for p in pods.lines() {
-            out += &format!("-- {p}, the end of its log\n");
-            out += &b
-                .try_kubectl(&["logs", "-n", SLURM_NS, p, "--tail=20"], None)
-                .unwrap_or_else(|e| e);
+            out += &format!("\n==== kubectl logs -n {ns} {p} --all-containers {tail}\n");
+            out += &self.kubectl_or_error(&["logs", "-n", ns, p, "--all-containers", &tail]);
         }
         out
+    }
+
+    /// Slurm's nodes: name, state, reason.
+    fn sinfo(&self) -> String {
+        self.bed
+            .try_slurm("sinfo", &["-N", "-o", "%N %T %E"])
+            .unwrap_or_else(|e| e)
     }
 }
 

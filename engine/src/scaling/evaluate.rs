@@ -125,17 +125,11 @@ impl super::Book {
         cx: &mut Cx<'_, '_>,
         wake: &mut Option<u64>,
     ) -> bool {
-        if self.rollout[index] || self.victims.values().any(|v| v.target == rule.target) {
+        if self.rollout[index] || self.has_victims(&rule.target) {
             return false;
         }
         let current = target.replicas;
-        let pending = cx.model.pending_nodes(&rule.partition);
-        let desired = super::desired(
-            self.busy[index],
-            pending,
-            rule.min_replicas,
-            rule.max_replicas,
-        );
+        let desired = self.desired_now(index, rule, cx.model);
         if desired < current {
             return false;
         }
@@ -173,50 +167,25 @@ impl super::Book {
         if !self.stopped_at_top[index]
             || !visible
             || removal != Some(Removal::HighestOrdinal)
-            || current == 0
-            || self.victims.values().any(|v| v.target == rule.target)
+            || self.has_victims(&rule.target)
         {
             return false;
         }
-        let now = cx.ctx.now_ms;
-        let pending = cx.model.pending_nodes(&rule.partition);
-        let desired = super::desired(
-            self.busy[index],
-            pending,
-            rule.min_replicas,
-            rule.max_replicas,
-        );
+        let desired = self.desired_now(index, rule, cx.model);
         if desired >= current {
             return false;
         }
-        let (model, policy) = (cx.model, cx.policy);
-        let flights: &Flights = cx.flights;
-        let unseen = |slurm: &str| (cx.unseen)(flights, slurm);
-        let key = crate::model::pod_key(
+        // `desired < current`: there is a top ordinal.
+        let top_key = crate::model::pod_key(
             &rule.target.namespace,
             &format!("{}-{}", rule.target.name, current - 1),
         );
-        let top: Vec<PodFacts<'_>> = model
-            .pods
-            .get_key_value(&key)
-            .and_then(|(key, entry)| {
-                super::pod_fact(
-                    model,
-                    policy,
-                    rule,
-                    &self.idle_since,
-                    &self.victims,
-                    &unseen,
-                    now,
-                    (key, &entry.obs),
-                )
-            })
-            .into_iter()
-            .collect();
-        let ctl = self.targets.entry(rule.target.clone()).or_default();
-        let down_ready_at = ctl
-            .last_down_ms
-            .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
+        let top: Vec<PodFacts<'_>> = self.pod_look(rule, cx).get(&top_key).into_iter().collect();
+        let now = cx.ctx.now_ms;
+        let down_ready_at = self
+            .targets
+            .get(&rule.target)
+            .map_or(0, |ctl| ctl.down_ready_at(rule));
         let may_pick = now >= down_ready_at;
         let plan = super::plan_scale_in(&ScaleIn {
             removal,
@@ -229,21 +198,16 @@ impl super::Book {
             may_pick,
             visible,
         });
-        let stops = plan.victims.is_empty()
-            && plan.lower_to.is_none()
-            && plan.delete.is_empty()
-            && plan.mark.is_empty();
-        if !stops {
+        if !plan.wants_nothing() {
             return false;
         }
-        ctl.desired = Some(desired);
-        if may_pick {
-            if let Some(at) = plan.idle_wake {
-                min_wake(wake, at);
-            }
-        } else {
-            min_wake(wake, down_ready_at);
-        }
+        let waits = Waits {
+            wanted: true,
+            may_pick,
+            down_ready_at,
+            idle_wake: plan.idle_wake,
+        };
+        waits.bring(wake);
         let planned = Planned {
             current,
             desired,
@@ -252,7 +216,8 @@ impl super::Book {
             live: Vec::new(),
         };
         self.report_blocked(rule, &planned, cx);
-        let ctl = self.targets.get_mut(&rule.target).expect("made above");
+        let ctl = self.targets.entry(rule.target.clone()).or_default();
+        ctl.desired = Some(desired);
         let counts = Replicas {
             current,
             desired,
@@ -327,19 +292,15 @@ impl super::Book {
             lower_to: planned.plan.lower_to,
         };
         reconcile_replicas(ctl, rule, counts, cx, wake);
-        let plan = &planned.plan;
         self.stopped_at_top[index] = cx.policy.scaling.removal_of(&rule.target)
             == Some(Removal::HighestOrdinal)
             && cx.model.slurm_visible
             && cx.model.kube_visible
             && planned.desired < planned.current
-            && plan.victims.is_empty()
-            && plan.lower_to.is_none()
-            && plan.delete.is_empty()
-            && plan.mark.is_empty()
+            && planned.plan.wants_nothing()
             && costs_settled
             && !self.rollout[index]
-            && !self.victims.values().any(|v| v.target == rule.target);
+            && !self.has_victims(&rule.target);
         looked
     }
 
@@ -360,17 +321,8 @@ impl super::Book {
         let current = target.replicas;
         let visible = cx.model.slurm_visible && cx.model.kube_visible;
         let removal = cx.policy.scaling.removal_of(&rule.target);
-        let (model, policy) = (cx.model, cx.policy);
-        let flights: &Flights = cx.flights;
-        let pods = super::pod_facts(
-            model,
-            policy,
-            rule,
-            &self.idle_since,
-            &self.victims,
-            |slurm| (cx.unseen)(flights, slurm),
-            now,
-        );
+        let policy = cx.policy;
+        let pods = self.pod_look(rule, cx).all();
         // Busy Slurm nodes, each once even while two pods claim it (a
         // replacement starting beside a terminating pod).
         let busy = pods
@@ -389,13 +341,10 @@ impl super::Book {
             .update_revision
             .as_deref()
             .is_some_and(|rev| pods.iter().any(|p| p.revision.is_some_and(|r| r != rev)));
-        let pending = cx.model.pending_nodes(&rule.partition);
-        let desired = super::desired(busy, pending, rule.min_replicas, rule.max_replicas);
+        let desired = self.desired_now(index, rule, cx.model);
         let ctl = self.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
-        let down_ready_at = ctl
-            .last_down_ms
-            .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s));
+        let down_ready_at = ctl.down_ready_at(rule);
 
         let mut book = Victims {
             victims: &mut self.victims,
@@ -411,9 +360,6 @@ impl super::Book {
         let counted = removal == Some(Removal::DeletePod) && desired < current;
         let (present, gone) = book.settle_scale_in(counted, current, looked);
         let may_pick = now >= down_ready_at;
-        if desired < current && visible && !may_pick {
-            min_wake(wake, down_ready_at);
-        }
         let mut plan = super::plan_scale_in(&ScaleIn {
             removal,
             target: &rule.target,
@@ -425,11 +371,13 @@ impl super::Book {
             may_pick,
             visible,
         });
-        if desired < current && visible && may_pick {
-            if let Some(at) = plan.idle_wake {
-                min_wake(wake, at);
-            }
-        }
+        let waits = Waits {
+            wanted: desired < current && visible,
+            may_pick,
+            down_ready_at,
+            idle_wake: plan.idle_wake,
+        };
+        waits.bring(wake);
         if let Some(to) = plan.lower_to {
             if let Err(why) =
                 super::lowering_allowed(removal, &rule.target, &pods, current, to, visible)
@@ -444,6 +392,24 @@ impl super::Book {
             plan,
             present,
             live: pods.iter().map(|p| (p.slurm, p.key, p.uid)).collect(),
+        }
+    }
+
+    /// What scaling reads to know rule's pods, as of `cx`.
+    fn pod_look<'a, 'b>(
+        &'b self,
+        rule: &'b ScaleRule,
+        cx: &'b Cx<'a, '_>,
+    ) -> super::PodLook<'a, 'b, impl Fn(&str) -> bool + 'b> {
+        let (flights, unseen): (&Flights, _) = (&*cx.flights, cx.unseen);
+        super::PodLook {
+            model: cx.model,
+            policy: cx.policy,
+            rule,
+            idle_since: &self.idle_since,
+            victims: &self.victims,
+            unseen: move |slurm: &str| unseen(flights, slurm),
+            now: cx.ctx.now_ms,
         }
     }
 
@@ -808,6 +774,29 @@ impl<'p> Victims<'_, 'p> {
             self.settle(&node, looked);
         }
         (present, gone)
+    }
+}
+
+/// When a scale-in that is `wanted` (and lockstep sees both sides) needs
+/// another look by itself: at the end of the scale-down cooldown while it
+/// lasts, else when the next pod its plan waits for is idle long enough.
+struct Waits {
+    wanted: bool,
+    may_pick: bool,
+    down_ready_at: u64,
+    idle_wake: Option<u64>,
+}
+
+impl Waits {
+    fn bring(&self, wake: &mut Option<u64>) {
+        if !self.wanted {
+            return;
+        }
+        match (self.may_pick, self.idle_wake) {
+            (false, _) => min_wake(wake, self.down_ready_at),
+            (true, Some(at)) => min_wake(wake, at),
+            (true, None) => {}
+        }
     }
 }
 

@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 pub(crate) use crate::cause::VictimKind;
 use crate::cow::CowMap;
 use crate::model::{slurm_name_of_pod, Model};
-use crate::units::{after_ms, ms};
+use crate::units::{after_ms, after_s, ms};
 
 mod evaluate;
 mod plan;
@@ -78,6 +78,14 @@ pub(crate) struct ScaleCtl {
     /// Why scale-in does not go further, as last reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked: Option<String>,
+}
+
+impl ScaleCtl {
+    /// When the scale-down cooldown lets new victims be picked.
+    pub fn down_ready_at(&self, rule: &ScaleRule) -> u64 {
+        self.last_down_ms
+            .map_or(0, |t| after_s(t, rule.scale_down_cooldown_s))
+    }
 }
 
 /// Scaling's state.
@@ -152,6 +160,23 @@ impl Book {
             idle_since: idle_since.clone(),
             ..Self::default()
         }
+    }
+
+    /// Whether the target has victims (of scale-in or replacement).
+    fn has_victims(&self, target: &ScaleTargetRef) -> bool {
+        self.victims.values().any(|v| v.target == *target)
+    }
+
+    /// The replicas the demand of this moment wants of rule `index`, from
+    /// the busy count kept current between scans.
+    fn desired_now(&self, index: usize, rule: &ScaleRule, model: &Model) -> u32 {
+        let pending = model.pending_nodes(&rule.partition);
+        desired(
+            self.busy[index],
+            pending,
+            rule.min_replicas,
+            rule.max_replicas,
+        )
     }
 }
 
@@ -286,97 +311,90 @@ pub(crate) fn owned_by(target: &ScaleTargetRef, owner_kind: &str, owner_name: &s
     owner_kind == target.kind && owner_name == target.name
 }
 
-/// What scaling knows of each pod of a scale target, sorted by pod key.
-pub(crate) fn pod_facts<'a>(
-    model: &'a Model,
-    policy: &Policy,
-    rule: &ScaleRule,
-    idle_since: &CowMap<String, u64>,
-    victims: &BTreeMap<String, Victim>,
-    unseen: impl Fn(&str) -> bool,
-    now: u64,
-) -> Vec<PodFacts<'a>> {
-    let mut pods: Vec<PodFacts> = model
-        .pods
-        .iter()
-        .filter_map(|(key, entry)| {
-            pod_fact(
-                model,
-                policy,
-                rule,
-                idle_since,
-                victims,
-                &unseen,
-                now,
-                (key, &entry.obs),
-            )
-        })
-        .collect();
-    // Decisions must not depend on the hash map's order (it differs after
-    // a restore).
-    pods.sort_unstable_by(|a, b| a.key.cmp(b.key));
-    pods
+/// What scaling reads of the engine to know a target's pods.
+pub(crate) struct PodLook<'a, 'b, U> {
+    pub model: &'a Model,
+    pub policy: &'b Policy,
+    pub rule: &'b ScaleRule,
+    pub idle_since: &'b CowMap<String, u64>,
+    pub victims: &'b BTreeMap<String, Victim>,
+    /// Whether what Slurm shows of a node is about to change (`Cx::unseen`).
+    pub unseen: U,
+    pub now: u64,
 }
 
-/// What scaling knows of one pod (`key`, the pod), if it is one of the
-/// target's and names a Slurm node.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pod_fact<'a>(
-    model: &'a Model,
-    policy: &Policy,
-    rule: &ScaleRule,
-    idle_since: &CowMap<String, u64>,
-    victims: &BTreeMap<String, Victim>,
-    unseen: &impl Fn(&str) -> bool,
-    now: u64,
-    (key, p): (&'a str, &'a KubePod),
-) -> Option<PodFacts<'a>> {
-    let owned = p.namespace == rule.target.namespace
-        && p.owner
-            .as_ref()
-            .is_some_and(|o| owned_by(&rule.target, &o.kind, &o.name));
-    if !owned {
-        return None;
+impl<'a, U: Fn(&str) -> bool> PodLook<'a, '_, U> {
+    /// What scaling knows of each pod of the target, sorted by pod key.
+    pub fn all(&self) -> Vec<PodFacts<'a>> {
+        let mut pods: Vec<PodFacts> = self
+            .model
+            .pods
+            .iter()
+            .filter_map(|(key, entry)| self.one(key, &entry.obs))
+            .collect();
+        // Decisions must not depend on the hash map's order (it differs
+        // after a restore).
+        pods.sort_unstable_by(|a, b| a.key.cmp(b.key));
+        pods
     }
-    let slurm = slurm_name_of_pod(p, policy)?;
-    let node = model.slurm_nodes.get(slurm).map(|n| &n.obs);
-    let jobs = model.jobs_on(slurm);
-    let busy = jobs > 0 || node.is_some_and(slurm_busy);
-    let idle_ms = ms(rule.idle_before_scale_down_s);
-    let (idle_enough, idle_at) = match idle_since.get(slurm).copied() {
-        Some(t) if after_ms(t, idle_ms) <= now => (true, None),
-        Some(t) => {
-            let waits = !busy && !victims.contains_key(slurm);
-            (false, waits.then(|| after_ms(t, idle_ms)))
+
+    /// The pod of `key`, if the model has it.
+    pub fn get(&self, key: &str) -> Option<PodFacts<'a>> {
+        let (key, entry) = self.model.pods.get_key_value(key)?;
+        self.one(key, &entry.obs)
+    }
+
+    /// What scaling knows of one pod, if it is one of the target's and
+    /// names a Slurm node.
+    fn one(&self, key: &'a str, p: &'a KubePod) -> Option<PodFacts<'a>> {
+        let (model, rule) = (self.model, self.rule);
+        let owned = p.namespace == rule.target.namespace
+            && p.owner
+                .as_ref()
+                .is_some_and(|o| owned_by(&rule.target, &o.kind, &o.name));
+        if !owned {
+            return None;
         }
-        None => (false, None),
-    };
-    Some(PodFacts {
-        key,
-        name: &p.name,
-        uid: &p.uid,
-        slurm,
-        jobs,
-        busy,
-        known: node.is_some(),
-        drained: node.is_some_and(|n| drained(n, jobs)) && !unseen(slurm),
-        deleting: p.deleting,
-        serving: p.running_and_ready()
-            && p.node_name.as_deref().is_some_and(|n| {
-                model
-                    .kube_nodes
-                    .get(n)
-                    .is_none_or(|k| k.obs.ready == ConditionStatus::True)
+        let slurm = slurm_name_of_pod(p, self.policy)?;
+        let node = model.slurm_nodes.get(slurm).map(|n| &n.obs);
+        let jobs = model.jobs_on(slurm);
+        let busy = jobs > 0 || node.is_some_and(slurm_busy);
+        let idle_ms = ms(rule.idle_before_scale_down_s);
+        let (idle_enough, idle_at) = match self.idle_since.get(slurm).copied() {
+            Some(t) if after_ms(t, idle_ms) <= self.now => (true, None),
+            Some(t) => {
+                let waits = !busy && !self.victims.contains_key(slurm);
+                (false, waits.then(|| after_ms(t, idle_ms)))
+            }
+            None => (false, None),
+        };
+        Some(PodFacts {
+            key,
+            name: &p.name,
+            uid: &p.uid,
+            slurm,
+            jobs,
+            busy,
+            known: node.is_some(),
+            drained: node.is_some_and(|n| drained(n, jobs)) && !(self.unseen)(slurm),
+            deleting: p.deleting,
+            serving: p.running_and_ready()
+                && p.node_name.as_deref().is_some_and(|n| {
+                    model
+                        .kube_nodes
+                        .get(n)
+                        .is_none_or(|k| k.obs.ready == ConditionStatus::True)
+                }),
+            slurm_serves: node.is_some_and(slurm_serves),
+            held_down: node.is_some_and(|n| {
+                !n.has(&SlurmNodeFlag::Drain) && lockstep_schemas::set_down_by_user(n)
             }),
-        slurm_serves: node.is_some_and(slurm_serves),
-        held_down: node.is_some_and(|n| {
-            !n.has(&SlurmNodeFlag::Drain) && lockstep_schemas::set_down_by_user(n)
-        }),
-        idle_enough,
-        cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
-        revision: p.revision.as_deref(),
-        idle_at,
-    })
+            idle_enough,
+            cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
+            revision: p.revision.as_deref(),
+            idle_at,
+        })
+    }
 }
 
 /// `deletion_cost`: the deletion cost a pod should carry, `marked` or not

@@ -46,6 +46,17 @@ pub(crate) struct ScaleInPlan {
     pub idle_wake: Option<u64>,
 }
 
+impl ScaleInPlan {
+    /// Wants nothing done: no victim, no lowering, nothing to delete or
+    /// mark.
+    pub fn wants_nothing(&self) -> bool {
+        self.victims.is_empty()
+            && self.lower_to.is_none()
+            && self.delete.is_empty()
+            && self.mark.is_empty()
+    }
+}
+
 /// One scale-in step, by the target's removal rule (module table).
 pub(crate) fn plan_scale_in(s: &ScaleIn<'_, '_>) -> ScaleInPlan {
     let mut plan = ScaleInPlan {
