@@ -22,7 +22,10 @@
 //! the whole idle fleet). Prints both, the scan as the median of five
 //! applications to copies of the engine.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
 
 use lockstep_engine::replay::Replay;
 use lockstep_engine::{Engine, Output};
@@ -43,37 +46,72 @@ fn rss_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// The reducer's figures: apply and replay throughput by default, or one of
+/// the measurements below.
+#[derive(Parser)]
+#[command(
+    name = "reducer-figures",
+    args_conflicts_with_subcommands = true,
+    after_help = "scripts/bench-reducer.sh runs the throughput against a reference build, interleaved, and prints the ratios."
+)]
+struct Cli {
+    #[command(subcommand)]
+    measure: Option<Measure>,
+    #[command(flatten)]
+    throughput: Throughput,
+}
+
+/// Apply throughput on the steady-state mix, replay throughput of a
+/// MessagePack log with decoding, and the floor of that replay: decoding the
+/// same log alone.
+#[derive(Args)]
+struct Throughput {
+    /// Slurm nodes of the generated cluster.
+    #[arg(default_value_t = 10_000)]
+    slurm_nodes: usize,
+    /// Steady-state events applied after the cluster is brought up.
+    #[arg(default_value_t = 1_000_000)]
+    steady_events: usize,
+    /// `full`: scaling and topology on, 90,000 queued jobs.
+    #[arg(value_parser = ["full"])]
+    full: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Measure {
+    /// Resident memory of an engine holding a model of that many Slurm
+    /// nodes (with their pods and Kubernetes nodes).
+    Memory {
+        #[arg(default_value_t = 50_000)]
+        slurm_nodes: usize,
+    },
+    /// Resident memory of an engine restored from a snapshot file.
+    Restore { snapshot: PathBuf },
+    /// A whole idle fleet to scale in: the retry wave, then scaling's scan.
+    ScaleIn {
+        #[arg(default_value_t = 50_000)]
+        slurm_nodes: usize,
+    },
+    /// What a checkpoint costs: encoding, writing and syncing, a copy of the
+    /// engine, the frozen copy.
+    Checkpoint {
+        #[arg(default_value_t = 50_000)]
+        slurm_nodes: usize,
+    },
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("memory") {
-        let n = args
-            .get(1)
-            .map_or(50_000, |a| a.parse().expect("slurm_nodes"));
-        return memory(n);
+    let cli = Cli::parse();
+    match cli.measure {
+        Some(Measure::Memory { slurm_nodes }) => memory(slurm_nodes),
+        Some(Measure::Restore { snapshot }) => restore(&snapshot),
+        Some(Measure::ScaleIn { slurm_nodes }) => scale_in(slurm_nodes),
+        Some(Measure::Checkpoint { slurm_nodes }) => checkpoint(slurm_nodes),
+        None => {
+            let t = cli.throughput;
+            throughput(t.slurm_nodes, t.steady_events, t.full.is_some());
+        }
     }
-    if args.first().map(String::as_str) == Some("restore") {
-        return restore(&args[1]);
-    }
-    if args.first().map(String::as_str) == Some("scale-in") {
-        let n = args
-            .get(1)
-            .map_or(50_000, |a| a.parse().expect("slurm_nodes"));
-        return scale_in(n);
-    }
-    if args.first().map(String::as_str) == Some("checkpoint") {
-        let n = args
-            .get(1)
-            .map_or(50_000, |a| a.parse().expect("slurm_nodes"));
-        return checkpoint(n);
-    }
-    let slurm_nodes: usize = args
-        .first()
-        .map_or(10_000, |a| a.parse().expect("slurm_nodes"));
-    let steady: usize = args
-        .get(1)
-        .map_or(1_000_000, |a| a.parse().expect("steady_events"));
-    let full = args.get(2).map(String::as_str) == Some("full");
-    throughput(slurm_nodes, steady, full);
 }
 
 /// DESIGN.md's scale target: 50,000 Slurm nodes, 5,000 Kubernetes nodes,
@@ -243,7 +281,7 @@ fn memory(slurm_nodes: usize) {
     assert!(status.success());
 }
 
-fn restore(path: &str) {
+fn restore(path: &Path) {
     let before = rss_mib();
     // Decoded as it is read, as the service restores its checkpoint: a
     // buffer of the whole snapshot, freed after, counted here before.
