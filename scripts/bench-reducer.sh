@@ -9,8 +9,10 @@
 # scaling and topology on (`reducer-figures N E full`). Each round runs the
 # reference and this checkout's build once each, the order swapped every
 # round. Prints each run's figures, then per measure the median of each
-# build, the ratios of the rounds and their median, and how far replay stands
-# from its floor (decoding the same log alone, this build).
+# build, the ratios of the rounds and their median, and replay beside
+# decoding the same log alone (this build). This build's replay reads ahead
+# on a second thread, as `lockstep replay` does; its replay on one thread is
+# shown beside it.
 #
 # LOCKSTEP_BENCH_REF names the reference commit (142c1c2 by default). Its
 # tree is exported with `git archive` and built once into
@@ -19,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-rust.sh
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 case ${1:-} in -h | --help) usage; exit 0 ;; esac
 rounds=${1:-3}
 nodes=${2:-10000}
@@ -62,6 +64,7 @@ run() {
     /^apply:/ { m = "apply" }
     /^decode only:/ { m = "decode" }
     /^replay:/ { m = "replay" }
+    /^replay \(one thread\)/ { m = "replay1" }
     /^replay \(verifying/ { m = "" }
     m != "" && match($0, /= [0-9.]+ M events\/s/) {
       v = substr($0, RSTART + 2, RLENGTH - 13); print b, r, m, v; m = ""
@@ -100,6 +103,11 @@ for m in ("apply", "replay"):
     verdict = "met" if mc >= speed and mr >= ratio else "not met"
     print(f"{m:8} {mc:9.2f} M/s {med(list(old.values())):9.2f} M/s "
           f"{' '.join(f'{x:.2f}' for x in ratios):>22} {mr:6.2f}x  >= {speed} M/s and >= {ratio}x: {verdict}")
+cur, old = fig.get(("current", "replay1"), {}), fig.get(("ref", "replay"), {})
+if cur:
+    ratios = [cur[r] / old[r] for r in sorted(cur) if r in old and old[r] > 0]
+    print(f"{'(replay on one thread)':24} {med(list(cur.values())):.2f} M/s, "
+          f"ratios {' '.join(f'{x:.2f}' for x in ratios)}, median {med(ratios):.2f}x")
 dec, rep = fig.get(("current", "decode"), {}), fig.get(("current", "replay"), {})
 floor = [rep[r] / dec[r] for r in sorted(rep) if r in dec and dec[r] > 0]
 print(f"decoding alone (this build) {med(list(dec.values())):.2f} M events/s; "

@@ -418,7 +418,12 @@ impl RecordSource {
                     .on_warning(move |w| eprintln!("warning: {name}: {w}"));
                 let len = std::fs::metadata(path).map_or(0, |m| m.len());
                 let bar = what.and_then(|w| progress_bar(len, true, w));
-                Ok(Box::new(Tracked { reader, bar, n: 0 }))
+                // Decoded on a second thread while the caller applies.
+                Ok(Box::new(lockstep_schemas::log::read_ahead(Tracked {
+                    reader,
+                    bar,
+                    n: 0,
+                })))
             }
             Self::Log(cfg, _) => Ok(Self::log_records(cfg, None, what)?.1),
         }

@@ -1340,6 +1340,85 @@ pub fn open(
     LogReader::detect(std::io::BufReader::with_capacity(1 << 16, file))
 }
 
+/// Records handed over from the decoding thread at a time.
+const READ_AHEAD_BATCH: usize = 256;
+
+/// Batches decoded and not yet taken, at most: with [`READ_AHEAD_BATCH`],
+/// and a snapshot part in a batch of its own, what waits stays within a few
+/// MiB.
+const READ_AHEAD_BATCHES: usize = 4;
+
+/// The records of `records` (a [`LogReader`], or anything that yields what
+/// one does), decoded on a thread of their own while the caller takes them:
+/// a replay decodes and applies at once, on two cores, instead of one after
+/// the other. The records, the error that ends them and the warnings come
+/// as they would from `records` itself, in the same order; what is decoded
+/// ahead is bounded. Dropping it stops the decoding thread at its next
+/// batch; a panic on that thread is resumed on the caller's.
+pub fn read_ahead<I>(records: I) -> ReadAhead
+where
+    I: Iterator<Item = Result<Record, DecodeError>> + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD_BATCHES);
+    let decoder = std::thread::Builder::new()
+        .name("log-read-ahead".into())
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(READ_AHEAD_BATCH);
+            for item in records {
+                // A snapshot part is up to 4 MiB: it goes on its own.
+                let alone = matches!(item, Ok(Record::Snapshot(_)));
+                batch.push(item);
+                if alone || batch.len() == READ_AHEAD_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(READ_AHEAD_BATCH));
+                    if tx.send(full).is_err() {
+                        // The reader was dropped: nobody wants the rest.
+                        return;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                let _ = tx.send(batch);
+            }
+        })
+        .expect("starting the log's decoding thread");
+    ReadAhead {
+        batch: Vec::new().into_iter(),
+        rx,
+        decoder: Some(decoder),
+    }
+}
+
+/// Records decoded on another thread ([`read_ahead`]).
+pub struct ReadAhead {
+    batch: std::vec::IntoIter<Result<Record, DecodeError>>,
+    rx: std::sync::mpsc::Receiver<Vec<Result<Record, DecodeError>>>,
+    decoder: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Iterator for ReadAhead {
+    type Item = Result<Record, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(item) = self.batch.next() {
+                return Some(item);
+            }
+            match self.rx.recv() {
+                Ok(batch) => self.batch = batch.into_iter(),
+                Err(_) => {
+                    // Every batch is in: the thread ended, or panicked.
+                    if let Some(decoder) = self.decoder.take() {
+                        if let Err(panic) = decoder.join() {
+                            std::panic::resume_unwind(panic);
+                        }
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// Reads a log into memory, stopping at the first error.
 pub fn read_all<R: BufRead>(rd: LogReader<R>) -> (Vec<Record>, Option<DecodeError>) {
     let mut out = Vec::new();
@@ -1872,5 +1951,122 @@ mod tests {
             ),
             "{err:?}"
         );
+    }
+
+    /// The records, the error that ends them and the warnings of a file,
+    /// read directly and read ahead on another thread.
+    fn both_ways(bytes: &[u8]) -> [(Vec<Record>, Option<String>, Vec<String>); 2] {
+        let direct = {
+            let rd = LogReader::detect(bytes).unwrap();
+            let mut recs = Vec::new();
+            let mut err = None;
+            let mut rd = rd;
+            for item in rd.by_ref() {
+                match item {
+                    Ok(r) => recs.push(r),
+                    Err(e) => err = Some(e.to_string()),
+                }
+            }
+            let warned = rd.warnings().iter().map(ToString::to_string).collect();
+            (recs, err, warned)
+        };
+        let ahead = {
+            let warned = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let sink = std::sync::Arc::clone(&warned);
+            let rd = LogReader::detect(std::io::Cursor::new(bytes.to_vec()))
+                .unwrap()
+                .on_warning(move |w| sink.lock().unwrap().push(w.to_string()));
+            let mut recs = Vec::new();
+            let mut err = None;
+            for item in read_ahead(rd) {
+                match item {
+                    Ok(r) => recs.push(r),
+                    Err(e) => err = Some(e.to_string()),
+                }
+            }
+            let warned = warned.lock().unwrap().clone();
+            (recs, err, warned)
+        };
+        [direct, ahead]
+    }
+
+    #[test]
+    fn read_ahead_hands_out_what_the_reader_does_in_its_order() {
+        // A header that warns (a newer minor version), several batches, a
+        // snapshot in parts among them, and damage at the end.
+        let mut recs = snapshot(2, 2 * SNAPSHOT_PART_BYTES + 10);
+        recs.extend((3..1_300).map(|seq| record(seq, Event::Tick)));
+        let header = LogHeader {
+            schema_minor: SCHEMA_MINOR + 1,
+            ..LogHeader::current("a newer lockstep")
+        };
+        for format in [Format::MessagePack, Format::JsonLines] {
+            let mut bytes = encode_with(format, &header, &recs);
+            bytes.extend_from_slice(b"\xc1 damage");
+            let [direct, ahead] = both_ways(&bytes);
+            assert_eq!(
+                direct.0.len(),
+                recs.len() + 1,
+                "{format:?}: header and records"
+            );
+            assert!(direct.1.is_some(), "{format:?}: the damage is an error");
+            assert_eq!(direct.2.len(), 1, "{format:?}: the header warns");
+            assert!(ahead == direct, "{format:?}: read ahead differs");
+        }
+    }
+
+    /// Counts the records it makes, without end; says when it is dropped.
+    struct Unending {
+        made: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        dropped: std::sync::mpsc::Sender<()>,
+    }
+
+    impl Iterator for Unending {
+        type Item = Result<Record, DecodeError>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            let n = self.made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(Ok(record(n as u64 + 1, Event::Tick)))
+        }
+    }
+
+    impl Drop for Unending {
+        fn drop(&mut self) {
+            let _ = self.dropped.send(());
+        }
+    }
+
+    #[test]
+    fn read_ahead_decodes_a_bounded_way_ahead_and_stops_when_dropped() {
+        use std::sync::atomic::Ordering;
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (dropped, gone) = std::sync::mpsc::channel();
+        let mut ahead = read_ahead(Unending {
+            made: std::sync::Arc::clone(&made),
+            dropped,
+        });
+        assert!(matches!(ahead.next(), Some(Ok(Record::Event(e))) if e.seq == 1));
+        // Time for the thread to run ahead as far as it may: the batches
+        // the channel holds, the one taken, the one being filled.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let bound = (READ_AHEAD_BATCHES + 2) * READ_AHEAD_BATCH + 1;
+        assert!(
+            made.load(Ordering::SeqCst) <= bound,
+            "{made:?} made, bound {bound}"
+        );
+        drop(ahead);
+        gone.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the decoding thread ends once its reader is dropped");
+    }
+
+    #[test]
+    fn a_panic_while_reading_ahead_reaches_the_reader() {
+        let records = (1..=300u64).map(|seq| {
+            assert!(seq < 300, "decoding failed");
+            Ok(record(seq, Event::Tick))
+        });
+        let caught = std::panic::catch_unwind(|| read_ahead(records).count());
+        let panic = caught.expect_err("the panic is resumed");
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"decoding failed"));
     }
 }

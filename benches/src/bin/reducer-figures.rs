@@ -4,8 +4,10 @@
 //!
 //! `reducer-figures [slurm_nodes] [steady_events] [full]`: apply throughput on
 //! the steady-state mix (`full`: with scaling and topology on and 90,000
-//! queued jobs), replay throughput of a MessagePack log with decoding, and
-//! the floor of that replay: decoding the same log alone.
+//! queued jobs), replay throughput of a MessagePack log with decoding (read
+//! ahead on a second thread, as `lockstep replay` reads a file, and on one
+//! thread), and the floor of a one-thread replay: decoding the same log
+//! alone.
 //! `reducer-figures memory [slurm_nodes]`: resident memory of an engine
 //! holding a model of that many Slurm nodes (with their pods and Kubernetes
 //! nodes), after everything else is dropped.
@@ -29,7 +31,7 @@ use clap::{Args, Parser, Subcommand};
 
 use lockstep_engine::replay::Replay;
 use lockstep_engine::{Engine, Output};
-use lockstep_schemas::log::{Format, LogReader, LogWriter};
+use lockstep_schemas::log::{read_ahead, Format, LogReader, LogWriter};
 use lockstep_schemas::{Policy, Record};
 use lockstep_testkit::gen::{Generator, Shape};
 
@@ -62,8 +64,8 @@ struct Cli {
 }
 
 /// Apply throughput on the steady-state mix, replay throughput of a
-/// MessagePack log with decoding, and the floor of that replay: decoding the
-/// same log alone.
+/// MessagePack log with decoding (read ahead on a second thread, and on
+/// one), and decoding the same log alone.
 #[derive(Args)]
 struct Throughput {
     /// Slurm nodes of the generated cluster.
@@ -355,15 +357,26 @@ fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
         el.as_secs_f64(),
         decoded as f64 / el.as_secs_f64() / 1e6
     );
-    for verify in [false, true] {
+    // As `lockstep replay` reads a file: decoded on a second thread while
+    // the first applies; then on one thread, decoding and applying in turn.
+    for (label, verify, ahead) in [
+        ("", false, true),
+        (" (one thread)", false, false),
+        (" (verifying content ids)", true, true),
+    ] {
         let data = bytes.clone();
         let t = Instant::now();
         let mut reader = LogReader::msgpack(data);
         if !verify {
             reader = reader.trust_ids();
         }
+        let records: Box<dyn Iterator<Item = _>> = if ahead {
+            Box::new(read_ahead(reader))
+        } else {
+            Box::new(reader)
+        };
         let mut replay = Replay::new(Engine::new(Policy::default()));
-        for rec in reader {
+        for rec in records {
             replay
                 .feed(&rec.expect("log decodes"))
                 .expect("log replays");
@@ -371,8 +384,7 @@ fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
         let el = t.elapsed();
         let n = replay.totals().events;
         println!(
-            "replay{}: {n} records, {:.1} MB MessagePack, decode + apply in {:.3} s = {:.2} M events/s",
-            if verify { " (verifying content ids)" } else { "" },
+            "replay{label}: {n} records, {:.1} MB MessagePack, decode + apply in {:.3} s = {:.2} M events/s",
             bytes.len() as f64 / 1e6,
             el.as_secs_f64(),
             n as f64 / el.as_secs_f64() / 1e6
