@@ -1105,18 +1105,15 @@ fn a_scale_in_waiting_on_its_top_ordinal_decides_as_a_full_scan_would() {
             drain: None,
             not_responding: i % 2 == 0,
         });
-        if i == 4 {
+        // The job starts at the fifth flap and ends at the seventh.
+        if let Some(state) = match i {
+            4 => Some(2),
+            6 => Some(3),
+            _ => None,
+        } {
             ops.push(Op::Job {
                 id: 1,
-                state: 2,
-                nodes: 1,
-                count: 1,
-            });
-        }
-        if i == 6 {
-            ops.push(Op::Job {
-                id: 1,
-                state: 3,
+                state,
                 nodes: 1,
                 count: 1,
             });

@@ -1419,8 +1419,11 @@ impl Iterator for ReadAhead {
     }
 }
 
-/// Reads a log into memory, stopping at the first error.
-pub fn read_all<R: BufRead>(rd: LogReader<R>) -> (Vec<Record>, Option<DecodeError>) {
+/// Reads a log into memory, stopping at the first error: a [`LogReader`],
+/// a [`read_ahead`] of one, or anything else that yields what they do.
+pub fn read_all(
+    rd: impl IntoIterator<Item = Result<Record, DecodeError>>,
+) -> (Vec<Record>, Option<DecodeError>) {
     let mut out = Vec::new();
     for item in rd {
         match item {
@@ -1956,38 +1959,20 @@ mod tests {
     /// The records, the error that ends them and the warnings of a file,
     /// read directly and read ahead on another thread.
     fn both_ways(bytes: &[u8]) -> [(Vec<Record>, Option<String>, Vec<String>); 2] {
-        let direct = {
-            let rd = LogReader::detect(bytes).unwrap();
-            let mut recs = Vec::new();
-            let mut err = None;
-            let mut rd = rd;
-            for item in rd.by_ref() {
-                match item {
-                    Ok(r) => recs.push(r),
-                    Err(e) => err = Some(e.to_string()),
-                }
-            }
-            let warned = rd.warnings().iter().map(ToString::to_string).collect();
-            (recs, err, warned)
-        };
-        let ahead = {
+        [false, true].map(|ahead| {
             let warned = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
             let sink = std::sync::Arc::clone(&warned);
             let rd = LogReader::detect(std::io::Cursor::new(bytes.to_vec()))
                 .unwrap()
                 .on_warning(move |w| sink.lock().unwrap().push(w.to_string()));
-            let mut recs = Vec::new();
-            let mut err = None;
-            for item in read_ahead(rd) {
-                match item {
-                    Ok(r) => recs.push(r),
-                    Err(e) => err = Some(e.to_string()),
-                }
-            }
+            let (recs, err) = if ahead {
+                read_all(read_ahead(rd))
+            } else {
+                read_all(rd)
+            };
             let warned = warned.lock().unwrap().clone();
-            (recs, err, warned)
-        };
-        [direct, ahead]
+            (recs, err.map(|e| e.to_string()), warned)
+        })
     }
 
     #[test]
