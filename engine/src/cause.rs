@@ -52,6 +52,17 @@ impl DrainCause {
             Self::EvictionRequested => format!("pod {pod} eviction requested"),
         }
     }
+
+    /// [`Self::describe`] without naming the pod or Kubernetes node.
+    fn summary(self) -> &'static str {
+        match self {
+            Self::Cordoned => "kubernetes node cordoned",
+            Self::PodDeleting => "pod being deleted",
+            Self::PodEvicted => "pod evicted",
+            Self::PodMissing => "slurmd pod gone, waiting for its replacement",
+            Self::EvictionRequested => "pod eviction requested",
+        }
+    }
 }
 
 /// A reason lockstep wants a Slurm node out of service, as the policy that
@@ -98,8 +109,24 @@ impl Cause {
         matches!(self, Self::Health(HealthCause::KubeNodeGone))
     }
 
-    /// What to write after the reason prefix. Stable for a given cause, so an
-    /// unchanged cause never rewrites the Slurm reason.
+    /// What to write after the reason prefix in Slurm: the description,
+    /// or with `names` off (`drain.reason_names_nodes`) the same without
+    /// the pod or Kubernetes node it names, so that every drain for one
+    /// cause says the same and can be written together. Stable for a given
+    /// cause, so an unchanged cause never rewrites the Slurm reason.
+    pub fn reason(&self, view: &NodeView<'_>, names: bool) -> String {
+        if names {
+            return self.describe(view);
+        }
+        match self {
+            Self::Drain(d) => d.summary().to_owned(),
+            Self::Health(h) => h.summary(),
+            Self::Scaling(VictimKind::Replace) => "pod replaced by a new revision".to_owned(),
+            Self::Maintenance(_) | Self::Scaling(VictimKind::ScaleIn) => self.describe(view),
+        }
+    }
+
+    /// What the cause is, as the audit trail says it.
     pub fn describe(&self, view: &NodeView<'_>) -> String {
         match self {
             Self::Drain(d) => d.describe(view),
@@ -153,6 +180,16 @@ impl HealthCause {
             Self::NodeCondition(c) => format!("kubernetes node {kube} condition {c}"),
             Self::KubeNodeGone => format!("kubernetes node {kube} deleted"),
             Self::Device(d) => format!("kubernetes node {kube} device {d}"),
+        }
+    }
+
+    /// [`Self::describe`] without naming the Kubernetes node.
+    fn summary(&self) -> String {
+        match self {
+            Self::NotReady => "kubernetes node not ready".to_owned(),
+            Self::NodeCondition(c) => format!("kubernetes node condition {c}"),
+            Self::KubeNodeGone => "kubernetes node deleted".to_owned(),
+            Self::Device(d) => format!("kubernetes node device {d}"),
         }
     }
 }
@@ -275,5 +312,54 @@ impl Status {
             | Rule::SlurmNodesAnnotation
             | Rule::EvictionResponse => String::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_without_names_is_the_same_for_every_node_with_the_cause() {
+        let causes = [
+            Cause::Drain(DrainCause::Cordoned),
+            Cause::Drain(DrainCause::PodDeleting),
+            Cause::Drain(DrainCause::PodEvicted),
+            Cause::Drain(DrainCause::PodMissing),
+            Cause::Drain(DrainCause::EvictionRequested),
+            Cause::Maintenance("2026-12-10T02:00Z/PT2H".into()),
+            Cause::Health(HealthCause::NotReady),
+            Cause::Health(HealthCause::NodeCondition("GpuXid".into())),
+            Cause::Health(HealthCause::KubeNodeGone),
+            Cause::Health(HealthCause::Device(
+                "gpu.nvidia.com/pool/gpu-3 unhealthy".into(),
+            )),
+            Cause::Scaling(VictimKind::ScaleIn),
+            Cause::Scaling(VictimKind::Replace),
+        ];
+        let view = |k: &'static str, p: &'static str| NodeView {
+            slurm: None,
+            pod_key: Some(p),
+            pod: None,
+            kube_name: Some(k),
+            kube: None,
+            kube_gone: None,
+        };
+        let (a, b) = (view("k8s-17", "slurm/n17"), view("k8s-18", "slurm/n18"));
+        for cause in &causes {
+            let (ra, rb) = (cause.reason(&a, false), cause.reason(&b, false));
+            assert_eq!(ra, rb, "{cause:?}");
+            assert!(!ra.contains("17") && !ra.contains('?'), "{cause:?}: {ra}");
+            // Named, the reason is the audit trail's description.
+            assert_eq!(cause.reason(&a, true), cause.describe(&a));
+        }
+        assert_eq!(
+            Cause::Drain(DrainCause::Cordoned).reason(&a, true),
+            "kubernetes node k8s-17 cordoned"
+        );
+        assert_eq!(
+            Cause::Drain(DrainCause::Cordoned).reason(&a, false),
+            "kubernetes node cordoned"
+        );
     }
 }

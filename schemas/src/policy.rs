@@ -199,6 +199,19 @@ pub struct DrainPolicy {
     /// Empty: off.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub eviction_responder: String,
+    /// Name the Kubernetes node or pod a drain is for in its Slurm reason
+    /// (`lockstep: kubernetes node k8s-17 cordoned`). Off, the reason says
+    /// what happened without naming it (`lockstep: kubernetes node
+    /// cordoned`): drains for one cause then share a reason, and lockstep
+    /// writes those that wait together to Slurm in one request (scontrol, or
+    /// slurmrestd v0.0.42 and later, take several nodes in one update)
+    /// instead of one request per node, as when a node pool is cordoned at
+    /// once. The audit trail and `kubectl lockstep why` name them either way. A
+    /// change takes effect on the next drain written; Slurm keeps the reasons
+    /// of drains already made.
+    #[serde(skip_serializing_if = "is_true")]
+    #[schemars(extend("default" = true))]
+    pub reason_names_nodes: bool,
 }
 
 impl Default for DrainPolicy {
@@ -211,6 +224,7 @@ impl Default for DrainPolicy {
             foreign_drain_taint: None,
             slurm_user: None,
             eviction_responder: String::new(),
+            reason_names_nodes: true,
         }
     }
 }
@@ -306,6 +320,7 @@ pub struct HealthPolicy {
     /// With `return_condition`: a new `bootID` (a reboot, a reinstall on the
     /// same Node object) counts as a different machine.
     #[serde(skip_serializing_if = "is_true")]
+    #[schemars(extend("default" = true))]
     pub return_after_reboot: bool,
     /// GPU and other DRA device faults: a device taint (on a device of a
     /// ResourceSlice, or from a DeviceTaintRule; effect NoSchedule or

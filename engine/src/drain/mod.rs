@@ -152,7 +152,11 @@ pub(crate) fn state_want(
         };
     };
     let down = primary.is_health() && policy.health.action == HealthAction::Down;
-    let reason = format!("{} {}", policy.drain.reason_prefix, primary.describe(view));
+    let reason = format!(
+        "{} {}",
+        policy.drain.reason_prefix,
+        primary.reason(view, policy.drain.reason_names_nodes)
+    );
     // What Slurm shows before lockstep's own action on it shows is about to
     // change: a cause back while a resume is on its way takes the node out
     // again, and a drain sent for a new cause waits to be seen.
@@ -654,5 +658,42 @@ mod tests {
             assert_eq!((got.phase, got.rule, kind), *want, "case {i}");
             assert_eq!(got.held, hold.filter(|_| got.phase == Rs).map(|h| h.1));
         }
+    }
+
+    #[test]
+    fn a_drain_names_its_kubernetes_node_in_the_reason_unless_the_policy_says_not_to() {
+        let n = node(SlurmBaseState::Idle, &[], None);
+        let own = Ownership {
+            prefix: "lockstep:",
+            earlier_prefixes: &[],
+            slurm_user: None,
+        };
+        let before = Before {
+            phase: Phase::InService,
+            rule: Rule::Observed,
+            had_cause: false,
+        };
+        let reason = |kube: &str, names: bool| {
+            let view = NodeView {
+                slurm: Some(&n),
+                pod_key: None,
+                pod: None,
+                kube_name: Some(kube),
+                kube: None,
+                kube_gone: None,
+            };
+            let mut policy = Policy::default();
+            policy.drain.reason_names_nodes = names;
+            let cause = Cause::Drain(DrainCause::Cordoned);
+            let side = SlurmSide::of(&n, &own);
+            match state_want(Some(&cause), &view, &n, side, before, || None, &policy).action {
+                Some(Action::SlurmDrain { reason, .. }) => reason,
+                other => panic!("a drain, not {other:?}"),
+            }
+        };
+        assert!(Policy::default().drain.reason_names_nodes);
+        assert_eq!(reason("k1", true), "lockstep: kubernetes node k1 cordoned");
+        assert_eq!(reason("k1", false), "lockstep: kubernetes node cordoned");
+        assert_eq!(reason("k1", false), reason("k2", false));
     }
 }

@@ -12,11 +12,14 @@
 //! | second read (those about to be written) | the same | the same |
 //! | write | one per node | one per kind of write and reason, naming up to [`NODES_PER_WRITE_MAX`] nodes (`scontrol update nodename=A,B`; slurmrestd v0.0.42+'s `POST /nodes/`), [`IN_FLIGHT_MAX`] writes at a time; one per node where slurmrestd has no such endpoint (v0.0.39 - v0.0.41) |
 //!
-//! Slurm keeps one reason per write, and lockstep's reasons name their
-//! cause (`kubernetes node K cordoned`), so the drains of a pool share a
-//! write only where several Slurm nodes share a Kubernetes node; the rest
-//! is the concurrency: slurmctld serves several requests at once and holds
-//! its node lock only for the update itself.
+//! Slurm keeps one reason per write, and by default lockstep's reasons name
+//! their cause's node (`kubernetes node K cordoned`), so the drains of a
+//! pool share a write only where several Slurm nodes share a Kubernetes
+//! node; the rest is the concurrency: slurmctld serves several requests at
+//! once and holds its node lock only for the update itself. With
+//! `drain.reason_names_nodes` off, every drain for one cause says the same
+//! (`kubernetes node cordoned`), and a pool's drains take one write per
+//! [`NODES_PER_WRITE_MAX`] nodes. Resumes carry no reason and always share.
 //!
 //! A write that names several nodes and fails is tried again node by node,
 //! so that each action reports its own node's answer (Slurm fails such a
