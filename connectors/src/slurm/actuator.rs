@@ -82,8 +82,10 @@ pub struct ActuatorConfig {
     /// A test seam, `None` in production: awaited when a drain, down or
     /// resume has read its node and decided to write, before the second
     /// read that checks the node again right before the write (see the
-    /// module docs). Tests change the node there, as an admin would while
-    /// the action runs. It counts against `action_timeout_ms`.
+    /// module docs); in a batch ([`Actuator::execute_all`]), for each of its
+    /// actions before the batch's one read. Tests change the node there, as
+    /// an admin would while the action runs. It counts against
+    /// `action_timeout_ms`.
     pub before_write: Option<BeforeWrite>,
     /// From this many nodes on, and from a quarter of the nodes Slurm has
     /// (as the last listing showed), [`Actuator::execute_all`] reads the

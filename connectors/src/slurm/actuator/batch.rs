@@ -8,8 +8,7 @@
 //!
 //! | step | one action | together (`n` nodes) |
 //! |---|---|---|
-//! | first read | `GET /node/{name}` or `scontrol show node` | one listing of every node from [`ActuatorConfig::listing_read_min`] nodes on, and from a quarter of the cluster on where slurmrestd lists (a listing of 10,000 nodes costs it seconds; scontrol, [`ActuatorConfig::list_through_scontrol`], some 50 ms), else one read per node, [`IN_FLIGHT_MAX`] at a time |
-//! | second read (those about to be written) | the same | the same |
+//! | read | `GET /node/{name}` or `scontrol show node`, and again right before the write | once: one listing of every node from [`ActuatorConfig::listing_read_min`] nodes on, and from a quarter of the cluster on where slurmrestd lists (a listing of 10,000 nodes costs it seconds; scontrol, [`ActuatorConfig::list_through_scontrol`], some 50 ms), else one read per node, [`IN_FLIGHT_MAX`] at a time (one read: see `change_states`) |
 //! | write | one per node | one per kind of write and reason, naming up to [`NODES_PER_WRITE_MAX`] nodes (`scontrol update nodename=A,B`; slurmrestd v0.0.42+'s `POST /nodes/`), [`IN_FLIGHT_MAX`] writes at a time; one per node where slurmrestd has no such endpoint (v0.0.39 - v0.0.41) |
 //!
 //! Slurm keeps one reason per write, and by default lockstep's reasons name
@@ -137,32 +136,28 @@ impl Actuator {
             .collect()
     }
 
-    /// The drains, downs and resumes of `items` (one per node): read and
-    /// decide; read again those to write and decide again with the
-    /// ownership then in force; write; how each ended, in order.
+    /// The drains, downs and resumes of `items` (one per node): read the
+    /// nodes and decide with the ownership in force, write, and report how
+    /// each ended, in order.
+    ///
+    /// One read, where one action reads twice: an action that finds
+    /// something to write reads its node again right before the write, so
+    /// that what happened while it decided is seen. Nothing comes between a
+    /// batch's decisions and its writes, and a second read here would cost
+    /// a second listing of every node (some 0.2 s at 10,000 nodes, or
+    /// seconds through slurmrestd) to see what the first saw: the window
+    /// from the last read to the write is this read either way.
     async fn change_states(&self, items: &[Item<'_>]) -> Vec<Result<Applied>> {
         let mut results: Vec<Option<Result<Applied>>> = items.iter().map(|_| None).collect();
-        let mut to_write = Vec::new();
+        if let Some(hook) = &self.config.before_write {
+            for it in items {
+                (hook.0)(&it.issued.action).await;
+            }
+        }
         let names: Vec<&str> = items.iter().map(|it| it.node).collect();
         let own = self.ownership();
-        for (k, read) in self.read_all(&names).await.into_iter().enumerate() {
-            match read.map(|n| items[k].change.decide(&n, &own.borrow())) {
-                Ok(None) => to_write.push(k),
-                Ok(Some(done)) => results[k] = Some(Ok(done)),
-                Err(e) => results[k] = Some(Err(e)),
-            }
-        }
-        if let Some(hook) = &self.config.before_write {
-            for &k in &to_write {
-                (hook.0)(&items[k].issued.action).await;
-            }
-        }
-        // Right before the writes: what changed while this batch decided is
-        // seen (the window that remains is the module docs' of one action).
-        let names: Vec<&str> = to_write.iter().map(|&k| items[k].node).collect();
-        let own = self.ownership();
         let mut writes: BTreeMap<Write<'_>, Vec<usize>> = BTreeMap::new();
-        for (&k, read) in to_write.iter().zip(self.read_all(&names).await) {
+        for (k, read) in self.read_all(&names).await.into_iter().enumerate() {
             match read.map(|n| items[k].change.decide(&n, &own.borrow())) {
                 Ok(None) => writes.entry(items[k].change.write()).or_default().push(k),
                 Ok(Some(done)) => results[k] = Some(Ok(done)),
