@@ -18,7 +18,9 @@
 # for a comparison interleaved on the same machine); LOCKSTEP_BENCH_SLURM=scontrol
 # has lockstep read and write Slurm through scontrol alone (no slurmrestd),
 # =nodes-through-scontrol list nodes through scontrol and do the rest through
-# slurmrestd (`[slurm] nodes_through_scontrol`).
+# slurmrestd (`[slurm] nodes_through_scontrol`). LOCKSTEP_BENCH_REASONS=unnamed
+# runs lockstep with `drain.reason_names_nodes = false` (a pool's drains share
+# their reason, and so Slurm's writes).
 #
 # The API server is the bench's own (state in /tmp/lockstep-bench-kube, its
 # own ports), stopped at the end: nothing it creates meets the test suite's.
@@ -45,6 +47,11 @@ case ${LOCKSTEP_BENCH_SLURM:-rest} in
   scontrol) via=(--scontrol) ;;
   nodes-through-scontrol) via=(--nodes-through-scontrol) ;;
   *) echo "LOCKSTEP_BENCH_SLURM is rest, scontrol or nodes-through-scontrol, not $LOCKSTEP_BENCH_SLURM" >&2; exit 2 ;;
+esac
+case ${LOCKSTEP_BENCH_REASONS:-named} in
+  named) ;;
+  unnamed) via+=(--reasons-without-names) ;;
+  *) echo "LOCKSTEP_BENCH_REASONS is named or unnamed, not $LOCKSTEP_BENCH_REASONS" >&2; exit 2 ;;
 esac
 state=${LOCKSTEP_STATE_DIR:-/tmp/lockstep-bench-kube}
 export LOCKSTEP_KUBE_API_PORT=${LOCKSTEP_KUBE_API_PORT:-16543}

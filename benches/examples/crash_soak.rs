@@ -36,47 +36,38 @@ use lockstep_testkit::gen::Rng;
 use lockstep_testkit::soak::{self, Feeder, Instance, Reference, Setup, SlurmForActions};
 use lockstep_testkit::{NatsCluster, NatsServer};
 
+/// Kills lockstep over and over at chosen points and checks that nothing
+/// is lost or doubled (see the module docs).
+#[derive(clap::Parser)]
+#[command(name = "crash_soak")]
 struct Args {
+    /// Kills in all.
+    #[arg(long, default_value_t = 100)]
     kills: usize,
+    /// Seed of the schedule of kills and of the observations.
+    #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The log on a three-server JetStream cluster.
+    #[arg(long)]
     cluster: bool,
+    /// Two replicas with leader election on a Lease in a real
+    /// kube-apiserver: kills also land on the leader while the follower is
+    /// ready to take over.
+    #[arg(long)]
     two_replicas: bool,
+    /// How long an instance lives between kills at random points (at least
+    /// 10).
+    #[arg(long, default_value_t = 1500, value_name = "MS")]
     life_ms: u64,
+    /// Observations published a second.
+    #[arg(long, default_value_t = 400, value_name = "EVENTS_PER_S")]
     rate: u64,
 }
 
 fn args() -> Args {
-    let mut a = Args {
-        kills: 100,
-        seed: 1,
-        cluster: false,
-        two_replicas: false,
-        life_ms: 1500,
-        rate: 400,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || -> u64 {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{flag} needs a number"))
-        };
-        match flag.as_str() {
-            "--kills" => a.kills = value() as usize,
-            "--seed" => a.seed = value(),
-            "--life-ms" => a.life_ms = value().max(10),
-            "--rate" => a.rate = value().max(1),
-            "--cluster" => a.cluster = true,
-            "--two-replicas" => a.two_replicas = true,
-            "-h" | "--help" => {
-                println!(
-                    "crash_soak [--kills N] [--seed S] [--cluster] [--two-replicas] [--life-ms MS] [--rate EVENTS_PER_S]"
-                );
-                std::process::exit(0);
-            }
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let mut a = <Args as clap::Parser>::parse();
+    a.life_ms = a.life_ms.max(10);
+    a.rate = a.rate.max(1);
     a
 }
 

@@ -33,42 +33,37 @@ use serde_json::json;
 const LABEL: &str = "lockstep-bench";
 const NS: &str = "default";
 
+/// Watch ingestion of the Kubernetes observer against a real
+/// kube-apiserver (see the module docs).
+#[derive(clap::Parser)]
+#[command(name = "kube_watch_bench")]
 struct Args {
+    /// Nodes to create.
+    #[arg(long, default_value_t = 5_000)]
     nodes: usize,
+    /// Pods to create, bound round-robin to the nodes.
+    #[arg(long, default_value_t = 20_000)]
     pods: usize,
+    /// Most create requests in flight.
+    #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    /// The observer uses streaming lists (`sendInitialEvents`, Kubernetes
+    /// 1.27+) instead of paginated lists.
+    #[arg(long)]
     streaming_lists: bool,
+    /// Leave the nodes and pods it created.
+    #[arg(long)]
     keep: bool,
+    /// The API server's admin kubeconfig.
+    #[arg(long, default_value = "/tmp/lockstep-local/kube/kubeconfig")]
     kubeconfig: PathBuf,
     /// Set in the child: watch this run.
+    #[arg(long, hide = true)]
     watch_run: Option<String>,
 }
 
 fn args() -> Args {
-    let mut a = Args {
-        nodes: 5_000,
-        pods: 20_000,
-        concurrency: 32,
-        streaming_lists: false,
-        keep: false,
-        kubeconfig: PathBuf::from("/tmp/lockstep-local/kube/kubeconfig"),
-        watch_run: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-        match arg.as_str() {
-            "--nodes" => a.nodes = value().parse().expect("--nodes N"),
-            "--pods" => a.pods = value().parse().expect("--pods N"),
-            "--concurrency" => a.concurrency = value().parse().expect("--concurrency N"),
-            "--kubeconfig" => a.kubeconfig = value().into(),
-            "--watch-run" => a.watch_run = Some(value()),
-            "--streaming-lists" => a.streaming_lists = true,
-            "--keep" => a.keep = true,
-            other => panic!("unknown argument {other}; see the doc comment of kube_watch_bench.rs"),
-        }
-    }
-    a
+    <Args as clap::Parser>::parse()
 }
 
 /// (VmRSS, VmHWM) in MiB.

@@ -19,12 +19,8 @@
 //! scripts/bench-reaction.sh            # 200 trials each, 4 and 1,000 nodes
 //! ```
 //!
-//! Arguments: `--trials N` (200), `--nodes N` (Kubernetes nodes and slurmd
-//! pods to create, one per Slurm node; the Slurm side must have as many),
-//! `--slurmd N` (how many of the Slurm nodes have a slurmd; trials rotate
-//! over those), `--poll-ms N` (the Slurm observer's poll interval, 1000),
-//! `--cluster` (the log on a three-server JetStream cluster with both
-//! streams replicated three times, instead of one nats-server).
+//! Arguments: `--help` lists them (trials, nodes, the poll interval, a pool
+//! cordoned at once, how lockstep reaches Slurm, its drain reasons).
 //! Environment: `SLURM_CONF`, `SLURMRESTD_URL`, `SLURM_JWT_FILE`,
 //! `KUBECONFIG` (admin, for the bench), `LOCKSTEP_KUBECONFIG` (lockstep's
 //! ServiceAccount).
@@ -43,57 +39,50 @@ use lockstep_testkit::{free_port, temp_dir, NatsCluster, NatsServer};
 const NS: &str = "slurm-bench";
 const MARK: &str = "lockstep-bench";
 
+/// Reaction latency of the whole loop on the real local stack (run through
+/// scripts/bench-reaction.sh, which starts the stack and sets the
+/// environment).
+#[derive(clap::Parser)]
+#[command(name = "reaction_latency")]
 struct Args {
+    /// Trials of each measurement.
+    #[arg(long, default_value_t = 200)]
     trials: usize,
+    /// Kubernetes nodes and slurmd pods to create, one per Slurm node (the
+    /// Slurm side must have as many).
+    #[arg(long, default_value_t = 4)]
     nodes: usize,
+    /// How many of the Slurm nodes have a slurmd; trials rotate over those.
+    #[arg(long, default_value_t = 4)]
     slurmd: usize,
+    /// The Slurm observer's poll interval.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
     poll_ms: u64,
+    /// The log on a three-server JetStream cluster, both streams replicated
+    /// three times, instead of one nats-server.
+    #[arg(long)]
     cluster: bool,
+    /// Also cordon the first N nodes at once (a node pool upgraded) and
+    /// measure until every one of their Slurm nodes shows DRAIN.
+    #[arg(long, default_value_t = 0, value_name = "N")]
     pool: usize,
     /// lockstep reads and writes Slurm through scontrol alone (no
     /// slurmrestd in its configuration).
+    #[arg(long, conflicts_with = "nodes_through_scontrol")]
     scontrol: bool,
     /// lockstep lists nodes through scontrol, the rest through slurmrestd
     /// (`[slurm] nodes_through_scontrol`).
+    #[arg(long)]
     nodes_through_scontrol: bool,
+    /// lockstep's drain reasons do not name the Kubernetes node
+    /// (`drain.reason_names_nodes = false`), so that the drains of a pool
+    /// share a reason and are written together.
+    #[arg(long)]
+    reasons_without_names: bool,
 }
 
 fn args() -> Args {
-    let mut a = Args {
-        trials: 200,
-        nodes: 4,
-        slurmd: 4,
-        poll_ms: 1000,
-        cluster: false,
-        pool: 0,
-        scontrol: false,
-        nodes_through_scontrol: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || -> u64 {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{flag} needs a number"))
-        };
-        match flag.as_str() {
-            "--trials" => a.trials = value() as usize,
-            "--nodes" => a.nodes = value() as usize,
-            "--slurmd" => a.slurmd = value() as usize,
-            "--poll-ms" => a.poll_ms = value(),
-            "--cluster" => a.cluster = true,
-            "--pool" => a.pool = value() as usize,
-            "--scontrol" => a.scontrol = true,
-            "--nodes-through-scontrol" => a.nodes_through_scontrol = true,
-            "-h" | "--help" => {
-                println!(
-                    "reaction_latency [--trials N] [--nodes N] [--slurmd N] [--poll-ms N] [--cluster] [--pool N] [--scontrol | --nodes-through-scontrol]"
-                );
-                std::process::exit(0);
-            }
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let mut a = <Args as clap::Parser>::parse();
     a.slurmd = a.slurmd.min(a.nodes);
     a.pool = a.pool.min(a.nodes);
     a
@@ -308,7 +297,10 @@ async fn main() {
     };
     let dir = temp_dir("reaction-latency");
     let port = free_port();
-    let policy = serde_json::json!({"health": {"unhealthy_taint": null}});
+    let mut policy = serde_json::json!({"health": {"unhealthy_taint": null}});
+    if a.reasons_without_names {
+        policy["drain"] = serde_json::json!({"reason_names_nodes": false});
+    }
     std::fs::write(dir.join("policy.json"), policy.to_string()).unwrap();
     std::fs::write(
         dir.join("lockstep.toml"),

@@ -24,10 +24,23 @@ use lockstep_testkit::gen::{Generator, Shape};
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
 
-fn arg(n: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(n)
-        .map_or(default, |a| a.parse().expect("a number"))
+/// Months of operation compressed into minutes: disk use of the embedded
+/// log and the store under the retention horizon (see the module docs).
+#[derive(clap::Parser)]
+#[command(name = "retention_figures")]
+struct Args {
+    /// Days of log time.
+    #[arg(default_value_t = 90)]
+    days: u64,
+    /// Events an hour of log time.
+    #[arg(default_value_t = 3_600)]
+    events_per_hour: usize,
+    /// Slurm nodes.
+    #[arg(default_value_t = 1_000)]
+    nodes: usize,
+    /// The retention horizon, in days.
+    #[arg(default_value_t = 30)]
+    horizon_days: u64,
 }
 
 /// Bytes of the files under `dir`.
@@ -51,10 +64,13 @@ fn mib(b: u64) -> String {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let days = arg(1, 90);
-    let per_hour = arg(2, 3_600) as usize;
-    let nodes = arg(3, 1_000) as usize;
-    let horizon_ms = arg(4, 30) * DAY_MS;
+    let Args {
+        days,
+        events_per_hour: per_hour,
+        nodes,
+        horizon_days,
+    } = clap::Parser::parse();
+    let horizon_ms = horizon_days * DAY_MS;
     let dir = lockstep_testkit::temp_dir("retention-figures");
     let log = EventLog::open_embedded(&dir.join("log")).expect("embedded log");
     let store = Store::open(&dir.join("store")).expect("store");

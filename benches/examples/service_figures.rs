@@ -245,50 +245,73 @@ async fn publish(log: &EventLog, records: &[lockstep_schemas::EventRecord]) -> D
     t.elapsed()
 }
 
+/// Figures of `lockstep run` against a real nats-server (see the module
+/// docs; one of the flags picks a single measurement, none runs the
+/// default ones).
+#[derive(clap::Parser)]
+#[command(name = "service_figures")]
+#[command(group = clap::ArgGroup::new("only").multiple(false))]
+struct Args {
+    /// Events of the log for publish -> apply and the restarts.
+    #[arg(default_value_t = 1_000_000)]
+    events: usize,
+    /// Slurm nodes for the memory figures (0: skip them).
+    #[arg(default_value_t = 50_000)]
+    memory_nodes: usize,
+    /// Only publish -> apply, on one nats-server and on a three-server
+    /// cluster [events: 200,000].
+    #[arg(long, group = "only", num_args = 0..=1, value_name = "EVENTS")]
+    cluster: Option<Option<usize>>,
+    /// Only a new replica's start from the newest snapshot against folding
+    /// the whole log [nodes: 50,000] [events: 1,000,000].
+    #[arg(long, group = "only", num_args = 0..=2, value_names = ["NODES", "EVENTS"])]
+    bootstrap: Option<Vec<usize>>,
+    /// Only the figures of a long log [nodes: 50,000] [events: 10,000,000]
+    /// [window: 3,600,000 records].
+    #[arg(long, group = "only", num_args = 0..=3, value_names = ["NODES", "EVENTS", "WINDOW"])]
+    long: Option<Vec<usize>>,
+    /// Only the apply loop's pauses in a take-over and under checkpoints
+    /// [nodes: 50,000].
+    #[arg(long, group = "only", num_args = 0..=1, value_name = "NODES")]
+    pauses: Option<Option<usize>>,
+    /// Only the memory figures [nodes: 50,000].
+    #[arg(long, group = "only", num_args = 0..=1, value_name = "NODES")]
+    memory: Option<Option<usize>>,
+}
+
+/// The `i`th value given after a flag, or `default`.
+fn nth(values: &[usize], i: usize, default: usize) -> usize {
+    values.get(i).copied().unwrap_or(default)
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1).peekable();
-    if args.peek().is_some_and(|a| a == "--cluster") {
-        args.next();
-        let events = args.next().map_or(200_000, |a| a.parse().expect("events"));
-        return cluster_throughput(events);
+    let args = <Args as clap::Parser>::parse();
+    if let Some(events) = args.cluster {
+        return cluster_throughput(events.unwrap_or(200_000));
     }
-    if args.peek().is_some_and(|a| a == "--bootstrap") {
-        args.next();
-        let nodes = args.next().map_or(50_000, |a| a.parse().expect("nodes"));
-        let events = args
-            .next()
-            .map_or(1_000_000, |a| a.parse().expect("events"));
-        return bootstrap(nodes, events);
+    if let Some(v) = &args.bootstrap {
+        return bootstrap(nth(v, 0, 50_000), nth(v, 1, 1_000_000));
     }
-    if args.peek().is_some_and(|a| a == "--long") {
-        args.next();
-        let mut n = |default: usize| {
-            args.next()
-                .map_or(default, |a| a.parse().expect("a number"))
-        };
-        let (nodes, events, window) = (n(50_000), n(10_000_000), n(3_600_000));
-        return long_log(nodes, events, window);
+    if let Some(v) = &args.long {
+        return long_log(
+            nth(v, 0, 50_000),
+            nth(v, 1, 10_000_000),
+            nth(v, 2, 3_600_000),
+        );
     }
-    if args.peek().is_some_and(|a| a == "--pauses") {
-        args.next();
-        let nodes = args.next().map_or(50_000, |a| a.parse().expect("nodes"));
-        return pauses(nodes);
+    if let Some(nodes) = args.pauses {
+        return pauses(nodes.unwrap_or(50_000));
     }
-    if args.peek().is_some_and(|a| a == "--memory") {
-        args.next();
-        let nodes = args
-            .next()
-            .map_or(50_000, |a| a.parse().expect("memory_nodes"));
+    if let Some(nodes) = args.memory {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let _entered = rt.enter();
-        return memory(&rt, nodes);
+        return memory(&rt, nodes.unwrap_or(50_000));
     }
-    let events: usize = args
-        .next()
-        .map_or(1_000_000, |a| a.parse().expect("events"));
-    let memory_nodes: usize = args
-        .next()
-        .map_or(50_000, |a| a.parse().expect("memory_nodes"));
+    let Args {
+        events,
+        memory_nodes,
+        ..
+    } = args;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _entered = rt.enter();
 

@@ -376,15 +376,40 @@ async fn daemon_cpu(bench: &Bench, rest: &RestClient, nodes: usize, span: Durati
     }
 }
 
+/// Cost of the Slurm observer against a real slurmrestd (see the module
+/// docs; `LOCKSTEP_SLURM_VERSION`, `LOCKSTEP_BENCH_CPU_S` and
+/// `LOCKSTEP_BENCH_CPU_ONLY` there).
+#[derive(clap::Parser)]
+#[command(name = "slurm_poll_bench")]
+struct Args {
+    /// Node counts, comma separated: a Slurm of each size is started in turn.
+    #[arg(default_value = "1000,10000", value_parser = sizes)]
+    sizes: Sizes,
+    /// Repetitions of each measurement (the figures are their medians).
+    #[arg(default_value_t = 10)]
+    iterations: usize,
+}
+
+#[derive(Clone)]
+struct Sizes(Vec<usize>);
+
+/// `1000,10000`: node counts.
+fn sizes(s: &str) -> Result<Sizes, String> {
+    s.split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .map_err(|e| format!("{n:?} is not a node count: {e}"))
+        })
+        .collect::<Result<_, _>>()
+        .map(Sizes)
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let sizes: Vec<usize> = args
-        .next()
-        .unwrap_or_else(|| "1000,10000".to_owned())
-        .split(',')
-        .map(|s| s.trim().parse().expect("node count"))
-        .collect();
-    let iterations: usize = args.next().map_or(10, |s| s.parse().expect("iterations"));
+    let Args {
+        sizes: Sizes(sizes),
+        iterations,
+    } = clap::Parser::parse();
     let repo = lockstep_testkit::repo();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
