@@ -206,9 +206,10 @@ pub struct DrainPolicy {
     /// writes those that wait together to Slurm in one request (scontrol, or
     /// slurmrestd v0.0.42 and later, take several nodes in one update)
     /// instead of one request per node, as when a node pool is cordoned at
-    /// once. The audit trail and `kubectl lockstep why` name them either way. A
-    /// change takes effect on the next drain written; Slurm keeps the reasons
-    /// of drains already made.
+    /// once. The audit trail and `kubectl lockstep why` name them either way.
+    /// A change applies to drains written from then on; Slurm keeps the
+    /// reasons of drains already made, but for a node whose Kubernetes node
+    /// was deleted (that drain always says its cause, and is rewritten).
     #[serde(skip_serializing_if = "is_true")]
     #[schemars(extend("default" = true))]
     pub reason_names_nodes: bool,

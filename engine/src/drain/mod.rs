@@ -695,5 +695,36 @@ mod tests {
         assert_eq!(reason("k1", true), "lockstep: kubernetes node k1 cordoned");
         assert_eq!(reason("k1", false), "lockstep: kubernetes node cordoned");
         assert_eq!(reason("k1", false), reason("k2", false));
+
+        // A drain already made keeps its reason, but for a deleted
+        // Kubernetes node's: that cause always says itself.
+        let mut policy = Policy::default();
+        policy.drain.reason_names_nodes = false;
+        let want = |cause: Cause, was: &str| {
+            let n = node(SlurmBaseState::Idle, &[SlurmNodeFlag::Drain], Some(was));
+            let view = NodeView {
+                slurm: Some(&n),
+                pod_key: None,
+                pod: None,
+                kube_name: Some("k1"),
+                kube: None,
+                kube_gone: None,
+            };
+            let side = SlurmSide::of(&n, &own);
+            state_want(Some(&cause), &view, &n, side, before, || None, &policy).action
+        };
+        let cordoned = Cause::Drain(DrainCause::Cordoned);
+        assert_eq!(
+            want(cordoned, "lockstep: kubernetes node k1 cordoned"),
+            None
+        );
+        let gone = Cause::Health(HealthCause::KubeNodeGone);
+        assert_eq!(
+            want(gone, "lockstep: kubernetes node k1 deleted"),
+            Some(Action::SlurmDrain {
+                node: "n1".into(),
+                reason: "lockstep: kubernetes node deleted".into(),
+            })
+        );
     }
 }
