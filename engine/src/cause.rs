@@ -338,12 +338,9 @@ mod tests {
             Cause::Scaling(VictimKind::Replace),
         ];
         let view = |k: &'static str, p: &'static str| NodeView {
-            slurm: None,
             pod_key: Some(p),
-            pod: None,
             kube_name: Some(k),
-            kube: None,
-            kube_gone: None,
+            ..NodeView::default()
         };
         let (a, b) = (view("k8s-17", "slurm/n17"), view("k8s-18", "slurm/n18"));
         for cause in &causes {

@@ -645,12 +645,10 @@ mod tests {
         ];
         for (i, (node, gone, now, want)) in rows.iter().enumerate() {
             let view = NodeView {
-                slurm: None,
-                pod_key: None,
-                pod: None,
                 kube_name: Some("k1"),
                 kube: *node,
                 kube_gone: *gone,
+                ..NodeView::default()
             };
             let (mut got, mut wake) = (Vec::new(), None);
             causes(&view, &p, *now, &mut got, &mut wake);

@@ -274,7 +274,9 @@ fn demand(pending: &mut FxHashMap<String, u64>, unscalable: &[String], job: &Slu
     }
 }
 
-/// One Slurm node joined with its pod and Kubernetes node.
+/// One Slurm node joined with its pod and Kubernetes node. (Tests start
+/// from the default: nothing joined.)
+#[cfg_attr(test, derive(Default))]
 pub(crate) struct NodeView<'a> {
     pub slurm: Option<&'a SlurmNode>,
     pub pod_key: Option<&'a str>,

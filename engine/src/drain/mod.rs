@@ -379,12 +379,9 @@ mod tests {
         ];
         for (i, (pod, previous, mode, want)) in rows.iter().enumerate() {
             let view = NodeView {
-                slurm: None,
                 pod_key: pod.map(|_| "slurm/n1"),
                 pod: *pod,
-                kube_name: None,
-                kube: None,
-                kube_gone: None,
+                ..NodeView::default()
             };
             let mut got = Vec::new();
             let had_pod_loss = previous.iter().any(|c| c.is_pod_loss());
@@ -640,11 +637,8 @@ mod tests {
         let n = node(SlurmBaseState::Idle, &[], Some("lockstep: earlier"));
         let view = NodeView {
             slurm: Some(&n),
-            pod_key: None,
-            pod: None,
             kube_name: Some("k1"),
-            kube: None,
-            kube_gone: None,
+            ..NodeView::default()
         };
         let policy = Policy::default();
         for (i, (cause, side, (phase, rule, had_cause), hold, want)) in cases.iter().enumerate() {
@@ -660,9 +654,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_drain_names_its_kubernetes_node_in_the_reason_unless_the_policy_says_not_to() {
-        let n = node(SlurmBaseState::Idle, &[], None);
+    /// The action the state rows want for `cause` on `n`, whose
+    /// Kubernetes node is `kube`, with `drain.reason_names_nodes` = `names`.
+    fn wanted(cause: Cause, n: &SlurmNode, kube: &str, names: bool) -> Option<Action> {
         let own = Ownership {
             prefix: "lockstep:",
             earlier_prefixes: &[],
@@ -673,23 +667,28 @@ mod tests {
             rule: Rule::Observed,
             had_cause: false,
         };
-        let reason = |kube: &str, names: bool| {
-            let view = NodeView {
-                slurm: Some(&n),
-                pod_key: None,
-                pod: None,
-                kube_name: Some(kube),
-                kube: None,
-                kube_gone: None,
-            };
-            let mut policy = Policy::default();
-            policy.drain.reason_names_nodes = names;
-            let cause = Cause::Drain(DrainCause::Cordoned);
-            let side = SlurmSide::of(&n, &own);
-            match state_want(Some(&cause), &view, &n, side, before, || None, &policy).action {
-                Some(Action::SlurmDrain { reason, .. }) => reason,
-                other => panic!("a drain, not {other:?}"),
-            }
+        let view = NodeView {
+            slurm: Some(n),
+            kube_name: Some(kube),
+            ..NodeView::default()
+        };
+        let mut policy = Policy::default();
+        policy.drain.reason_names_nodes = names;
+        let side = SlurmSide::of(n, &own);
+        state_want(Some(&cause), &view, n, side, before, || None, &policy).action
+    }
+
+    #[test]
+    fn a_drain_names_its_kubernetes_node_in_the_reason_unless_the_policy_says_not_to() {
+        let idle = node(SlurmBaseState::Idle, &[], None);
+        let reason = |kube: &str, names: bool| match wanted(
+            Cause::Drain(DrainCause::Cordoned),
+            &idle,
+            kube,
+            names,
+        ) {
+            Some(Action::SlurmDrain { reason, .. }) => reason,
+            other => panic!("a drain, not {other:?}"),
         };
         assert!(Policy::default().drain.reason_names_nodes);
         assert_eq!(reason("k1", true), "lockstep: kubernetes node k1 cordoned");
@@ -698,29 +697,15 @@ mod tests {
 
         // A drain already made keeps its reason, but for a deleted
         // Kubernetes node's: that cause always says itself.
-        let mut policy = Policy::default();
-        policy.drain.reason_names_nodes = false;
-        let want = |cause: Cause, was: &str| {
-            let n = node(SlurmBaseState::Idle, &[SlurmNodeFlag::Drain], Some(was));
-            let view = NodeView {
-                slurm: Some(&n),
-                pod_key: None,
-                pod: None,
-                kube_name: Some("k1"),
-                kube: None,
-                kube_gone: None,
-            };
-            let side = SlurmSide::of(&n, &own);
-            state_want(Some(&cause), &view, &n, side, before, || None, &policy).action
-        };
-        let cordoned = Cause::Drain(DrainCause::Cordoned);
+        let drained = |was: &str| node(SlurmBaseState::Idle, &[SlurmNodeFlag::Drain], Some(was));
+        let cordoned = drained("lockstep: kubernetes node k1 cordoned");
         assert_eq!(
-            want(cordoned, "lockstep: kubernetes node k1 cordoned"),
+            wanted(Cause::Drain(DrainCause::Cordoned), &cordoned, "k1", false),
             None
         );
-        let gone = Cause::Health(HealthCause::KubeNodeGone);
+        let gone = drained("lockstep: kubernetes node k1 deleted");
         assert_eq!(
-            want(gone, "lockstep: kubernetes node k1 deleted"),
+            wanted(Cause::Health(HealthCause::KubeNodeGone), &gone, "k1", false),
             Some(Action::SlurmDrain {
                 node: "n1".into(),
                 reason: "lockstep: kubernetes node deleted".into(),
