@@ -33,14 +33,27 @@
 //! Times are wall clock (median of the iterations) and this thread's CPU
 //! time (`/proc/thread-self/schedstat`; the runtime is single-threaded, so
 //! all of lockstep's work, HTTP client included, runs on it).
+//!
+//! `--lanes TRIALS` measures something else on the same Slurm: how long a
+//! node drained or resumed with scontrol takes to reach the running
+//! observer (nodes through scontrol, jobs and partitions through
+//! slurmrestd, a poll every 350 ms) while a queue of `--jobs` held jobs
+//! changes every 300 ms, against the observer polling every domain in
+//! turn, as it did before nodes had a lane of their own. Two rounds, the
+//! order swapped; on two runtime workers, as `lockstep run`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockstep_connectors::slurm::{
-    Backend, Observer, ObserverConfig, RestClient, RestConfig, TokenSource,
+    Backend, Observation, Observer, ObserverConfig, RestClient, RestConfig, Scontrol,
+    ScontrolConfig, TokenSource,
 };
+use lockstep_schemas::{Domain, Event, SlurmNodeFlag};
+use tokio::sync::mpsc;
 
 /// This thread's CPU time, ns. The kernel updates the figure at scheduling
 /// points; yielding first makes it current.
@@ -154,7 +167,7 @@ impl Drop for Bench {
     }
 }
 
-async fn run(repo: &Path, nodes: usize, iterations: usize) {
+async fn run(repo: &Path, nodes: usize, iterations: usize, lanes: Lanes) {
     eprintln!("== Slurm {}, {nodes} nodes", version());
     let (bench, rest) = Bench::start(repo, nodes);
     let v = rest.version().await.unwrap();
@@ -193,6 +206,10 @@ async fn run(repo: &Path, nodes: usize, iterations: usize) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
+    if lanes.trials > 0 {
+        node_lane(&bench, rest, nodes, lanes).await;
+        return;
+    }
     if std::env::var("LOCKSTEP_BENCH_CPU_ONLY").is_ok_and(|v| v == "1") {
         daemon_cpu(&bench, &rest, nodes, Duration::from_secs(span_s.max(1))).await;
         return;
@@ -388,6 +405,16 @@ struct Args {
     /// Repetitions of each measurement (the figures are their medians).
     #[arg(default_value_t = 10)]
     iterations: usize,
+    /// Instead of the costs: a running observer (nodes through scontrol,
+    /// jobs and partitions through slurmrestd) against one polling every
+    /// domain in turn, this many node drains and resumes each, timed from
+    /// scontrol's update to the observation, while a queue of `--jobs`
+    /// held jobs changes every 300 ms.
+    #[arg(long, default_value_t = 0)]
+    lanes: usize,
+    /// Held jobs queued for `--lanes` (Slurm's MaxJobCount is 10,000).
+    #[arg(long, default_value_t = 9_000)]
+    jobs: usize,
 }
 
 #[derive(Clone)]
@@ -409,15 +436,218 @@ fn main() {
     let Args {
         sizes: Sizes(sizes),
         iterations,
+        lanes,
+        jobs,
     } = clap::Parser::parse();
     let repo = lockstep_testkit::repo();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    // `--lanes` runs the observer as `lockstep run` does, on two workers.
+    let rt = if lanes > 0 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .unwrap();
     rt.block_on(async {
         for n in sizes {
-            run(&repo, n, iterations).await;
+            run(
+                &repo,
+                n,
+                iterations,
+                Lanes {
+                    trials: lanes,
+                    jobs,
+                },
+            )
+            .await;
         }
     });
+}
+
+/// What `--lanes` measures.
+#[derive(Clone, Copy)]
+struct Lanes {
+    trials: usize,
+    jobs: usize,
+}
+
+/// Runs one of this Slurm's client programs; its stdout, or panics.
+fn cli(bin: &Path, program: &str, args: &[&str]) -> String {
+    let out = Command::new(bin.join(program))
+        .args(args)
+        .env_remove("SLURM_JWT")
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The observer as it ran before nodes had a lane of their own: every
+/// domain in turn at each poll (the reference of `--lanes`).
+async fn one_lane(mut obs: Observer, tx: mpsc::Sender<Observation>) {
+    let mut took = Duration::ZERO;
+    loop {
+        tokio::select! {
+            () = tx.closed() => return,
+            () = tokio::time::sleep(obs.next_delay_after(took)) => {}
+        }
+        let started = Instant::now();
+        for o in obs.poll().await {
+            if tx.send(o).await.is_err() {
+                return;
+            }
+        }
+        took = started.elapsed();
+    }
+}
+
+/// `--lanes` (see `Args::lanes`): two rounds, the running observer and the
+/// one-lane reference in turn, the order swapped in the second.
+async fn node_lane(bench: &Bench, rest: RestClient, nodes: usize, lanes: Lanes) {
+    let bin = bench.state.join("slurm/bin");
+    let t = Instant::now();
+    let mut ids = Vec::with_capacity(lanes.jobs);
+    for i in 0..lanes.jobs {
+        let out = cli(
+            &bin,
+            "sbatch",
+            &[
+                "--parsable",
+                "-H",
+                "-N1",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 1000",
+            ],
+        );
+        ids.push(out.trim().split(';').next().unwrap_or_default().to_owned());
+        if (i + 1) % 1_000 == 0 {
+            eprintln!("  {} held jobs queued", i + 1);
+        }
+    }
+    eprintln!(
+        "  {} held jobs queued in {:.0} s",
+        ids.len(),
+        t.elapsed().as_secs_f64()
+    );
+    // One job changes every 300 ms, so that every poll of the jobs lists
+    // the whole queue, as on a busy cluster.
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (bin, stop) = (bin.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) && !ids.is_empty() {
+                let id = &ids[n % ids.len()];
+                cli(
+                    &bin,
+                    "scontrol",
+                    &[
+                        "update",
+                        &format!("jobid={id}"),
+                        &format!("comment=bench-{n}"),
+                    ],
+                );
+                n += 1;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let scontrol = Scontrol::new(ScontrolConfig {
+        program: bin.join("scontrol"),
+        ..ScontrolConfig::default()
+    });
+    let config = ObserverConfig {
+        poll_interval_ms: 350,
+        ..ObserverConfig::default()
+    };
+    let mut figures: [(&str, Vec<f64>); 2] = [
+        ("running observer, nodes in a lane of their own", vec![]),
+        ("every domain in turn (before)", vec![]),
+    ];
+    let mut node = 0;
+    for round in 0..2 {
+        for which in [round % 2, 1 - round % 2] {
+            let obs = Observer::new(
+                Backend::NodesThroughScontrol(rest.clone(), scontrol.clone()),
+                config.clone(),
+            );
+            let (tx, mut rx) = mpsc::channel(4096);
+            let task = if which == 0 {
+                tokio::spawn(obs.run(tx))
+            } else {
+                tokio::spawn(one_lane(obs, tx))
+            };
+            // The first listings of nodes and jobs.
+            let mut listed = 0;
+            while listed < 2 {
+                if let Event::SyncDone {
+                    domain: Domain::SlurmNodes | Domain::SlurmJobs,
+                } = rx.recv().await.expect("the observer runs").event
+                {
+                    listed += 1;
+                }
+            }
+            for _ in 0..lanes.trials {
+                node = node % nodes + 1;
+                let name = format!("ls-n{node}");
+                for drain in [true, false] {
+                    let state = if drain { "state=drain" } else { "state=resume" };
+                    let b = bin.clone();
+                    let args = [
+                        "update".to_owned(),
+                        format!("nodename={name}"),
+                        state.to_owned(),
+                        "reason=bench".to_owned(),
+                    ];
+                    tokio::task::spawn_blocking(move || {
+                        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                        cli(&b, "scontrol", &args)
+                    })
+                    .await
+                    .unwrap();
+                    let t = Instant::now();
+                    loop {
+                        let o = tokio::time::timeout(Duration::from_secs(120), rx.recv())
+                            .await
+                            .expect("an observation within 120 s")
+                            .expect("the observer runs");
+                        if let Event::SlurmNode(n) = &o.event {
+                            if n.name == name && n.has(&SlurmNodeFlag::Drain) == drain {
+                                break;
+                            }
+                        }
+                    }
+                    figures[which].1.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            task.abort();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().expect("the job churn");
+    println!(
+        "{nodes:>6} nodes, {} held jobs, one changing every 300 ms, poll every 350 ms; Slurm node drained or resumed (scontrol returned) -> observed, {} each:",
+        lanes.jobs,
+        figures[0].1.len()
+    );
+    for (label, mut ms) in figures {
+        println!(
+            "  {label}: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            pct(&mut ms, 0.5),
+            pct(&mut ms, 0.9),
+            pct(&mut ms, 0.99),
+            pct(&mut ms, 1.0)
+        );
+    }
 }

@@ -1640,6 +1640,119 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
     assert_regained_with_a_full_listing(&back, &rest);
 }
 
+/// A running observer lists nodes through scontrol and jobs and partitions
+/// through slurmrestd, in two lanes. slurmrestd stopped: the observer says
+/// Slurm is out of sight, and still shows what happens to the nodes (the node
+/// lane never waits for the job listing). slurmrestd back: `visible: true`,
+/// then every domain listed in full after it, the nodes too, although their
+/// lane never failed (the reducer trusts Slurm again only then).
+async fn a_running_observer_shows_nodes_while_slurmrestd_is_down(c: &'static Cluster) {
+    let _exclusive = c.exclusive().await;
+    const N: &str = "ls-n1";
+    let _restore = RestoreNode(c, N);
+    /// Restarts slurmrestd when dropped.
+    struct RestartRest(&'static Cluster);
+    impl Drop for RestartRest {
+        fn drop(&mut self) {
+            self.0.up();
+        }
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let observer = Observer::new(
+        Backend::NodesThroughScontrol(c.rest(), c.scontrol()),
+        fast(),
+    );
+    let task = tokio::spawn(observer.run(tx));
+    let mut seen = Vec::new();
+    let mut recv_until =
+        async |what: &str, limit: Duration, done: &dyn Fn(&[Observation]) -> bool| {
+            let t = Instant::now();
+            while !done(&seen) {
+                let left = limit.saturating_sub(t.elapsed());
+                match tokio::time::timeout(left, rx.recv()).await {
+                    Ok(Some(o)) => seen.push(o),
+                    _ => panic!(
+                        "{what}: not seen within {limit:?}; observed:\n{}",
+                        summaries(&seen)
+                    ),
+                }
+            }
+            seen.len()
+        };
+    let status_at = |seen: &[Observation], visible: bool| {
+        seen.iter().rposition(|Observation { event: e, .. }| {
+            matches!(e, Event::ConnectorStatus { visible: v, .. } if *v == visible)
+        })
+    };
+    let listed = |seen: &[Observation], domain: Domain| {
+        seen.iter()
+            .any(|o| matches!(o.event, Event::SyncDone { domain: d } if d == domain))
+    };
+    let everything = |seen: &[Observation]| {
+        [
+            Domain::SlurmNodes,
+            Domain::SlurmJobs,
+            Domain::SlurmPartitions,
+        ]
+        .into_iter()
+        .all(|d| listed(seen, d))
+    };
+    recv_until("first listings", Duration::from_secs(30), &|s| {
+        status_at(s, true).is_some() && everything(s)
+    })
+    .await;
+
+    let restart = RestartRest(c);
+    c.stop("slurmrestd");
+    let lost = recv_until("visible=false", Duration::from_secs(30), &|s| {
+        status_at(s, false).is_some()
+    })
+    .await;
+    c.cli(
+        "scontrol",
+        &[
+            "update",
+            &format!("nodename={N}"),
+            "state=drain",
+            "reason=lockstep-test: rest down, observer running",
+        ],
+    );
+    recv_until(
+        "the drain, slurmrestd down",
+        Duration::from_secs(10),
+        &|s| node_events(&s[lost..], N).any(|n| n.has(&SlurmNodeFlag::Drain)),
+    )
+    .await;
+
+    drop(restart);
+    recv_until(
+        "visible=true, then every domain listed in full",
+        Duration::from_secs(60),
+        &|s| status_at(s, true).is_some_and(|at| at >= lost && everything(&s[at..])),
+    )
+    .await;
+    task.abort();
+    // The listing of the nodes after sight came back shows the drain.
+    let at = status_at(&seen, true).unwrap();
+    let after = &seen[at..];
+    let start = after
+        .iter()
+        .position(|o| {
+            matches!(
+                o.event,
+                Event::SyncStarted {
+                    domain: Domain::SlurmNodes
+                }
+            )
+        })
+        .unwrap_or_else(|| panic!("{}", summaries(after)));
+    assert!(
+        node_events(&after[start..], N).any(|n| n.has(&SlurmNodeFlag::Drain)),
+        "{}",
+        summaries(after)
+    );
+}
+
 /// After the first `ConnectorStatus { visible: true }` in `seen`: a full
 /// listing of every domain, nodes, jobs and partitions in turn, each
 /// `SyncStarted`, every object the observer now holds of it, `SyncDone`,
@@ -1957,6 +2070,7 @@ on!(a_submitted_job_appears_and_moves_its_node_to_allocated_or_mixed: v22_05, v2
 on!(a_stopped_slurmd_is_observed_not_responding_then_down: v22_05, v24_11, v26_05);
 on!(slurmctld_restart_loses_and_duplicates_nothing: v22_05, v24_11, v26_05);
 on!(slurmrestd_down_is_reported_and_scontrol_still_observes: v22_05, v24_11, v26_05);
+on!(a_running_observer_shows_nodes_while_slurmrestd_is_down: v22_05, v24_11, v26_05);
 on!(an_admin_drain_reaches_the_engine_as_a_foreign_drain: v22_05, v24_11, v26_05);
 on!(update_time_polls_tell_unchanged_from_changed: v22_05, v24_11, v26_05);
 on!(a_gpu_clique_label_moves_the_slurm_node_into_its_block: v26_05);

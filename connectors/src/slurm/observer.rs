@@ -19,14 +19,20 @@
 //! blackout are gone by absence from it. A poll that fails part way while
 //! Slurm is lost reports nothing (the next one lists everything again). A
 //! failed listing is never taken as "everything is gone".
+//!
+//! [`Observer::run`] polls the nodes in a lane of their own, beside the
+//! jobs and partitions, so that a long job listing never delays what the
+//! nodes show; the two lanes share one sight of Slurm (see there).
+//! [`Observer::poll`] polls all three in turn.
 
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockstep_schemas::{Connector, Domain, Event, SlurmJob, SlurmNode, SlurmPartition, Source};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Mutex, OwnedMutexGuard};
 
 use super::error::Result;
 use super::rest::{Fetch, RestClient};
@@ -100,8 +106,9 @@ fn map<T, U>(f: Fetch<T>, g: impl FnOnce(T) -> U) -> Fetch<U> {
 /// Bounds and rhythm of the observer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObserverConfig {
-    /// Time between the starts of two polls while Slurm answers: what
-    /// lockstep sees lags Slurm by at most this and one poll. After a poll
+    /// Time between the starts of two polls while Slurm answers (of each
+    /// lane, in [`Observer::run`]): what lockstep sees of the nodes lags
+    /// Slurm by at most this and one node listing. After a poll
     /// that took longer than half of it, the next waits half of it from
     /// that poll's end, so a slow Slurm is never polled back to back.
     pub poll_interval_ms: u64,
@@ -174,6 +181,38 @@ enum State {
         /// Consecutive failed polls.
         failures: u32,
     },
+}
+
+/// Every domain, in the order one observer polls them.
+const ALL: [Domain; 3] = [
+    Domain::SlurmNodes,
+    Domain::SlurmJobs,
+    Domain::SlurmPartitions,
+];
+/// The node lane's domain.
+const NODES: [Domain; 1] = [Domain::SlurmNodes];
+/// The other lane's domains.
+const JOBS_AND_PARTITIONS: [Domain; 2] = [Domain::SlurmJobs, Domain::SlurmPartitions];
+
+/// What the reducer was last told about Slurm, shared by an observer's lanes.
+#[derive(Debug, Default)]
+struct Sight {
+    /// The last `ConnectorStatus` sent: `None` before the first.
+    announced: Option<bool>,
+    /// Counts the `visible: true` sent. The reducer trusts Slurm again once
+    /// every domain was listed in full after one; a lane whose last full
+    /// listing is older lists again.
+    epoch: u64,
+}
+
+/// One domain's answer, before it is diffed.
+struct Fetched {
+    domain: Domain,
+    /// A full listing (`SyncStarted` .. `SyncDone`).
+    all: bool,
+    started_s: u64,
+    observed_ms: u64,
+    items: Items,
 }
 
 /// How one domain is polled in a step.
@@ -286,7 +325,14 @@ where
 pub struct Observer {
     backend: Backend,
     config: ObserverConfig,
+    /// The domains this observer polls, in this order: all three, or one
+    /// lane's (see [`Observer::run`]).
+    domains: &'static [Domain],
     state: State,
+    /// What Slurm was last told to be, shared by the lanes of one observer.
+    sight: Arc<Mutex<Sight>>,
+    /// The sight's epoch when this observer last listed all its domains.
+    listed_epoch: u64,
     nodes: Snapshot<SlurmNode>,
     jobs: Snapshot<SlurmJob>,
     partitions: Snapshot<SlurmPartition>,
@@ -317,7 +363,10 @@ impl Observer {
         Self {
             backend,
             config,
+            domains: &ALL,
             state: State::Starting { failures: 0 },
+            sight: Arc::default(),
+            listed_epoch: 0,
             nodes: Snapshot::default(),
             jobs: Snapshot::default(),
             partitions: Snapshot::default(),
@@ -386,18 +435,63 @@ impl Observer {
 
     /// Polls once (without waiting first) and returns what was observed.
     pub async fn poll(&mut self) -> Vec<Observation> {
-        let mut out = Vec::new();
+        self.poll_holding_sight().await.1
+    }
+
+    /// Polls once; returns what was observed with the sight still locked,
+    /// so that it can be delivered before another lane settles a poll.
+    async fn poll_holding_sight(&mut self) -> (OwnedMutexGuard<Sight>, Vec<Observation>) {
         self.last_poll = PollStats::default();
         let state = std::mem::replace(&mut self.state, State::Starting { failures: 0 });
-        self.state = self.step(state, &mut out).await;
+        let (state, sight, out) = self.step(state).await;
+        self.state = state;
         self.last_poll.events = out.len();
-        out
+        (sight, out)
     }
 
     /// Polls until `tx` is closed, sending every observation to it. Never
     /// gives up on Slurm; the channel's bound is the only queue (a slow
     /// consumer delays the next poll).
-    pub async fn run(mut self, tx: mpsc::Sender<Observation>) {
+    ///
+    /// Nodes are polled in a lane of their own, beside jobs and partitions:
+    /// a drain shows within an interval and a node listing however long the
+    /// job listing takes (5 s for a queue of 10,000 jobs through
+    /// slurmrestd). Each lane keeps its own rhythm and back-off; they share
+    /// what Slurm was last told to be. A lane that loses Slurm says so for
+    /// both, and the first that sees it again says so and lists its domains
+    /// in full; the other lists its own in full at its next poll, also after
+    /// `visible: true`. Every domain's observations reach `tx` in the order
+    /// of their versions, as from one lane.
+    pub async fn run(self, tx: mpsc::Sender<Observation>) {
+        let (nodes, rest) = self.into_lanes();
+        tokio::join!(nodes.run_lane(tx.clone()), rest.run_lane(tx));
+    }
+
+    /// This observer as two that share its sight: one polling the nodes,
+    /// one the jobs and partitions.
+    fn into_lanes(self) -> (Self, Self) {
+        let jobs = Self {
+            backend: self.backend.clone(),
+            config: self.config.clone(),
+            domains: &JOBS_AND_PARTITIONS,
+            state: self.state.clone(),
+            sight: Arc::clone(&self.sight),
+            listed_epoch: self.listed_epoch,
+            nodes: Snapshot::default(),
+            jobs: self.jobs,
+            partitions: self.partitions,
+            last_poll: PollStats::default(),
+        };
+        let nodes = Self {
+            domains: &NODES,
+            jobs: Snapshot::default(),
+            partitions: Snapshot::default(),
+            ..self
+        };
+        (nodes, jobs)
+    }
+
+    async fn run_lane(mut self, tx: mpsc::Sender<Observation>) {
         let mut took = Duration::ZERO;
         loop {
             tokio::select! {
@@ -405,49 +499,72 @@ impl Observer {
                 () = tokio::time::sleep(self.next_delay_after(took)) => {}
             }
             let started = tokio::time::Instant::now();
-            for o in self.poll().await {
+            let (sight, out) = self.poll_holding_sight().await;
+            for o in out {
                 if tx.send(o).await.is_err() {
                     return;
                 }
             }
+            drop(sight);
             took = started.elapsed();
         }
     }
 
-    async fn step(&mut self, state: State, out: &mut Vec<Observation>) -> State {
+    async fn step(&mut self, state: State) -> (State, OwnedMutexGuard<Sight>, Vec<Observation>) {
         let lost_after = self.config.lost_after_failures.max(1);
+        let epoch = self.sight.lock().await.epoch;
         let modes = match &state {
-            State::Starting { .. } => [Mode::Sync; 3],
+            State::Starting { .. } => self.modes(true),
             State::Seeing {
                 polls_since_resync, ..
             } => {
-                let resync = self.config.resync_every_polls > 0
-                    && polls_since_resync.saturating_add(1) >= self.config.resync_every_polls;
+                // Sight came back through the other lane since this one
+                // listed everything: the reducer waits for its listing too.
+                let resync = self.listed_epoch != epoch
+                    || self.config.resync_every_polls > 0
+                        && polls_since_resync.saturating_add(1) >= self.config.resync_every_polls;
                 self.modes(resync)
             }
             State::Lost { .. } => {
                 // slurmrestd may have come back with other versions.
-                if let Backend::Rest(c) = &self.backend {
+                if let Backend::Rest(c) | Backend::NodesThroughScontrol(c, _) = &self.backend {
                     c.forget_version();
                 }
                 // What happened in the blackout is unknown (`update_time`
                 // may predate it, deletions left no trace): list it all.
-                [Mode::Sync; 3]
+                self.modes(true)
             }
         };
-        let mut events = Vec::new();
-        let result = self.poll_domains(modes, &mut events).await;
+        let mut fetched = Vec::with_capacity(modes.len());
+        let result = self.fetch_domains(&modes, &mut fetched).await;
         self.last_poll.failed = result.is_err();
-        match (state, result) {
+        // Diffed under the lock, so that versions follow the order in which
+        // the lanes deliver.
+        let mut sight = Arc::clone(&self.sight).lock_owned().await;
+        let mut events = Vec::new();
+        for f in fetched {
+            self.take(f, &mut events);
+        }
+        let mut out = Vec::new();
+        let state = match (state, result) {
             (State::Starting { .. } | State::Lost { .. }, Ok(())) => {
-                tracing::info!(backend = self.backend.name(), "slurm observer sees slurm");
+                tracing::info!(
+                    backend = self.backend.name(),
+                    domains = ?self.domains,
+                    "slurm observer sees slurm"
+                );
                 // First what the reducer should know before the objects:
                 // that it may trust them again.
-                out.push(Observation::new(
-                    Source::Slurm,
-                    now_ms(),
-                    status(true, String::new()),
-                ));
+                if sight.announced != Some(true) {
+                    sight.announced = Some(true);
+                    sight.epoch += 1;
+                    out.push(Observation::new(
+                        Source::Slurm,
+                        now_ms(),
+                        status(true, String::new()),
+                    ));
+                }
+                self.listed_epoch = sight.epoch;
                 out.append(&mut events);
                 State::Seeing {
                     polls_since_resync: 0,
@@ -461,7 +578,10 @@ impl Observer {
                 Ok(()),
             ) => {
                 out.append(&mut events);
-                let synced = modes.iter().all(|m| *m == Mode::Sync);
+                let synced = modes.iter().all(|(_, m)| *m == Mode::Sync);
+                if synced {
+                    self.listed_epoch = sight.epoch;
+                }
                 State::Seeing {
                     polls_since_resync: if synced {
                         0
@@ -489,6 +609,7 @@ impl Observer {
                 };
                 tracing::warn!(
                     backend = self.backend.name(),
+                    domains = ?self.domains,
                     failures,
                     retryable = e.retryable(),
                     error = %e,
@@ -497,11 +618,15 @@ impl Observer {
                 if lost {
                     State::Lost { failures }
                 } else if failures >= lost_after {
-                    out.push(Observation::new(
-                        Source::Slurm,
-                        now_ms(),
-                        status(false, e.to_string()),
-                    ));
+                    // Said once, whichever lane lost it first.
+                    if sight.announced != Some(false) {
+                        sight.announced = Some(false);
+                        out.push(Observation::new(
+                            Source::Slurm,
+                            now_ms(),
+                            status(false, e.to_string()),
+                        ));
+                    }
                     State::Lost { failures }
                 } else if polls == 0 && !self.all_listed() {
                     State::Starting { failures }
@@ -512,16 +637,21 @@ impl Observer {
                     }
                 }
             }
-        }
+        };
+        (state, sight, out)
     }
 
     fn all_listed(&self) -> bool {
-        self.nodes.listed && self.jobs.listed && self.partitions.listed
+        self.domains.iter().all(|d| match d {
+            Domain::SlurmNodes => self.nodes.listed,
+            Domain::SlurmJobs => self.jobs.listed,
+            _ => self.partitions.listed,
+        })
     }
 
-    /// The mode of each domain (nodes, jobs, partitions) while Slurm is
-    /// seen: a full listing when asked or never listed, else a diff.
-    fn modes(&self, resync: bool) -> [Mode; 3] {
+    /// The mode of each of this observer's domains: a full listing when
+    /// asked or never listed, else a diff.
+    fn modes(&self, resync: bool) -> Vec<(Domain, Mode)> {
         let m = |listed: bool, since_s: Option<u64>| {
             if resync || !listed {
                 Mode::Sync
@@ -529,65 +659,89 @@ impl Observer {
                 Mode::Diff { since_s }
             }
         };
-        [
-            m(self.nodes.listed, self.nodes.since_s),
-            m(self.jobs.listed, self.jobs.since_s),
-            m(self.partitions.listed, self.partitions.since_s),
-        ]
+        self.domains
+            .iter()
+            .map(|&d| {
+                let mode = match d {
+                    Domain::SlurmNodes => m(self.nodes.listed, self.nodes.since_s),
+                    Domain::SlurmJobs => m(self.jobs.listed, self.jobs.since_s),
+                    _ => m(self.partitions.listed, self.partitions.since_s),
+                };
+                (d, mode)
+            })
+            .collect()
     }
 
-    async fn poll_domains(&mut self, modes: [Mode; 3], out: &mut Vec<Observation>) -> Result<()> {
-        const DOMAINS: [Domain; 3] = [
-            Domain::SlurmNodes,
-            Domain::SlurmJobs,
-            Domain::SlurmPartitions,
-        ];
-        for (domain, mode) in DOMAINS.into_iter().zip(modes) {
+    /// Reads the domains in turn until one fails.
+    async fn fetch_domains(
+        &mut self,
+        modes: &[(Domain, Mode)],
+        out: &mut Vec<Fetched>,
+    ) -> Result<()> {
+        for &(domain, mode) in modes {
             let since_s = match mode {
                 Mode::Diff { since_s } if self.config.use_update_time => since_s,
                 _ => None,
             };
             let started_s = now_s();
-            let fetched = self.backend.fetch(domain, since_s).await?;
+            let fetch = self.backend.fetch(domain, since_s).await?;
             let observed_ms = now_ms();
-            let Fetch::Changed(items) = fetched else {
-                self.last_poll.unchanged += 1;
-                continue;
-            };
-            self.last_poll.fetched += 1;
-            let all = mode == Mode::Sync;
-            let stamp = (observed_ms, next_generation(observed_ms));
-            if all {
-                out.push(Observation::new(
-                    Source::Slurm,
-                    observed_ms,
-                    Event::SyncStarted { domain },
-                ));
-            }
-            let since_next = Some(started_s.saturating_sub(self.config.update_time_margin_s));
-            match items {
-                Items::Nodes(v) => {
-                    self.nodes.apply(v, all, stamp, out);
-                    self.nodes.since_s = since_next;
+            match fetch {
+                Fetch::Unchanged => self.last_poll.unchanged += 1,
+                Fetch::Changed(items) => {
+                    self.last_poll.fetched += 1;
+                    out.push(Fetched {
+                        domain,
+                        all: mode == Mode::Sync,
+                        started_s,
+                        observed_ms,
+                        items,
+                    });
                 }
-                Items::Jobs(v) => {
-                    self.jobs.apply(v, all, stamp, out);
-                    self.jobs.since_s = since_next;
-                }
-                Items::Partitions(v) => {
-                    self.partitions.apply(v, all, stamp, out);
-                    self.partitions.since_s = since_next;
-                }
-            }
-            if all {
-                out.push(Observation::new(
-                    Source::Slurm,
-                    observed_ms,
-                    Event::SyncDone { domain },
-                ));
             }
         }
         Ok(())
+    }
+
+    /// Diffs one domain's listing against its snapshot into events.
+    fn take(&mut self, f: Fetched, out: &mut Vec<Observation>) {
+        let Fetched {
+            domain,
+            all,
+            started_s,
+            observed_ms,
+            items,
+        } = f;
+        let stamp = (observed_ms, next_generation(observed_ms));
+        if all {
+            out.push(Observation::new(
+                Source::Slurm,
+                observed_ms,
+                Event::SyncStarted { domain },
+            ));
+        }
+        let since_next = Some(started_s.saturating_sub(self.config.update_time_margin_s));
+        match items {
+            Items::Nodes(v) => {
+                self.nodes.apply(v, all, stamp, out);
+                self.nodes.since_s = since_next;
+            }
+            Items::Jobs(v) => {
+                self.jobs.apply(v, all, stamp, out);
+                self.jobs.since_s = since_next;
+            }
+            Items::Partitions(v) => {
+                self.partitions.apply(v, all, stamp, out);
+                self.partitions.since_s = since_next;
+            }
+        }
+        if all {
+            out.push(Observation::new(
+                Source::Slurm,
+                observed_ms,
+                Event::SyncDone { domain },
+            ));
+        }
     }
 }
 
