@@ -109,8 +109,14 @@ pub struct WorldConfig {
     /// longer than any timer of the generated policies but the first retry
     /// backoff, which it delays by at most one tick).
     pub tick_interval_ms: u64,
-    /// lockstep's Slurm poll interval (the observer's default).
+    /// lockstep's Slurm poll interval (the observer's default): the nodes'
+    /// lane sees a change at the next multiple of it (plus 20 ms).
     pub slurm_poll_interval_ms: u64,
+    /// The observer polls jobs and partitions in a lane of their own, at a
+    /// phase of its own, and a long queue takes seconds to list: a change
+    /// reaches that lane's listing this long after it is made (drawn per
+    /// change from a stream of its own, so that every other draw stays).
+    pub slurm_jobs_lane_ms: (u64, u64),
     /// slurm.conf `SlurmdTimeout` (default 300 s; shortened).
     pub slurmd_timeout_ms: u64,
     /// slurmctld pings each node every `SlurmdTimeout / 3`.
@@ -160,6 +166,7 @@ impl Default for WorldConfig {
         Self {
             tick_interval_ms: 10_000,
             slurm_poll_interval_ms: 1_000,
+            slurm_jobs_lane_ms: (20, 2_500),
             slurmd_timeout_ms: 60_000,
             slurmd_ping_interval_ms: 20_000,
             min_job_age_ms: 300_000,
@@ -245,8 +252,8 @@ pub(crate) enum Ev {
     JobDone { job: u64 },
     /// A finished job leaves the job table.
     JobPurged { job: u64 },
-    /// lockstep polls Slurm.
-    SlurmPoll,
+    /// One of lockstep's Slurm observer's lanes polls Slurm.
+    SlurmPoll(observe::Lane),
     /// An actuator takes up an action: it reads the target (and, for
     /// anything but Slurm's node state, writes it at once).
     Execute { index: usize },
@@ -381,6 +388,8 @@ pub struct World {
     queue: BTreeMap<(Ms, u64), Ev>,
     order: u64,
     pub(crate) rng: Rng,
+    /// Draws of the Slurm jobs' lane alone.
+    pub(crate) lane_rng: Rng,
     pub(crate) kube: Kube,
     pub(crate) slurm: Slurm,
     pub(crate) obs: Observers,
@@ -410,6 +419,7 @@ impl World {
         let policy = schedule::policy_for(&setup, edits);
         let mut w = Self {
             rng: Rng(setup.jitter_seed),
+            lane_rng: Rng(setup.jitter_seed ^ 0x6a6f_6273_6c61_6e65),
             kube: Kube::default(),
             slurm: Slurm::default(),
             obs: Observers::new(&policy),
@@ -659,7 +669,7 @@ impl World {
             Ev::JobEnds { job } => self.job_ends(job),
             Ev::JobDone { job } => self.job_done(job),
             Ev::JobPurged { job } => self.job_purged(job),
-            Ev::SlurmPoll => self.slurm_poll(),
+            Ev::SlurmPoll(lane) => self.slurm_poll(lane),
             Ev::Execute { index } => self.execute(index),
             Ev::Write { index, read_ms } => self.write(index, read_ms),
             Ev::SlinkySync { node } => self.slinky_sync(&node),

@@ -24,6 +24,7 @@ fn setup(kind: ScaledKind) -> Setup {
         slinky: false,
         image_pull_s: 0,
         slurm_nodes_annotation: false,
+        slurm_lanes: true,
     }
 }
 

@@ -16,16 +16,22 @@
 //! - A policy change that changes what is observed starts a new observer
 //!   (reduce.rs: "a policy change that changes the spec needs a new
 //!   observer"), which lists everything under the new spec.
-//! - Slurm is polled every `slurm_poll_interval_ms`: what lockstep sees lags
-//!   slurmctld by up to one interval. Only changed objects are appended,
+//! - Slurm is polled in two lanes (`Observer::run`): the nodes every
+//!   `slurm_poll_interval_ms`, so that what lockstep sees of them lags
+//!   slurmctld by up to one interval; the jobs and partitions at a phase of
+//!   their own and after a listing that takes seconds for a long queue
+//!   (`slurm_jobs_lane_ms`), so a job's change may reach the log before or
+//!   after the change of its node. Only changed objects are appended,
 //!   `*Gone` for those that left.
-//! - While slurmrestd does not answer, polls fail and back off (500 ms,
-//!   doubling, at most 30 s); after two failures in a row the poller
-//!   appends `ConnectorStatus { Slurm, visible: false }`. The first poll
-//!   that succeeds appends `visible: true`, then lists every domain again,
-//!   each framed by `SyncStarted` .. `SyncDone` (with `*Gone` for objects
-//!   known before and not listed), so that what changed unseen is all in
-//!   one fresh listing.
+//! - While slurmrestd does not answer, each lane's polls fail and back off
+//!   (500 ms, doubling, at most 30 s); a lane that fails twice in a row is
+//!   lost, and the first lane lost appends
+//!   `ConnectorStatus { Slurm, visible: false }`. A lost lane's first poll
+//!   that succeeds appends `visible: true` (unless the other lane did
+//!   already), then lists its domains again, each framed by `SyncStarted`
+//!   .. `SyncDone` (with `*Gone` for objects known before and not listed);
+//!   the other lane lists its own again at its next poll that succeeds, if
+//!   it has not since that `visible: true`.
 //! - Every observation carries its object's version (resourceVersion; the
 //!   poll generation in ms for Slurm) once the schema has the field.
 //!
@@ -325,10 +331,34 @@ pub(crate) struct Observers {
     slurm_nodes: BTreeMap<String, Event>,
     slurm_jobs: BTreeMap<u64, Event>,
     slurm_parts: BTreeMap<String, Event>,
-    /// Failed Slurm polls in a row.
-    slurm_failures: u32,
+    /// Failed Slurm polls in a row, per lane.
+    slurm_failures: [u32; 2],
+    /// Lanes that failed `LOST_AFTER_FAILURES` times in a row and have not
+    /// succeeded since.
+    slurm_lane_lost: [bool; 2],
     /// `ConnectorStatus { visible: false }` appended, not yet taken back.
     slurm_lost: bool,
+    /// `visible: true` appended so far; each lane's count at its last full
+    /// listing.
+    slurm_regains: u64,
+    slurm_listed_at: [u64; 2],
+}
+
+/// A lane of lockstep's Slurm observer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// The nodes.
+    Nodes,
+    /// The jobs and partitions.
+    Jobs,
+}
+
+impl Lane {
+    pub const ALL: [Lane; 2] = [Lane::Nodes, Lane::Jobs];
+
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// Failed polls in a row after which the poller says it lost Slurm
@@ -347,8 +377,11 @@ impl Observers {
             slurm_nodes: BTreeMap::new(),
             slurm_jobs: BTreeMap::new(),
             slurm_parts: BTreeMap::new(),
-            slurm_failures: 0,
+            slurm_failures: [0; 2],
+            slurm_lane_lost: [false; 2],
             slurm_lost: false,
+            slurm_regains: 0,
+            slurm_listed_at: [0; 2],
         }
     }
 
@@ -580,39 +613,44 @@ impl World {
             return false;
         }
         self.slurm.restd_down = down;
-        if down && !self.slurm.poll_due {
-            self.slurm.poll_due = true;
-            let p = self.cfg.slurm_poll_interval_ms;
-            let next = (self.now / p + 1) * p;
-            self.at(next - self.now + 20, Ev::SlurmPoll);
+        if down {
+            for lane in Lane::ALL {
+                self.slurm_poll_soon(lane);
+            }
         }
         true
     }
 
-    /// One poll of slurmctld: the changes since the last one.
-    pub(crate) fn slurm_poll(&mut self) {
+    /// One poll of slurmctld by one lane: the changes of its domains since
+    /// its last poll.
+    pub(crate) fn slurm_poll(&mut self, lane: Lane) {
+        let i = lane.index();
         if self.slurm.restd_down {
-            self.obs.slurm_failures += 1;
-            let failures = self.obs.slurm_failures;
-            if failures >= LOST_AFTER_FAILURES && !self.obs.slurm_lost {
-                self.obs.slurm_lost = true;
-                self.append(
-                    Source::Slurm,
-                    Event::ConnectorStatus {
-                        connector: Connector::Slurm,
-                        visible: false,
-                        detail: "slurmrestd: connection refused".to_owned(),
-                    },
-                );
+            self.obs.slurm_failures[i] += 1;
+            let failures = self.obs.slurm_failures[i];
+            if failures >= LOST_AFTER_FAILURES && !self.obs.slurm_lane_lost[i] {
+                self.obs.slurm_lane_lost[i] = true;
+                if !std::mem::replace(&mut self.obs.slurm_lost, true) {
+                    self.append(
+                        Source::Slurm,
+                        Event::ConnectorStatus {
+                            connector: Connector::Slurm,
+                            visible: false,
+                            detail: "slurmrestd: connection refused".to_owned(),
+                        },
+                    );
+                }
             }
             let (first, max) = POLL_BACKOFF_MS;
             let delay = first.saturating_mul(1 << (failures - 1).min(16)).min(max);
-            self.at(delay, Ev::SlurmPoll);
+            self.at(delay, Ev::SlurmPoll(lane));
             return;
         }
-        self.obs.slurm_failures = 0;
-        if std::mem::take(&mut self.obs.slurm_lost) {
-            self.poll_done();
+        self.obs.slurm_failures[i] = 0;
+        if std::mem::take(&mut self.obs.slurm_lane_lost[i])
+            && std::mem::take(&mut self.obs.slurm_lost)
+        {
+            self.obs.slurm_regains += 1;
             self.append(
                 Source::Slurm,
                 Event::ConnectorStatus {
@@ -621,38 +659,46 @@ impl World {
                     detail: String::new(),
                 },
             );
-            self.slurm_relist(false, true);
+        }
+        if self.obs.slurm_listed_at[i] != self.obs.slurm_regains {
+            self.obs.slurm_listed_at[i] = self.obs.slurm_regains;
+            self.poll_done(lane);
+            match lane {
+                Lane::Nodes => self.slurm_relist(false, false),
+                Lane::Jobs => self.slurm_relist_jobs_and_partitions(false),
+            }
             return;
         }
-        let dirty = self.slurm.dirty;
-        self.poll_done();
+        let dirty = self.slurm.dirty[i];
+        self.poll_done(lane);
         if !dirty {
             return;
         }
         let (nodes, jobs, parts) = self.slurm_snapshot();
         let version = EPOCH_MS + self.now;
-        diff(&mut self.obs.slurm_nodes, nodes, |name| {
-            Event::SlurmNodeGone {
-                name: name.clone(),
-                version,
-            }
-        })
-        .into_iter()
-        .chain(diff(&mut self.obs.slurm_jobs, jobs, |id| {
-            Event::SlurmJobGone {
+        let events = match lane {
+            Lane::Nodes => diff(&mut self.obs.slurm_nodes, nodes, |name| {
+                Event::SlurmNodeGone {
+                    name: name.clone(),
+                    version,
+                }
+            }),
+            Lane::Jobs => diff(&mut self.obs.slurm_jobs, jobs, |id| Event::SlurmJobGone {
                 job_id: *id,
                 version,
-            }
-        }))
-        .chain(diff(&mut self.obs.slurm_parts, parts, |name| {
-            Event::SlurmPartitionGone {
-                name: name.clone(),
-                version,
-            }
-        }))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .for_each(|ev| self.append(Source::Slurm, ev));
+            })
+            .into_iter()
+            .chain(diff(&mut self.obs.slurm_parts, parts, |name| {
+                Event::SlurmPartitionGone {
+                    name: name.clone(),
+                    version,
+                }
+            }))
+            .collect(),
+        };
+        for ev in events {
+            self.append(Source::Slurm, ev);
+        }
     }
 
     /// A full listing of Slurm nodes (and, at the start, jobs and partitions).
@@ -667,21 +713,38 @@ impl World {
         });
         self.framed(Domain::SlurmNodes, node_list);
         if everything {
-            let l = listing(&mut self.obs.slurm_jobs, jobs, forget, |id| {
-                Event::SlurmJobGone {
-                    job_id: *id,
-                    version,
-                }
-            });
-            self.framed(Domain::SlurmJobs, l);
-            let l = listing(&mut self.obs.slurm_parts, parts, forget, |name| {
-                Event::SlurmPartitionGone {
-                    name: name.clone(),
-                    version,
-                }
-            });
-            self.framed(Domain::SlurmPartitions, l);
+            self.list_jobs_and_partitions(jobs, parts, forget, version);
         }
+    }
+
+    /// The jobs' lane lists its domains in full.
+    fn slurm_relist_jobs_and_partitions(&mut self, forget: bool) {
+        let (_, jobs, parts) = self.slurm_snapshot();
+        let version = EPOCH_MS + self.now;
+        self.list_jobs_and_partitions(jobs, parts, forget, version);
+    }
+
+    fn list_jobs_and_partitions(
+        &mut self,
+        jobs: Vec<(u64, Event)>,
+        parts: Vec<(String, Event)>,
+        forget: bool,
+        version: u64,
+    ) {
+        let l = listing(&mut self.obs.slurm_jobs, jobs, forget, |id| {
+            Event::SlurmJobGone {
+                job_id: *id,
+                version,
+            }
+        });
+        self.framed(Domain::SlurmJobs, l);
+        let l = listing(&mut self.obs.slurm_parts, parts, forget, |name| {
+            Event::SlurmPartitionGone {
+                name: name.clone(),
+                version,
+            }
+        });
+        self.framed(Domain::SlurmPartitions, l);
     }
 
     /// A full listing of Slurm jobs.

@@ -87,6 +87,13 @@ pub struct Setup {
     /// (`node_signals.slurm_nodes_annotation`).
     #[serde(default)]
     pub slurm_nodes_annotation: bool,
+    /// lockstep polls Slurm's jobs and partitions in a lane apart from its
+    /// nodes (`slurm_jobs_lane_ms`), as it does since it has lanes. Off:
+    /// one poll lists nodes, jobs and partitions at one instant, the
+    /// poller every story saved before the lanes was found with (they
+    /// keep it, so they still tell the race they were saved for).
+    #[serde(default)]
+    pub slurm_lanes: bool,
 }
 
 /// One thing that happens, `after_ms` after the previous step.
@@ -486,6 +493,7 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
                 slinky: flags[4],
                 image_pull_s,
                 slurm_nodes_annotation: flags[5],
+                slurm_lanes: true,
             },
         )
 }
@@ -659,6 +667,9 @@ impl Schedule {
         );
         if s.slurm_nodes_annotation {
             out.insert_str(out.len() - 1, "; Slurm nodes annotated on their hosts");
+        }
+        if s.slurm_lanes {
+            out.insert_str(out.len() - 1, "; Slurm jobs polled apart from nodes");
         }
         let mut t = 0;
         for st in &self.steps {

@@ -36,6 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lockstep_schemas::{SlurmBaseState, SlurmJobState};
 
+use super::observe::Lane;
 use super::schedule::{self, PodRef, ADMIN_REASONS, ADMIN_USER, SLURM_USER};
 use super::{Actor, Ev, JobKill, Ms, World};
 
@@ -134,9 +135,10 @@ pub(crate) struct Slurm {
     pub nodes: BTreeMap<String, SNode>,
     pub jobs: BTreeMap<u64, Job>,
     next_job: u64,
-    /// Something changed since the last poll.
-    pub dirty: bool,
-    pub poll_due: bool,
+    /// Something changed since the last poll, per lane of lockstep's
+    /// observer ([`super::observe::Lane`]).
+    pub dirty: [bool; 2],
+    pub poll_due: [bool; 2],
     sched_due: bool,
     /// Administrator resumes, per node: when.
     pub admin_resumes: Vec<(String, Ms)>,
@@ -165,12 +167,9 @@ impl World {
                 self.facts.reason_writes.remove(&n.name);
             }
         }
-        self.slurm.dirty = true;
-        if !self.slurm.poll_due {
-            self.slurm.poll_due = true;
-            let p = self.cfg.slurm_poll_interval_ms;
-            let next = (self.now / p + 1) * p;
-            self.at(next - self.now + 20, Ev::SlurmPoll);
+        for lane in Lane::ALL {
+            self.slurm.dirty[lane.index()] = true;
+            self.slurm_poll_soon(lane);
         }
         if !self.slurm.sched_due {
             self.slurm.sched_due = true;
@@ -178,9 +177,31 @@ impl World {
         }
     }
 
-    pub(crate) fn poll_done(&mut self) {
-        self.slurm.poll_due = false;
-        self.slurm.dirty = false;
+    /// Schedules the lane's next poll unless one is due.
+    pub(crate) fn slurm_poll_soon(&mut self, lane: Lane) {
+        if std::mem::replace(&mut self.slurm.poll_due[lane.index()], true) {
+            return;
+        }
+        let delay = match lane {
+            Lane::Nodes => {
+                let p = self.cfg.slurm_poll_interval_ms;
+                (self.now / p + 1) * p - self.now + 20
+            }
+            Lane::Jobs if self.setup.slurm_lanes => {
+                self.lane_rng.between(self.cfg.slurm_jobs_lane_ms)
+            }
+            // One poll: both at the nodes' instant, the nodes first.
+            Lane::Jobs => {
+                let p = self.cfg.slurm_poll_interval_ms;
+                (self.now / p + 1) * p - self.now + 20
+            }
+        };
+        self.at(delay, Ev::SlurmPoll(lane));
+    }
+
+    pub(crate) fn poll_done(&mut self, lane: Lane) {
+        self.slurm.poll_due[lane.index()] = false;
+        self.slurm.dirty[lane.index()] = false;
     }
 
     /// A slurmd registers: a new dynamic node, or a known one again.
