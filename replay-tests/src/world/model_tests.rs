@@ -2,7 +2,7 @@
 //! lockstep not acting: each test is one documented rule, read off the log
 //! lockstep's connectors would have written.
 
-use lockstep_schemas::{ConditionStatus, Event, PodPhase, SlurmBaseState, SlurmJobState};
+use lockstep_schemas::{ConditionStatus, Domain, Event, PodPhase, SlurmBaseState, SlurmJobState};
 
 use super::kube::{Pod, WorkloadKind};
 use super::schedule::{Op, PodRef, RelistKind, ScaledKind, Schedule, Setup, Step};
@@ -332,24 +332,95 @@ fn a_relist_after_a_restart_says_nothing_of_what_disappeared() {
 
 #[test]
 fn slurm_changes_reach_the_log_at_the_next_poll() {
+    let steps = || {
+        vec![at(
+            1_300,
+            Op::SubmitJob {
+                fixed: false,
+                nodes: 1,
+                run_s: 60,
+            },
+        )]
+    };
+    let first = |w: &World, pick: &dyn Fn(&Event) -> bool| {
+        events(w)
+            .into_iter()
+            .find_map(|(t, e)| pick(e).then_some(t))
+    };
+    let job = |e: &Event| matches!(e, Event::SlurmJob(_));
+    let allocated =
+        |e: &Event| matches!(e, Event::SlurmNode(n) if n.state == SlurmBaseState::Allocated);
+    // One poll: nodes, jobs and partitions at the next multiple of the
+    // interval.
     let mut s = setup(ScaledKind::OrderedReady);
     s.scaled_min = 1;
-    let steps = vec![at(
-        1_300,
-        Op::SubmitJob {
-            fixed: false,
-            nodes: 1,
-            run_s: 60,
-        },
-    )];
-    let mut w = world(s, steps);
+    s.slurm_lanes = false;
+    let mut w = world(s.clone(), steps());
     w.run_until(5_000);
-    let seen = events(&w)
-        .into_iter()
-        .find_map(|(t, e)| matches!(e, Event::SlurmJob(_)).then_some(t))
-        .expect("the job is observed");
-    assert_eq!(seen, 2_020, "submitted at 1.3 s, polled at 2 s");
+    assert_eq!(
+        first(&w, &job),
+        Some(2_020),
+        "submitted at 1.3 s, polled at 2 s"
+    );
+    let started = first(&w, &allocated).expect("the job's node is observed allocated");
+    assert_eq!(started % 1_000, 20, "at a poll of the nodes: {started}");
+    // Two lanes: the job 20 ms to 2.5 s after its submission, at a phase of
+    // its own; the nodes as before.
+    s.slurm_lanes = true;
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..20 {
+        s.jitter_seed = seed;
+        let mut w = world(s.clone(), steps());
+        w.run_until(5_000);
+        let t = first(&w, &job).expect("the job is observed");
+        assert!((1_320..=3_800).contains(&t), "the job at {t}");
+        seen.insert(t);
+        let started = first(&w, &allocated).expect("the job's node is observed allocated");
+        assert_eq!(started % 1_000, 20, "at a poll of the nodes: {started}");
+    }
+    assert!(seen.len() > 10, "the lane's phase varies: {seen:?}");
     let _ = RelistKind::SlurmJobs;
+}
+
+#[test]
+fn a_slurmrestd_blackout_is_said_once_and_both_lanes_list_again_after_it() {
+    for seed in 0..20 {
+        let mut s = setup(ScaledKind::OrderedReady);
+        s.jitter_seed = seed;
+        let steps = vec![at(1_000, Op::SlurmrestdDown { for_s: 10 })];
+        let mut w = world(s, steps);
+        w.run_until(60_000);
+        let ev = events(&w);
+        let status = |visible: bool| {
+            ev.iter()
+                .enumerate()
+                .filter(|(_, (_, e))| {
+                    matches!(e, Event::ConnectorStatus { visible: v, .. } if *v == visible)
+                })
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>()
+        };
+        let (lost, back) = (status(false), status(true));
+        assert_eq!(
+            (lost.len(), back.len()),
+            (1, 1),
+            "seed {seed}: {lost:?} {back:?}"
+        );
+        assert!(lost[0] < back[0]);
+        for domain in [
+            Domain::SlurmNodes,
+            Domain::SlurmJobs,
+            Domain::SlurmPartitions,
+        ] {
+            let done = ev[back[0]..]
+                .iter()
+                .any(|(_, e)| matches!(e, Event::SyncDone { domain: d } if *d == domain));
+            assert!(
+                done,
+                "seed {seed}: {domain:?} not listed after visible: true"
+            );
+        }
+    }
 }
 
 fn cost(p: &mut Pod, v: &str) {
