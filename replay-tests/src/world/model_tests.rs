@@ -2,7 +2,9 @@
 //! lockstep not acting: each test is one documented rule, read off the log
 //! lockstep's connectors would have written.
 
-use lockstep_schemas::{ConditionStatus, Domain, Event, PodPhase, SlurmBaseState, SlurmJobState};
+use lockstep_schemas::{
+    ConditionStatus, Domain, Event, PodPhase, SlurmBaseState, SlurmJobState, SlurmNodeFlag,
+};
 
 use super::kube::{Pod, WorkloadKind};
 use super::schedule::{Op, PodRef, RelistKind, ScaledKind, Schedule, Setup, Step};
@@ -25,6 +27,7 @@ fn setup(kind: ScaledKind) -> Setup {
         image_pull_s: 0,
         slurm_nodes_annotation: false,
         slurm_lanes: true,
+        nodes_through_scontrol: false,
     }
 }
 
@@ -384,10 +387,20 @@ fn slurm_changes_reach_the_log_at_the_next_poll() {
 
 #[test]
 fn a_slurmrestd_blackout_is_said_once_and_both_lanes_list_again_after_it() {
-    for seed in 0..20 {
+    for (seed, through_scontrol) in (0..20).flat_map(|s| [(s, false), (s, true)]) {
         let mut s = setup(ScaledKind::OrderedReady);
         s.jitter_seed = seed;
-        let steps = vec![at(1_000, Op::SlurmrestdDown { for_s: 10 })];
+        s.nodes_through_scontrol = through_scontrol;
+        let steps = vec![
+            at(1_000, Op::SlurmrestdDown { for_s: 10 }),
+            at(
+                5_000,
+                Op::AdminDrain {
+                    pod: PodRef { set: 0, index: 0 },
+                    reason: 0,
+                },
+            ),
+        ];
         let mut w = world(s, steps);
         w.run_until(60_000);
         let ev = events(&w);
@@ -407,6 +420,13 @@ fn a_slurmrestd_blackout_is_said_once_and_both_lanes_list_again_after_it() {
             "seed {seed}: {lost:?} {back:?}"
         );
         assert!(lost[0] < back[0]);
+        // Listed through scontrol, the drain shows while Slurm is out of
+        // sight; through slurmrestd, only once it is back.
+        let drained = ev
+            .iter()
+            .position(|(_, e)| matches!(e, Event::SlurmNode(n) if n.has(&SlurmNodeFlag::Drain)))
+            .expect("the drain is observed");
+        assert_eq!(drained < back[0], through_scontrol, "seed {seed}");
         for domain in [
             Domain::SlurmNodes,
             Domain::SlurmJobs,

@@ -625,7 +625,8 @@ impl World {
     /// its last poll.
     pub(crate) fn slurm_poll(&mut self, lane: Lane) {
         let i = lane.index();
-        if self.slurm.restd_down {
+        let through_scontrol = lane == Lane::Nodes && self.setup.nodes_through_scontrol;
+        if self.slurm.restd_down && !through_scontrol {
             self.obs.slurm_failures[i] += 1;
             let failures = self.obs.slurm_failures[i];
             if failures >= LOST_AFTER_FAILURES && !self.obs.slurm_lane_lost[i] {
@@ -659,6 +660,11 @@ impl World {
                     detail: String::new(),
                 },
             );
+            // The other lane polls at its interval whether or not anything
+            // changed: its next poll lists its domains again.
+            for other in Lane::ALL.into_iter().filter(|l| *l != lane) {
+                self.slurm_poll_soon(other);
+            }
         }
         if self.obs.slurm_listed_at[i] != self.obs.slurm_regains {
             self.obs.slurm_listed_at[i] = self.obs.slurm_regains;

@@ -94,6 +94,13 @@ pub struct Setup {
     /// keep it, so they still tell the race they were saved for).
     #[serde(default)]
     pub slurm_lanes: bool,
+    /// lockstep lists Slurm's nodes through scontrol
+    /// (`[slurm] nodes_through_scontrol`): a slurmrestd that does not answer
+    /// fails the jobs' lane only, and the nodes' lane goes on showing
+    /// what changes while lockstep says it lost sight of Slurm (the
+    /// actuator still fails: its writes go through slurmrestd).
+    #[serde(default)]
+    pub nodes_through_scontrol: bool,
 }
 
 /// One thing that happens, `after_ms` after the previous step.
@@ -466,6 +473,7 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
         any::<[bool; 6]>(),
         any::<u64>(),
         prop_oneof![3 => Just(0u16), 1 => 30u16..=240],
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -478,6 +486,7 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
                 flags,
                 jitter_seed,
                 image_pull_s,
+                nodes_through_scontrol,
             )| Setup {
                 kube_nodes,
                 scaled_kind,
@@ -494,6 +503,7 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
                 image_pull_s,
                 slurm_nodes_annotation: flags[5],
                 slurm_lanes: true,
+                nodes_through_scontrol,
             },
         )
 }
@@ -670,6 +680,9 @@ impl Schedule {
         }
         if s.slurm_lanes {
             out.insert_str(out.len() - 1, "; Slurm jobs polled apart from nodes");
+        }
+        if s.nodes_through_scontrol {
+            out.insert_str(out.len() - 1, "; nodes listed through scontrol");
         }
         let mut t = 0;
         for st in &self.steps {
