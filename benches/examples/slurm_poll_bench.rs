@@ -142,19 +142,23 @@ impl Bench {
     fn cpu_s(&self, name: &str) -> f64 {
         let pid = std::fs::read_to_string(self.state.join(format!("slurm/run/{name}.pid")))
             .unwrap_or_default();
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
-        // Fields after the command (which is in parentheses): utime is the
-        // 14th field of the line, stime the 15th; in clock ticks (100/s).
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        f.get(11)
-            .zip(f.get(12))
-            .map_or(0.0, |(u, s)| (u + s) as f64 / 100.0)
+        proc_cpu_s(pid.trim())
     }
+}
+
+/// utime + stime of process `pid` (`self`: this one), in seconds.
+fn proc_cpu_s(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which is in parentheses): utime is the
+    // 14th field of the line, stime the 15th; in clock ticks (100/s).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    f.get(11)
+        .zip(f.get(12))
+        .map_or(0.0, |(u, s)| (u + s) as f64 / 100.0)
 }
 
 impl Drop for Bench {
@@ -575,6 +579,18 @@ async fn node_lane(bench: &Bench, rest: RestClient, nodes: usize, lanes: Lanes) 
         ("running observer, nodes in a lane of their own", vec![]),
         ("every domain in turn (before)", vec![]),
     ];
+    // Per mode: wall seconds, and CPU seconds of this process (the
+    // observer; scontrol's children are not in it), of slurmrestd and of
+    // slurmctld.
+    let mut cpu = [[0.0f64; 4]; 2];
+    let sample = || {
+        [
+            0.0,
+            proc_cpu_s("self"),
+            bench.cpu_s("slurmrestd"),
+            bench.cpu_s("slurmctld"),
+        ]
+    };
     let mut node = 0;
     for round in 0..2 {
         for which in [round % 2, 1 - round % 2] {
@@ -598,6 +614,7 @@ async fn node_lane(bench: &Bench, rest: RestClient, nodes: usize, lanes: Lanes) 
                     listed += 1;
                 }
             }
+            let (started, before) = (Instant::now(), sample());
             for _ in 0..lanes.trials {
                 node = node % nodes + 1;
                 let name = format!("ls-n{node}");
@@ -632,6 +649,11 @@ async fn node_lane(bench: &Bench, rest: RestClient, nodes: usize, lanes: Lanes) 
                 }
             }
             task.abort();
+            let after = sample();
+            cpu[which][0] += started.elapsed().as_secs_f64();
+            for k in 1..4 {
+                cpu[which][k] += after[k] - before[k];
+            }
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -641,13 +663,16 @@ async fn node_lane(bench: &Bench, rest: RestClient, nodes: usize, lanes: Lanes) 
         lanes.jobs,
         figures[0].1.len()
     );
-    for (label, mut ms) in figures {
+    for ((label, mut ms), [wall, own, restd, ctld]) in figures.into_iter().zip(cpu) {
         println!(
-            "  {label}: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            "  {label}: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms; over {wall:.0} s, CPU of a core: the observer {:.1}%, slurmrestd {:.1}%, slurmctld {:.1}%",
             pct(&mut ms, 0.5),
             pct(&mut ms, 0.9),
             pct(&mut ms, 0.99),
-            pct(&mut ms, 1.0)
+            pct(&mut ms, 1.0),
+            100.0 * own / wall,
+            100.0 * restd / wall,
+            100.0 * ctld / wall,
         );
     }
 }
