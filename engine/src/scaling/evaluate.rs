@@ -256,12 +256,25 @@ impl super::Book {
             pod_of.entry(slurm).or_insert((key, uid));
         }
         for node in &planned.plan.victims {
-            if self.victims.contains_key(node) {
-                continue;
-            }
             let Some(&(key, uid)) = pod_of.get(node.as_str()) else {
                 continue;
             };
+            if let Some(v) = self.victims.get_mut(node) {
+                // A rolling replacement's victim that the scale-in takes
+                // (its node DRAINED for the replacement, so the count may
+                // drop past it at once): it now leaves for good, and its
+                // drain must hold until its pod is gone, not end once a
+                // successor serves.
+                if v.kind == VictimKind::Replace {
+                    v.kind = VictimKind::ScaleIn;
+                    key.clone_into(&mut v.pod_key);
+                    uid.clone_into(&mut v.uid);
+                    v.gone_at_replicas = None;
+                    looked.touched.push(node.clone());
+                    picked = true;
+                }
+                continue;
+            }
             self.add_victim(node, rule, VictimKind::ScaleIn, key, uid, cx.flights);
             looked.touched.push(node.clone());
             picked = true;
