@@ -78,6 +78,14 @@ pub struct SlurmConfig {
     /// (~3.2 ms a poll; 22.05 spends ~5.5 ms, 1.6%: raise it there for
     /// clusters that large). docs/src/benchmarks.md, "Slurm versions".
     pub poll_interval_ms: u64,
+    /// The same for jobs and partitions, which are polled apart from the
+    /// nodes. Unset: `poll_interval_ms`. A long queue that changes all the
+    /// time is listed whole at every such poll (slurmrestd takes about
+    /// 5.5 s and most of a core for 9,000 jobs): a longer interval spares
+    /// slurmrestd, and jobs reach lockstep later (scale-out waits on them);
+    /// what the nodes show does not wait. docs/src/operations/sizing.md.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jobs_poll_interval_ms: Option<u64>,
     /// Every this many polls, a full listing (objects not listed are gone):
     /// about every 10 min at the default interval.
     pub resync_every_polls: u32,
@@ -104,6 +112,7 @@ impl Default for SlurmConfig {
             jwt_file: None,
             slurm_conf: None,
             poll_interval_ms: 350,
+            jobs_poll_interval_ms: None,
             resync_every_polls: 1_700,
             nodes_through_scontrol: false,
             observe: true,

@@ -108,8 +108,11 @@ fn every_ci_value_set_renders_a_configuration_and_policy_that_lockstep_accepts()
             );
             // `slurm.scontrol.listNodes` beside `restUrl`.
             assert!(slurm.nodes_through_scontrol, "{name}");
+            assert_eq!(slurm.jobs_poll_interval_ms, Some(1_000), "{name}");
         } else if let Some(slurm) = &cfg.slurm {
             assert!(!slurm.nodes_through_scontrol, "{name}");
+            // 0, the default: the nodes' interval.
+            assert_eq!(slurm.jobs_poll_interval_ms, None, "{name}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -341,6 +341,7 @@ impl Drop for RestoreNode {
 fn fast() -> ObserverConfig {
     ObserverConfig {
         poll_interval_ms: 200,
+        jobs_poll_interval_ms: None,
         resync_every_polls: 0,
         backoff_initial_ms: 200,
         backoff_max_ms: 1_000,

@@ -242,6 +242,7 @@ fn start_slurm(
             backend,
             slurm::ObserverConfig {
                 poll_interval_ms: s.poll_interval_ms,
+                jobs_poll_interval_ms: s.jobs_poll_interval_ms,
                 resync_every_polls: s.resync_every_polls,
                 ..slurm::ObserverConfig::default()
             },

@@ -112,6 +112,10 @@ pub struct ObserverConfig {
     /// that took longer than half of it, the next waits half of it from
     /// that poll's end, so a slow Slurm is never polled back to back.
     pub poll_interval_ms: u64,
+    /// The same for the lane of jobs and partitions in [`Observer::run`]
+    /// (`None`: `poll_interval_ms`). Longer spares slurmrestd the listing of
+    /// a long queue that changes all the time; the nodes are not delayed.
+    pub jobs_poll_interval_ms: Option<u64>,
     /// Every this many polls, a full listing of every object (bracketed by
     /// `SyncStarted` .. `SyncDone`) instead of a diff. 0: only the first.
     pub resync_every_polls: u32,
@@ -151,6 +155,7 @@ impl Default for ObserverConfig {
     fn default() -> Self {
         Self {
             poll_interval_ms: 1_000,
+            jobs_poll_interval_ms: None,
             resync_every_polls: 600,
             backoff_initial_ms: 500,
             backoff_max_ms: 30_000,
@@ -422,15 +427,21 @@ impl Observer {
     pub fn next_delay(&self) -> Duration {
         let failures = match self.state {
             State::Starting { failures: 0 } => return Duration::ZERO,
-            State::Seeing { failures: 0, .. } => {
-                return Duration::from_millis(self.config.poll_interval_ms)
-            }
+            State::Seeing { failures: 0, .. } => return Duration::from_millis(self.interval_ms()),
             State::Starting { failures }
             | State::Seeing { failures, .. }
             | State::Lost { failures } => failures,
         };
         Backoff::new(self.config.backoff_initial_ms, self.config.backoff_max_ms)
             .delay_after(failures)
+    }
+
+    /// This observer's poll interval: the jobs lane's, or the nodes'.
+    fn interval_ms(&self) -> u64 {
+        match self.config.jobs_poll_interval_ms {
+            Some(ms) if !self.domains.contains(&Domain::SlurmNodes) => ms,
+            _ => self.config.poll_interval_ms,
+        }
     }
 
     /// Polls once (without waiting first) and returns what was observed.
@@ -877,5 +888,40 @@ mod tests {
         // A slow poll: half the interval between it and the next.
         assert_eq!(after(350), Duration::from_millis(200));
         assert_eq!(after(3_000), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn the_jobs_lane_keeps_its_own_interval() {
+        let seeing = State::Seeing {
+            polls_since_resync: 1,
+            failures: 0,
+        };
+        let lanes = |jobs_poll_interval_ms| {
+            let mut o = Observer::new(
+                Backend::Scontrol(Scontrol::new(Default::default())),
+                ObserverConfig {
+                    poll_interval_ms: 350,
+                    jobs_poll_interval_ms,
+                    ..ObserverConfig::default()
+                },
+            );
+            o.state = seeing.clone();
+            let (nodes, jobs) = o.into_lanes();
+            (nodes.next_delay(), jobs.next_delay())
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(lanes(None), (ms(350), ms(350)));
+        assert_eq!(lanes(Some(5_000)), (ms(350), ms(5_000)));
+        // `poll` lists every domain, at the nodes' interval.
+        let mut all = Observer::new(
+            Backend::Scontrol(Scontrol::new(Default::default())),
+            ObserverConfig {
+                poll_interval_ms: 350,
+                jobs_poll_interval_ms: Some(5_000),
+                ..ObserverConfig::default()
+            },
+        );
+        all.state = seeing;
+        assert_eq!(all.next_delay(), ms(350));
     }
 }

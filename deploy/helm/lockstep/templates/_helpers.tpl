@@ -105,6 +105,9 @@ nodes_through_scontrol = true
 {{- end }}
 {{- end }}
 poll_interval_ms = {{ int64 .Values.slurm.pollIntervalMs }}
+{{- if .Values.slurm.jobsPollIntervalMs }}
+jobs_poll_interval_ms = {{ int64 .Values.slurm.jobsPollIntervalMs }}
+{{- end }}
 resync_every_polls = {{ int64 .Values.slurm.resyncEveryPolls }}
 observe = {{ .Values.slurm.observe }}
 actuate = {{ .Values.slurm.actuate }}
