@@ -41,6 +41,9 @@
 //! changes every 300 ms, against the observer polling every domain in
 //! turn, as it did before nodes had a lane of their own. Two rounds, the
 //! order swapped; on two runtime workers, as `lockstep run`.
+//! `--jobs-poll-ms MS` adds the running observer with its jobs polled that
+//! far apart. Each mode also reports the CPU of the observer, slurmrestd
+//! and slurmctld over its trials.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -419,6 +422,10 @@ struct Args {
     /// Held jobs queued for `--lanes` (Slurm's MaxJobCount is 10,000).
     #[arg(long, default_value_t = 9_000)]
     jobs: usize,
+    /// With `--lanes`, a third observer in the rounds: the running one with
+    /// its jobs polled this far apart (`[slurm] jobs_poll_interval_ms`).
+    #[arg(long)]
+    jobs_poll_ms: Option<u64>,
 }
 
 #[derive(Clone)]
@@ -442,6 +449,7 @@ fn main() {
         iterations,
         lanes,
         jobs,
+        jobs_poll_ms,
     } = clap::Parser::parse();
     let repo = lockstep_testkit::repo();
     // `--lanes` runs the observer as `lockstep run` does, on two workers.
@@ -465,6 +473,7 @@ fn main() {
                 Lanes {
                     trials: lanes,
                     jobs,
+                    jobs_poll_ms,
                 },
             )
             .await;
@@ -477,6 +486,7 @@ fn main() {
 struct Lanes {
     trials: usize,
     jobs: usize,
+    jobs_poll_ms: Option<u64>,
 }
 
 /// Runs one of this Slurm's client programs; its stdout, or panics.
@@ -575,14 +585,20 @@ async fn node_lane(bench: &Bench, rest: RestClient, nodes: usize, lanes: Lanes) 
         poll_interval_ms: 350,
         ..ObserverConfig::default()
     };
-    let mut figures: [(&str, Vec<f64>); 2] = [
+    let spaced = lanes
+        .jobs_poll_ms
+        .map(|ms| format!("the same, jobs polled every {ms} ms"));
+    let mut figures: Vec<(&str, Vec<f64>)> = vec![
         ("running observer, nodes in a lane of their own", vec![]),
         ("every domain in turn (before)", vec![]),
     ];
+    if let Some(label) = &spaced {
+        figures.push((label, vec![]));
+    }
     // Per mode: wall seconds, and CPU seconds of this process (the
     // observer; scontrol's children are not in it), of slurmrestd and of
     // slurmctld.
-    let mut cpu = [[0.0f64; 4]; 2];
+    let mut cpu = vec![[0.0f64; 4]; figures.len()];
     let sample = || {
         [
             0.0,
@@ -592,17 +608,27 @@ async fn node_lane(bench: &Bench, rest: RestClient, nodes: usize, lanes: Lanes) 
         ]
     };
     let mut node = 0;
+    let modes = figures.len();
     for round in 0..2 {
-        for which in [round % 2, 1 - round % 2] {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..modes).collect()
+        } else {
+            (0..modes).rev().collect()
+        };
+        for which in order {
+            let config = ObserverConfig {
+                jobs_poll_interval_ms: lanes.jobs_poll_ms.filter(|_| which == 2),
+                ..config.clone()
+            };
             let obs = Observer::new(
                 Backend::NodesThroughScontrol(rest.clone(), scontrol.clone()),
-                config.clone(),
+                config,
             );
             let (tx, mut rx) = mpsc::channel(4096);
-            let task = if which == 0 {
-                tokio::spawn(obs.run(tx))
-            } else {
+            let task = if which == 1 {
                 tokio::spawn(one_lane(obs, tx))
+            } else {
+                tokio::spawn(obs.run(tx))
             };
             // The first listings of nodes and jobs.
             let mut listed = 0;
