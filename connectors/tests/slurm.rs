@@ -338,6 +338,16 @@ impl Drop for RestoreNode {
     }
 }
 
+/// Runs up.sh again when dropped (also when the test panics): starts the
+/// daemon a test stopped.
+struct RestartRest(&'static Cluster);
+
+impl Drop for RestartRest {
+    fn drop(&mut self) {
+        self.0.up();
+    }
+}
+
 fn fast() -> ObserverConfig {
     ObserverConfig {
         poll_interval_ms: 200,
@@ -1530,13 +1540,6 @@ async fn slurmrestd_down_is_reported_and_scontrol_still_observes(c: &'static Clu
     let _exclusive = c.exclusive().await;
     const N: &str = "ls-n1";
     let _restore = RestoreNode(c, N);
-    /// Restarts slurmrestd when dropped.
-    struct RestartRest(&'static Cluster);
-    impl Drop for RestartRest {
-        fn drop(&mut self) {
-            self.0.up();
-        }
-    }
     let mut rest = Observer::new(Backend::Rest(c.rest()), fast());
     let mut sc = Observer::new(Backend::Scontrol(c.scontrol()), fast());
     let mut mixed = Observer::new(
@@ -1651,13 +1654,6 @@ async fn a_running_observer_shows_nodes_while_slurmrestd_is_down(c: &'static Clu
     let _exclusive = c.exclusive().await;
     const N: &str = "ls-n1";
     let _restore = RestoreNode(c, N);
-    /// Restarts slurmrestd when dropped.
-    struct RestartRest(&'static Cluster);
-    impl Drop for RestartRest {
-        fn drop(&mut self) {
-            self.0.up();
-        }
-    }
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let observer = Observer::new(
         Backend::NodesThroughScontrol(c.rest(), c.scontrol()),

@@ -44,6 +44,17 @@ fn at(after_ms: u64, op: Op) -> Step {
     Step { after_ms, op }
 }
 
+/// An administrator drains the Slurm node of the scaled set's first pod.
+fn drain_first_pod(after_ms: u64) -> Step {
+    at(
+        after_ms,
+        Op::AdminDrain {
+            pod: PodRef { set: 0, index: 0 },
+            reason: 0,
+        },
+    )
+}
+
 /// Log events as (virtual ms, event).
 fn events(w: &World) -> Vec<(Ms, &Event)> {
     w.ls.events()
@@ -200,13 +211,7 @@ fn a_drain_under_a_job_is_draining_until_the_job_ends_then_drained() {
                 run_s: 60,
             },
         ),
-        at(
-            5_000,
-            Op::AdminDrain {
-                pod: PodRef { set: 0, index: 0 },
-                reason: 0,
-            },
-        ),
+        drain_first_pod(5_000),
     ];
     let mut w = world(s, steps);
     w.run_until(30_000);
@@ -393,13 +398,7 @@ fn a_slurmrestd_blackout_is_said_once_and_both_lanes_list_again_after_it() {
         s.nodes_through_scontrol = through_scontrol;
         let steps = vec![
             at(1_000, Op::SlurmrestdDown { for_s: 10 }),
-            at(
-                5_000,
-                Op::AdminDrain {
-                    pod: PodRef { set: 0, index: 0 },
-                    reason: 0,
-                },
-            ),
+            drain_first_pod(5_000),
         ];
         let mut w = world(s, steps);
         w.run_until(60_000);
