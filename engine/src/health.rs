@@ -34,7 +34,10 @@
 //! not by lockstep's own `state=DOWN` (a node lockstep drained that then
 //! stops answering included), sets the pod condition
 //! `slurm_health_condition` to False, and the Kubernetes node under it gets
-//! `unhealthy_taint`. Damped the same way ([`slurm_health_step`]):
+//! `unhealthy_taint` unless the node is out under lockstep's own reason with
+//! its slurmd answering (`SlurmSide::faulty`: somebody's DOWN that
+//! lockstep's drain wrote its reason over; its resume ends it). Damped the
+//! same way ([`slurm_health_step`]):
 //!
 //! | row | holds when                                                     | shown |
 //! |-----|----------------------------------------------------------------|-------|

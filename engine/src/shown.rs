@@ -6,7 +6,7 @@
 //! | 1   | pod condition `foreign_drain_condition` True        | somebody else drained or downed the pod's Slurm node          | `drain.foreign`          |
 //! | 2   | pod condition `slurm_health_condition` False        | health damping shows the pod's Slurm node unhealthy (`health`) | `health.slurm_unhealthy` |
 //! | 3   | pod label `busy_label` = `true`                     | the pod's Slurm node runs or finishes a job                   | `scaling.busy`           |
-//! | 4   | node taint `unhealthy_taint`                        | a Slurm node on the Kubernetes node is shown unhealthy; one recovered and still held keeps a taint that is there, never puts one on | `health.slurm_unhealthy` |
+//! | 4   | node taint `unhealthy_taint`                        | a Slurm node on the Kubernetes node is shown unhealthy, not by lockstep's doing (NOT_RESPONDING, FAIL, or DOWN under somebody else's reason); one recovered and still held keeps a taint that is there, never puts one on | `health.slurm_unhealthy` |
 //! | 5   | node taint `foreign_drain_taint`                    | a Slurm node on the Kubernetes node is drained by somebody else | `drain.foreign`        |
 //! | 6   | a condition, label, annotation or taint lockstep set on a pod or node under a name the policy no longer has (`retired`) | condition: Unknown, reason [`NOT_MANAGED`]; label, annotation and taint: removed | `policy.retired` |
 //! | 7   | node condition `foreign_drain_condition` of `[node_signals]` True, each such Slurm node and its reason in the message | a Slurm node on the Kubernetes node is drained or down by somebody else, or DOWN, NOT_RESPONDING or FAIL by Slurm's own doing once health damping shows it | `drain.foreign` |
@@ -630,6 +630,7 @@ mod tests {
             held: n.has(&Drain) && !owned,
             held_shown: n.has(&Drain) && !owned,
             unhealthy: n.state == Down && !owned,
+            faulty: n.state == Down && !owned,
             unseen: false,
         };
         let fd = ("SlurmNodeDrained", T);

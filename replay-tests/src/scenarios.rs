@@ -226,6 +226,11 @@ pub const ALL: &[Incident] = &[
         about: "eviction through Slurm (drain.eviction_responder): an eviction of n1's pod drains n1 at once; lockstep reports every 5 minutes while job 1001 runs, completes when it ends, and Kubernetes' evictor then evicts the pod; n2's eviction is withdrawn while its job still runs, and its drain is lifted",
         build: eviction_through_slurm,
     },
+    Incident {
+        name: "prestop-down-under-own-drain",
+        about: "ReturnToService=1: a terminating pod's preStop sets n1 DOWN between the actuator's read and its write of lockstep's drain, which takes over its reason; slurmd goes with the pod and n1 shows unhealthy on the replacement's host k3; once slurmd answers there the DOWN stays under lockstep's reason: the pod condition keeps saying SlurmDown, the unhealthy taint leaves k3, and lockstep's resume after k3's cordon ends brings n1 back",
+        build: prestop_down_under_own_drain,
+    },
 ];
 
 /// The incident with this name.
@@ -1232,6 +1237,37 @@ fn slinky_beside_lockstep() -> Sim {
             n.reason = None;
             n.reason_user = None;
         });
+    sim.run_s(120, 30);
+    sim
+}
+
+fn prestop_down_under_own_drain() -> Sim {
+    let mut sim = cluster(Policy::default(), 2);
+    sim.add_kube_node("k3");
+    // n1's pod terminates: its preStop sets DOWN between the actuator's read
+    // of n1 (IDLE) and its write of lockstep's drain, whose reason then
+    // replaces the hook's: Slurm shows DOWN+DRAIN under lockstep's reason.
+    sim.advance_s(10).pod_change("n1", |p| p.deleting = true);
+    sim.actuate_before_poll();
+    sim.slurm_change_unseen("n1", |n| n.state = SlurmBaseState::Down);
+    sim.advance_s(1).poll_slurm_node("n1").actuate();
+    // slurmd goes with the pod; its replacement waits on k3 for its image.
+    sim.advance_s(20)
+        .remove_pod("n1")
+        .slurmd_silent("n1")
+        .actuate();
+    sim.advance_s(1).add_pending_pod("n1", "k3").actuate();
+    sim.run_s(120, 30);
+    // An admin cordons k3; the replacement starts and its slurmd registers,
+    // and slurmctld keeps the DOWN it did not set (ReturnToService=1).
+    sim.advance_s(10).cordon("k3").actuate();
+    sim.advance_s(60)
+        .add_pod("n1", "k3")
+        .slurmd_heard("n1")
+        .actuate();
+    sim.run_s(120, 30);
+    // k3 uncordoned: lockstep resumes its own drain, and with it the DOWN.
+    sim.advance_s(10).uncordon("k3").actuate();
     sim.run_s(120, 30);
     sim
 }

@@ -222,6 +222,14 @@ pub(crate) struct SlurmSide {
     /// `state=DOWN` (a drain lockstep made that Slurm then took DOWN is
     /// unhealthy: slurmd stopped answering under it).
     pub unhealthy: bool,
+    /// Unhealthy by no doing of lockstep's: NOT_RESPONDING or FAIL, or DOWN
+    /// under somebody else's reason. What the unhealthy taint and the
+    /// Kubernetes node's signals speak of. A DOWN under lockstep's own
+    /// reason whose slurmd answers is not: slurmctld lifts a DOWN of its
+    /// own once the node answers again (`ReturnToService` 1 or 2), so it is
+    /// a `state=DOWN` somebody sent (a preStop hook) that lockstep's drain
+    /// then wrote its reason over, and it ends with lockstep's resume.
+    pub faulty: bool,
     /// lockstep's last drain, down or resume of it (sent, done, or failed
     /// and to be tried again) does not show yet ([`SlurmSide::see`]): what Slurm shows is about to change,
     /// so it satisfies no cause.
@@ -234,9 +242,8 @@ impl SlurmSide {
         let down = node.state == SlurmBaseState::Down;
         let owned = (drained || down) && own.owns(node);
         let own_down = down && owned && !drained;
-        let unhealthy = node.has(&SlurmNodeFlag::NotResponding)
-            || node.has(&SlurmNodeFlag::Fail)
-            || (down && !own_down);
+        let failing = node.has(&SlurmNodeFlag::NotResponding) || node.has(&SlurmNodeFlag::Fail);
+        let unhealthy = failing || (down && !own_down);
         Self {
             drained,
             down,
@@ -245,6 +252,7 @@ impl SlurmSide {
             held_shown: own.held_by_other(node)
                 && (drained || !node.has(&SlurmNodeFlag::NotResponding)),
             unhealthy,
+            faulty: failing || (down && !owned),
             unseen: false,
         }
     }
@@ -450,79 +458,94 @@ mod tests {
     fn ownership_table() {
         use SlurmBaseState::*;
         use SlurmNodeFlag::*;
-        // (state, flags, reason) -> (drained, down, owned, unhealthy)
+        // (state, flags, reason) -> (drained, down, owned, unhealthy, faulty)
         type Row<'a> = (
             SlurmBaseState,
             &'a [SlurmNodeFlag],
             Option<&'a str>,
-            (bool, bool, bool, bool),
+            (bool, bool, bool, bool, bool),
         );
         let rows: &[Row<'_>] = &[
-            (Idle, &[], None, (false, false, false, false)),
+            (Idle, &[], None, (false, false, false, false, false)),
             (
                 Idle,
                 &[Drain],
                 Some("lockstep: kubernetes node k cordoned"),
-                (true, false, true, false),
+                (true, false, true, false, false),
             ),
             (
                 Allocated,
                 &[Drain],
                 Some("admin: bad dimm"),
-                (true, false, false, false),
+                (true, false, false, false, false),
             ),
-            (Idle, &[Drain], None, (true, false, false, false)),
+            (Idle, &[Drain], None, (true, false, false, false, false)),
             (
                 Down,
                 &[],
                 Some("lockstep: kubernetes node k not ready"),
-                (false, true, true, false),
+                (false, true, true, false, false),
             ),
             (
                 Down,
                 &[NotResponding],
                 Some("Not responding"),
-                (false, true, false, true),
+                (false, true, false, true, true),
             ),
-            (Idle, &[NotResponding], None, (false, false, false, true)),
+            (
+                Idle,
+                &[NotResponding],
+                None,
+                (false, false, false, true, true),
+            ),
             // Slurm 24.11 took lockstep's drained node DOWN and appended to
             // its reason: the DOWN is Slurm's, also once it answers again.
             (
                 Down,
                 &[NotResponding],
                 Some("lockstep: kubernetes node k cordoned : Not responding"),
-                (false, true, false, true),
+                (false, true, false, true, true),
             ),
             (
                 Down,
                 &[],
                 Some("lockstep: kubernetes node k cordoned : Not responding"),
-                (false, true, false, true),
+                (false, true, false, true, true),
             ),
             // lockstep's drain, and then slurmd stopped answering.
             (
                 Idle,
                 &[Drain, NotResponding],
                 Some("lockstep: kubernetes node k cordoned"),
-                (true, false, true, true),
+                (true, false, true, true, true),
             ),
+            // Out under lockstep's reason, its slurmd answering: a DOWN
+            // somebody set (a preStop hook) that lockstep's drain wrote its
+            // reason over. Unhealthy for the pod condition, which says
+            // what Slurm shows; not faulty.
             (
                 Down,
                 &[Drain],
                 Some("lockstep: kubernetes node k cordoned"),
-                (true, true, true, true),
+                (true, true, true, true, false),
+            ),
+            (
+                Down,
+                &[Drain, NotResponding],
+                Some("lockstep: kubernetes node k cordoned"),
+                (true, true, true, true, true),
             ),
             (
                 Mixed,
                 &[Fail],
                 Some("lockstep-ish"),
-                (false, false, false, true),
+                (false, false, false, true, true),
             ),
             (
                 Idle,
                 &[Drain],
                 Some("LOCKSTEP: upper case is not ours"),
-                (true, false, false, false),
+                (true, false, false, false, false),
             ),
         ];
         for (state, flags, reason, want) in rows {
@@ -533,7 +556,7 @@ mod tests {
             };
             let s = SlurmSide::of(&node(state.clone(), flags, *reason), &own);
             assert_eq!(
-                (s.drained, s.down, s.owned, s.unhealthy),
+                (s.drained, s.down, s.owned, s.unhealthy, s.faulty),
                 *want,
                 "{state:?} {flags:?} {reason:?}"
             );
@@ -595,6 +618,7 @@ mod tests {
             held: (d || dn) && !o && !u,
             held_shown: (d || dn) && !o && !u,
             unhealthy: u,
+            faulty: u,
             unseen: false,
         };
         let (none, out_owned, out_other) = (

@@ -296,8 +296,10 @@ impl Engine {
                 if shown {
                     // Shown and still unhealthy; or shown, recovered, and
                     // held by the hysteresis: that keeps a taint, never puts
-                    // one on.
-                    on.unhealthy |= visible && side.unhealthy;
+                    // one on. Out under lockstep's own reason with its
+                    // slurmd answering, neither: lockstep keeps it out, and
+                    // the taint would stay until lockstep's resume.
+                    on.unhealthy |= visible && side.faulty;
                     on.held |= !visible || !side.unhealthy;
                 }
                 if visible {
@@ -307,7 +309,7 @@ impl Engine {
                 }
                 // Row 7 names every drain and DOWN not lockstep's: somebody
                 // else's, and Slurm's own once health damping shows it.
-                if signals_on && (side.held_by_other() || (side.unhealthy && shown)) {
+                if signals_on && (side.held_by_other() || (side.faulty && shown)) {
                     foreign.push((&s.obs.name, s.obs.reason.as_deref().unwrap_or("")));
                 }
             }
