@@ -116,6 +116,11 @@ pub struct SimSet {
     /// New pods wait for their image (Pending, slurmd not started) until
     /// [`Sim::images_pulled`]; the set's first pods are there already.
     pub slow_pulls: bool,
+    /// Its controller takes a new `replicas` but does not act on it until
+    /// [`Sim::resume_controller`]: a StatefulSet whose pods are managed
+    /// `OrderedReady` removes none while a pod below is not Running and
+    /// Ready (its Kubernetes node NotReady, say).
+    pub paused: bool,
 }
 
 /// The controller of a [`SimSet`].
@@ -835,8 +840,11 @@ impl Sim {
                 let name = target.name.clone();
                 let set = self.sets.get_mut(&name).expect("known set");
                 set.replicas = *replicas;
+                let paused = set.paused;
                 self.observe_set(&name);
-                self.sync_set(&name);
+                if !paused {
+                    self.sync_set(&name);
+                }
             }
             Action::SlurmSetFeatures { node, features } => {
                 let features = features.clone();
@@ -932,9 +940,23 @@ impl Sim {
                 controller,
                 static_nodes,
                 slow_pulls: false,
+                paused: false,
             },
         );
         self.observe_set(name);
+        self.sync_set(name)
+    }
+
+    /// The set's controller stops acting on its `replicas` (see
+    /// [`SimSet::paused`]).
+    pub fn pause_controller(&mut self, name: &str) -> &mut Self {
+        self.sets.get_mut(name).expect("known set").paused = true;
+        self
+    }
+
+    /// The set's controller acts again, on the `replicas` it has now.
+    pub fn resume_controller(&mut self, name: &str) -> &mut Self {
+        self.sets.get_mut(name).expect("known set").paused = false;
         self.sync_set(name)
     }
 

@@ -92,6 +92,11 @@ pub const ALL: &[Incident] = &[
         build: victim_gets_a_job,
     },
     Incident {
+        name: "victim-takes-a-job-after-scale-down",
+        about: "replicas lowered past gpu-1, its controller waiting; an admin resumes gpu-1 and a job lands on it before lockstep's drain is back: replicas go up again at once, and gpu-1 is scaled in only after the job ends",
+        build: victim_takes_a_job_after_scale_down,
+    },
+    Incident {
         name: "demand-returns-during-scale-in",
         about: "pending jobs arrive while victims drain: the drains are cancelled instead of adding nodes",
         build: demand_returns_during_scale_in,
@@ -457,6 +462,25 @@ fn victim_gets_a_job() -> Sim {
     sim.run_s(300, 30);
     sim.advance_s(1).end_job(31).actuate();
     sim.run_s(420, 30);
+    sim
+}
+
+fn victim_takes_a_job_after_scale_down() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 6), 2);
+    // The controller takes the lower count but removes no pod yet (a pod
+    // below is not Ready, say).
+    sim.pause_controller("gpu");
+    sim.actuate().idle_s(300, 60);
+    sim.run_s(60, 30);
+    // An admin resumes gpu-1; a job lands before lockstep's drain is back.
+    sim.advance_s(10).admin_resume("gpu-1");
+    sim.submit(51, "batch", 1, "Resources")
+        .schedule(51, &["gpu-1"]);
+    sim.actuate();
+    sim.run_s(30, 10);
+    sim.advance_s(30).resume_controller("gpu").actuate();
+    sim.advance_s(300).end_job(51).actuate();
+    sim.run_s(600, 30);
     sim
 }
 

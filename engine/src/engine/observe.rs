@@ -353,7 +353,7 @@ impl Engine {
                     self.dirty.push(Wake::Slurm(node.name.clone()));
                 }
                 if busy_changed {
-                    self.update_busy(&node.name);
+                    self.update_busy(&node.name, ctx);
                     self.touch_drain_progress(&node.name);
                 }
                 // Drains and known nodes matter to scaling only for
@@ -374,7 +374,7 @@ impl Engine {
                     self.scaling
                         .follow_idle(&node.name, &self.model, ctx.now_ms);
                 }
-                self.update_busy(&node.name);
+                self.update_busy(&node.name, ctx);
                 self.touch_slurm(&node.name);
                 self.schedule_scaling(ctx);
             }
@@ -614,7 +614,7 @@ impl Engine {
 
     pub(super) fn remove_slurm_node(&mut self, name: &str, ctx: &Ctx<'_>) {
         if self.model.slurm_nodes.remove(name).is_some() {
-            self.update_busy(name);
+            self.update_busy(name, ctx);
             self.touch_slurm(name);
             if let Some(kube) = self.model.placement(name, &self.policy) {
                 let kube = kube.to_owned();
@@ -720,7 +720,7 @@ impl Engine {
         let label = self.follows_busy();
         for node in flipped.drain(..) {
             self.scaling.follow_idle(&node, &self.model, now_ms);
-            self.update_busy(&node);
+            self.update_busy(&node, ctx);
             self.touch_drain_progress(&node);
             if label {
                 self.dirty.push(Wake::Slurm(node));
@@ -735,9 +735,13 @@ impl Engine {
             || !self.policy.drain.eviction_responder.is_empty()
     }
 
-    /// Scaling's busy count of `node` follows the model.
-    pub(super) fn update_busy(&mut self, node: &str) {
-        self.scaling.follow_busy(node, &self.model, &self.policy);
+    /// Scaling's busy count of `node` follows the model. A scale-in victim
+    /// that took a job (its drain lifted by somebody) has scaling look
+    /// again now: its controller may remove the pod at any moment.
+    pub(super) fn update_busy(&mut self, node: &str, ctx: &Ctx<'_>) {
+        if self.scaling.follow_busy(node, &self.model, &self.policy) {
+            self.timers.set(WakeOf::Scale, Some(ctx.now_ms));
+        }
     }
 
     /// Something scaling reads beyond job counts changed: the next

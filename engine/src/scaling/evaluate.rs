@@ -49,6 +49,8 @@ pub(crate) struct Evaluated {
 struct Planned<'m> {
     current: u32,
     desired: u32,
+    /// See [`Replicas::keep`].
+    keep: Option<u32>,
     plan: super::ScaleInPlan,
     /// Scale-in victims whose pods are still there.
     present: Vec<&'m str>,
@@ -140,6 +142,7 @@ impl super::Book {
             current,
             desired,
             lower_to: None,
+            keep: None,
         };
         reconcile_replicas(ctl, rule, counts, cx, wake);
         true
@@ -211,6 +214,7 @@ impl super::Book {
         let planned = Planned {
             current,
             desired,
+            keep: None,
             plan,
             present: Vec::new(),
             live: Vec::new(),
@@ -222,6 +226,7 @@ impl super::Book {
             current,
             desired,
             lower_to: None,
+            keep: None,
         };
         reconcile_replicas(ctl, rule, counts, cx, wake);
         true
@@ -303,6 +308,7 @@ impl super::Book {
             current: planned.current,
             desired: planned.desired,
             lower_to: planned.plan.lower_to,
+            keep: planned.keep,
         };
         reconcile_replicas(ctl, rule, counts, cx, wake);
         self.stopped_at_top[index] = cx.policy.scaling.removal_of(&rule.target)
@@ -355,6 +361,27 @@ impl super::Book {
             .as_deref()
             .is_some_and(|rev| pods.iter().any(|p| p.revision.is_some_and(|r| r != rev)));
         let desired = self.desired_now(index, rule, cx.model);
+        // A scale-in victim the count was lowered past that runs a job now
+        // (its drain lifted by somebody before the controller removed its
+        // pod): the count goes back up to keep it, or the job goes with the
+        // pod. (Victims are looked at before they are let go below.)
+        let victims = &self.victims;
+        let keep = (removal == Some(Removal::HighestOrdinal) && visible)
+            .then(|| {
+                pods.iter()
+                    .filter(|p| p.busy && !p.deleting)
+                    .filter(|p| {
+                        victims.get(p.slurm).is_some_and(|v| {
+                            v.kind == VictimKind::ScaleIn && v.target == rule.target
+                        })
+                    })
+                    .filter_map(|p| super::ordinal(&rule.target.name, p.name))
+                    .filter(|&o| o >= current)
+                    .max()
+                    .map(|o| o.saturating_add(1).min(rule.max_replicas.max(current)))
+            })
+            .flatten()
+            .filter(|&to| to > current);
         let ctl = self.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
         let down_ready_at = ctl.down_ready_at(rule);
@@ -402,6 +429,7 @@ impl super::Book {
         Planned {
             current,
             desired,
+            keep,
             plan,
             present,
             live: pods.iter().map(|p| (p.slurm, p.key, p.uid)).collect(),
@@ -624,9 +652,12 @@ impl super::Book {
     /// Keeps the busy set and the per-rule busy counts current for `node`.
     /// Without scale targets there is nothing to keep: the set is rebuilt
     /// when a policy brings some.
-    pub fn follow_busy(&mut self, node: &str, model: &Model, policy: &Policy) {
+    ///
+    /// Whether it turned busy while a scale-in victim: its target may have
+    /// been lowered past it already, and is looked at again at once.
+    pub fn follow_busy(&mut self, node: &str, model: &Model, policy: &Policy) -> bool {
         if policy.scaling.targets.is_empty() {
-            return;
+            return false;
         }
         let busy = model.jobs_on(node) > 0
             || model
@@ -634,7 +665,7 @@ impl super::Book {
                 .get(node)
                 .is_some_and(|n| super::slurm_busy(&n.obs));
         if busy == self.busy_nodes.contains(node) {
-            return;
+            return false;
         }
         if busy {
             self.busy_nodes.insert(node.to_owned());
@@ -649,6 +680,10 @@ impl super::Book {
                 count.saturating_sub(1)
             };
         }
+        busy && self
+            .victims
+            .get(node)
+            .is_some_and(|v| v.kind == VictimKind::ScaleIn)
     }
 
     /// Rebuilds the busy set from the model. Busy: running a job (whether
@@ -820,6 +855,9 @@ struct Replicas {
     current: u32,
     desired: u32,
     lower_to: Option<u32>,
+    /// A `highest_ordinal` target lowered past a pod that took a job
+    /// before its controller removed it: the count that keeps that pod.
+    keep: Option<u32>,
 }
 
 /// The replica count a scale target should have now: up to `desired` at
@@ -832,6 +870,7 @@ fn reconcile_replicas(
         current,
         desired,
         lower_to,
+        keep,
     }: Replicas,
     cx: &mut Cx<'_, '_>,
     wake: &mut Option<u64>,
@@ -850,6 +889,12 @@ fn reconcile_replicas(
         }
     } else {
         lower_to.map(|to| to.max(desired).max(rule.min_replicas))
+    };
+    // Up to keep a pod that took a job, cooldown or not: its controller may
+    // remove it at any moment.
+    let want = match keep {
+        Some(k) => Some(want.map_or(k, |w| w.max(k))),
+        None => want,
     };
     let want = want
         .filter(|&r| r != current)
