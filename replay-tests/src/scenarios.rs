@@ -97,6 +97,11 @@ pub const ALL: &[Incident] = &[
         build: victim_takes_a_job_after_scale_down,
     },
     Incident {
+        name: "self-lifting-drain-not-counted",
+        about: "Slinky's drain (left by a preStop) on the scale-in victim gpu-1 keeps it out but does not count as DRAINED, since Slinky lifts it by itself: the count stays until Slinky lifts it and lockstep's own drain shows",
+        build: self_lifting_drain_not_counted,
+    },
+    Incident {
         name: "demand-returns-during-scale-in",
         about: "pending jobs arrive while victims drain: the drains are cancelled instead of adding nodes",
         build: demand_returns_during_scale_in,
@@ -481,6 +486,20 @@ fn victim_takes_a_job_after_scale_down() -> Sim {
     sim.advance_s(30).resume_controller("gpu").actuate();
     sim.advance_s(300).end_job(51).actuate();
     sim.run_s(600, 30);
+    sim
+}
+
+fn self_lifting_drain_not_counted() -> Sim {
+    let mut sim = gpu_cluster(scaling_policy(1, 6), 2);
+    // Slinky's preStop reason, left on gpu-1 as its pod came back: Slinky
+    // undrains it once the pod is Ready on a node not cordoned.
+    sim.advance_s(10)
+        .admin_drain("gpu-1", "slurm-operator: Pod is terminating");
+    sim.actuate().idle_s(300, 60);
+    sim.run_s(120, 30);
+    // Slinky lifts it; lockstep drains gpu-1 itself, then lowers the count.
+    sim.advance_s(10).admin_resume("gpu-1").actuate();
+    sim.run_s(120, 30);
     sim
 }
 

@@ -213,6 +213,38 @@ pub struct DrainPolicy {
     #[serde(skip_serializing_if = "is_true")]
     #[schemars(extend("default" = true))]
     pub reason_names_nodes: bool,
+    /// Reason prefixes of drains that their owner lifts by itself, without
+    /// anybody's say: Slinky's slurm-operator undrains its own (`slurm-operator:
+    /// `) once the pod is Ready on a Kubernetes node that is not cordoned.
+    /// Such a drain keeps a node out like any other, but while the pod's
+    /// Kubernetes node is not cordoned scaling does not count it as
+    /// DRAINED: lockstep neither deletes a pod nor lowers a count past it,
+    /// since a job could start between its lifting and the pod's removal.
+    /// It waits until the drain is lifted and drains the node itself. On a
+    /// cordoned node it counts (Slinky keeps it for the cordon). Empty:
+    /// every drain counts.
+    #[serde(skip_serializing_if = "is_default_self_lifting")]
+    #[schemars(extend("default" = ["slurm-operator: "]))]
+    pub self_lifting_prefixes: Vec<String>,
+}
+
+/// The default of [`DrainPolicy::self_lifting_prefixes`]: Slinky's.
+pub const SLINKY_REASON_PREFIX: &str = "slurm-operator: ";
+
+fn is_default_self_lifting(v: &[String]) -> bool {
+    v.len() == 1 && v[0] == SLINKY_REASON_PREFIX
+}
+
+impl DrainPolicy {
+    /// Whether a drain with this reason is one its owner lifts by itself
+    /// ([`Self::self_lifting_prefixes`]).
+    pub fn self_lifting(&self, reason: Option<&str>) -> bool {
+        reason.is_some_and(|r| {
+            self.self_lifting_prefixes
+                .iter()
+                .any(|p| !p.is_empty() && r.starts_with(p.as_str()))
+        })
+    }
 }
 
 impl Default for DrainPolicy {
@@ -226,6 +258,7 @@ impl Default for DrainPolicy {
             slurm_user: None,
             eviction_responder: String::new(),
             reason_names_nodes: true,
+            self_lifting_prefixes: vec![SLINKY_REASON_PREFIX.to_owned()],
         }
     }
 }
@@ -1364,6 +1397,28 @@ mod tests {
             serde_json::from_str::<Policy>(&serde_json::to_string(&d).unwrap()).unwrap(),
             d
         );
+    }
+
+    #[test]
+    fn self_lifting_prefixes_default_to_slinkys_and_an_empty_list_reads_back_empty() {
+        let d = Policy::default();
+        let json = serde_json::to_string(&d).unwrap();
+        assert!(!json.contains("self_lifting_prefixes"), "{json}");
+        assert!(d
+            .drain
+            .self_lifting(Some("slurm-operator: Pod is terminating")));
+        assert!(!d.drain.self_lifting(Some("lockstep: scale-in")));
+        assert!(!d.drain.self_lifting(Some("slurm-operator:no space")));
+        assert!(!d.drain.self_lifting(None));
+        let mut none = Policy::default();
+        none.drain.self_lifting_prefixes.clear();
+        let json = serde_json::to_string(&none).unwrap();
+        assert!(json.contains("\"self_lifting_prefixes\":[]"), "{json}");
+        let back = serde_json::from_str::<Policy>(&json).unwrap();
+        assert_eq!(back, none);
+        assert!(!back
+            .drain
+            .self_lifting(Some("slurm-operator: Pod is terminating")));
     }
 
     #[test]

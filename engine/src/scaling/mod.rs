@@ -213,7 +213,9 @@ pub(crate) struct PodFacts<'a> {
     /// Its Slurm node is DRAINED, and lockstep's last drain, down or resume
     /// of it shows (a resume sent, or done and not yet seen, lets Slurm
     /// start a job on it before its pod is gone; a drain sent after it
-    /// may come too late).
+    /// may come too late). Not by a drain its owner lifts by itself
+    /// (`drain.self_lifting_prefixes`): lifted between lockstep's look and
+    /// the pod's removal, it would let a job start there.
     pub drained: bool,
     pub deleting: bool,
     /// Assigned, Running and Ready, on a Kubernetes node that is Ready (the
@@ -225,6 +227,10 @@ pub(crate) struct PodFacts<'a> {
     /// would replace their reason), and a DOWN may lift by itself, so it can
     /// never be surely DRAINED.
     pub held_down: bool,
+    /// Its Slurm node is drained by somebody who lifts that drain by
+    /// itself (`drain.self_lifting_prefixes`) and its Kubernetes node is
+    /// not cordoned, so not `drained`.
+    pub self_lifting: bool,
     /// Its Slurm node serves: Slurm knows it, and shows it neither drained,
     /// DOWN, FAILed nor NOT_RESPONDING.
     pub slurm_serves: bool,
@@ -359,6 +365,17 @@ impl<'a, U: Fn(&str) -> bool> PodLook<'a, '_, U> {
         let node = model.slurm_nodes.get(slurm).map(|n| &n.obs);
         let jobs = model.jobs_on(slurm);
         let busy = jobs > 0 || node.is_some_and(slurm_busy);
+        // Such a drain stays while the pod's Kubernetes node is cordoned
+        // (Slinky's then holds the node for the cordon).
+        let host_cordoned = p
+            .node_name
+            .as_deref()
+            .and_then(|n| model.kube_nodes.get(n))
+            .is_some_and(|k| k.obs.unschedulable);
+        let self_lifting = !host_cordoned
+            && node.is_some_and(|n| {
+                n.has(&SlurmNodeFlag::Drain) && self.policy.drain.self_lifting(n.reason.as_deref())
+            });
         let idle_ms = ms(rule.idle_before_scale_down_s);
         let (idle_enough, idle_at) = match self.idle_since.get(slurm).copied() {
             Some(t) if after_ms(t, idle_ms) <= self.now => (true, None),
@@ -376,7 +393,10 @@ impl<'a, U: Fn(&str) -> bool> PodLook<'a, '_, U> {
             jobs,
             busy,
             known: node.is_some(),
-            drained: node.is_some_and(|n| drained(n, jobs)) && !(self.unseen)(slurm),
+            drained: node.is_some_and(|n| drained(n, jobs))
+                && !self_lifting
+                && !(self.unseen)(slurm),
+            self_lifting,
             deleting: p.deleting,
             serving: p.running_and_ready()
                 && p.node_name.as_deref().is_some_and(|n| {

@@ -158,6 +158,15 @@ fn highest_ordinal(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut Sc
     while to > s.desired {
         let Some(p) = at(to - 1) else { break };
         if !(picked.contains(p.slurm) && p.passable()) {
+            if picked.contains(p.slurm) && p.self_lifting && plan.blocked.is_none() {
+                plan.blocked = Some((
+                    Some(p.slurm.to_owned()),
+                    format!(
+                        "slurm node {} is drained by somebody who lifts that drain by itself; lockstep drains it once it is lifted",
+                        p.slurm
+                    ),
+                ));
+            }
             break;
         }
         to -= 1;

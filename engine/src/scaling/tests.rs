@@ -29,6 +29,7 @@ fn pod(name: &'static str, state: char) -> PodFacts<'static> {
         serving: !matches!(state, 'p' | 'x' | 'l'),
         slurm_serves: !matches!(state, 'd' | 'm' | 'x' | 'l' | 'u'),
         held_down: state == 'l',
+        self_lifting: false,
         idle_enough: matches!(state, 'i' | 'd' | 'm' | 'p'),
         cost: Some(if state == 'm' { -2_147_483_648 } else { 0 }),
         revision: None,
