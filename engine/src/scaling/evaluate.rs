@@ -450,6 +450,7 @@ impl super::Book {
             idle_since: &self.idle_since,
             victims: &self.victims,
             unseen: move |slurm: &str| unseen(flights, slurm),
+            flights,
             now: cx.ctx.now_ms,
         }
     }

@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use crate::cause::VictimKind;
 use crate::cow::CowMap;
+use crate::flights::{AspectRef, Flights, Key};
 use crate::model::{slurm_name_of_pod, Model};
 use crate::units::{after_ms, after_s, ms};
 
@@ -239,6 +240,10 @@ pub(crate) struct PodFacts<'a> {
     /// Its `controller.kubernetes.io/pod-deletion-cost` as observed (absent: 0;
     /// `None`: not a number, so its rank is unknown).
     pub cost: Option<i64>,
+    /// lockstep's last change of its deletion cost (sent, done, or failed
+    /// and maybe done) does not show in the pod yet, so `cost` may be what
+    /// it was before.
+    pub cost_unsettled: bool,
     pub revision: Option<&'a str>,
     /// When it becomes idle long enough, while it is idle, not busy, no
     /// victim, and not idle long enough yet.
@@ -326,6 +331,8 @@ pub(crate) struct PodLook<'a, 'b, U> {
     pub victims: &'b BTreeMap<String, Victim>,
     /// Whether what Slurm shows of a node is about to change (`Cx::unseen`).
     pub unseen: U,
+    /// lockstep's actions in flight, for the pods' deletion cost.
+    pub flights: &'b Flights,
     pub now: u64,
 }
 
@@ -411,6 +418,15 @@ impl<'a, U: Fn(&str) -> bool> PodLook<'a, '_, U> {
             }),
             idle_enough,
             cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
+            cost_unsettled: self
+                .flights
+                .current(Key::Pod(key, AspectRef::Label(COST_LABEL)))
+                .is_some_and(|f| match &f.action {
+                    Action::KubeLabelPod { value, .. } => {
+                        p.labels.get(COST_LABEL) != value.as_ref()
+                    }
+                    _ => false,
+                }),
             revision: p.revision.as_deref(),
             idle_at,
         })

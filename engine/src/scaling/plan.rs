@@ -236,7 +236,7 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut Scal
     // its way out, and the count is settled.
     let marked: FxHashSet<&str> = kept
         .iter()
-        .filter(|p| p.safe_to_remove() && p.cost == Some(victim_cost))
+        .filter(|p| p.safe_to_remove() && p.cost == Some(victim_cost) && !p.cost_unsettled)
         .map(|p| p.key)
         .collect();
     if marked.is_empty() {
@@ -250,6 +250,11 @@ fn deletion_cost(s: &ScaleIn<'_, '_>, victims: &FxHashSet<&str>, plan: &mut Scal
         .find_map(|p| {
             if p.deleting {
                 Some(format!("pod {} is being deleted", p.key))
+            } else if p.cost_unsettled {
+                Some(format!(
+                    "lockstep's change of the deletion cost of pod {} does not show yet",
+                    p.key
+                ))
             } else if !p.serving {
                 Some(format!(
                     "pod {} is not Running and Ready, so the controller would remove it first",

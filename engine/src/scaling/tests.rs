@@ -13,7 +13,9 @@ fn target(kind: &str, name: &str) -> ScaleTargetRef {
 /// idle not long enough, `b` busy (a job), `d` drained, `m` drained and
 /// marked with the victim cost, `u` Slurm node unknown, `x` being
 /// deleted, `l` being deleted and not drained (its Slurm node DOWN by
-/// somebody else: slurmd gone with its host), `p` not Running and Ready.
+/// somebody else: slurmd gone with its host), `p` not Running and Ready,
+/// `k` drained and seen marked while lockstep's change of its cost does
+/// not show yet.
 fn pod(name: &'static str, state: char) -> PodFacts<'static> {
     let key: &'static str = Box::leak(format!("slurm/{name}").into_boxed_str());
     PodFacts {
@@ -24,14 +26,19 @@ fn pod(name: &'static str, state: char) -> PodFacts<'static> {
         jobs: u32::from(state == 'b'),
         busy: state == 'b',
         known: state != 'u',
-        drained: matches!(state, 'd' | 'm' | 'x'),
+        drained: matches!(state, 'd' | 'm' | 'x' | 'k'),
         deleting: matches!(state, 'x' | 'l'),
         serving: !matches!(state, 'p' | 'x' | 'l'),
-        slurm_serves: !matches!(state, 'd' | 'm' | 'x' | 'l' | 'u'),
+        slurm_serves: !matches!(state, 'd' | 'm' | 'x' | 'l' | 'u' | 'k'),
         held_down: state == 'l',
         self_lifting: false,
-        idle_enough: matches!(state, 'i' | 'd' | 'm' | 'p'),
-        cost: Some(if state == 'm' { -2_147_483_648 } else { 0 }),
+        cost_unsettled: state == 'k',
+        idle_enough: matches!(state, 'i' | 'd' | 'm' | 'p' | 'k'),
+        cost: Some(if matches!(state, 'm' | 'k') {
+            -2_147_483_648
+        } else {
+            0
+        }),
         revision: None,
         idle_at: None,
     }
@@ -230,6 +237,27 @@ fn deletion_cost_scale_in_table() {
             &["gpu-4", "gpu-2"],
             &["slurm/gpu-4", "slurm/gpu-2"],
             Some(4),
+        ),
+        // A cost lockstep changed that does not show yet may be gone
+        // already (the controller would then pick another pod): wait,
+        // whether on a victim or on any other pod.
+        (
+            "bikbm",
+            5,
+            3,
+            &["gpu-4", "gpu-2"],
+            &["gpu-4", "gpu-2"],
+            &["slurm/gpu-4", "slurm/gpu-2"],
+            None,
+        ),
+        (
+            "bikbm",
+            5,
+            4,
+            &["gpu-4"],
+            &["gpu-4"],
+            &["slurm/gpu-4"],
+            None,
         ),
         // Another pod not Running and Ready would go first: wait.
         (
