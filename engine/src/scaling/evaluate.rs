@@ -361,27 +361,12 @@ impl super::Book {
             .as_deref()
             .is_some_and(|rev| pods.iter().any(|p| p.revision.is_some_and(|r| r != rev)));
         let desired = self.desired_now(index, rule, cx.model);
-        // A scale-in victim the count was lowered past that runs a job now
-        // (its drain lifted by somebody before the controller removed its
-        // pod): the count goes back up to keep it, or the job goes with the
-        // pod. (Victims are looked at before they are let go below.)
-        let victims = &self.victims;
-        let keep = (removal == Some(Removal::HighestOrdinal) && visible)
-            .then(|| {
-                pods.iter()
-                    .filter(|p| p.busy && !p.deleting)
-                    .filter(|p| {
-                        victims.get(p.slurm).is_some_and(|v| {
-                            v.kind == VictimKind::ScaleIn && v.target == rule.target
-                        })
-                    })
-                    .filter_map(|p| super::ordinal(&rule.target.name, p.name))
-                    .filter(|&o| o >= current)
-                    .max()
-                    .map(|o| o.saturating_add(1).min(rule.max_replicas.max(current)))
-            })
-            .flatten()
-            .filter(|&to| to > current);
+        // Victims are looked at before they are let go (`scale_target`).
+        let keep = if removal == Some(Removal::HighestOrdinal) && visible {
+            keep_busy_victims(&self.victims, rule, &pods, current)
+        } else {
+            None
+        };
         let ctl = self.targets.entry(rule.target.clone()).or_default();
         ctl.desired = Some(desired);
         let down_ready_at = ctl.down_ready_at(rule);
@@ -451,6 +436,7 @@ impl super::Book {
             victims: &self.victims,
             unseen: move |slurm: &str| unseen(flights, slurm),
             flights,
+            reads_costs: cx.policy.scaling.removal_of(&rule.target) == Some(Removal::DeletionCost),
             now: cx.ctx.now_ms,
         }
     }
@@ -920,6 +906,30 @@ fn reconcile_replicas(
     if up && matches!(step, Step::Sent { .. }) {
         ctl.last_up_ms = Some(now);
     }
+}
+
+/// A `highest_ordinal` target's count lowered past scale-in victims that
+/// run a job now (a drain lifted by somebody before the controller removed
+/// the pod): the count that keeps the highest of them, within
+/// `max_replicas`, if above `current`; else the job goes with the pod.
+fn keep_busy_victims(
+    victims: &BTreeMap<String, Victim>,
+    rule: &ScaleRule,
+    pods: &[PodFacts<'_>],
+    current: u32,
+) -> Option<u32> {
+    pods.iter()
+        .filter(|p| p.busy && !p.deleting)
+        .filter(|p| {
+            victims
+                .get(p.slurm)
+                .is_some_and(|v| v.kind == VictimKind::ScaleIn && v.target == rule.target)
+        })
+        .filter_map(|p| super::ordinal(&rule.target.name, p.name))
+        .filter(|&o| o >= current)
+        .max()
+        .map(|o| o.saturating_add(1).min(rule.max_replicas.max(current)))
+        .filter(|&to| to > current)
 }
 
 /// Deletes a pod, only if its UID is still the one scaling looked at.

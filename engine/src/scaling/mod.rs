@@ -242,7 +242,7 @@ pub(crate) struct PodFacts<'a> {
     pub cost: Option<i64>,
     /// lockstep's last change of its deletion cost (sent, done, or failed
     /// and maybe done) does not show in the pod yet, so `cost` may be what
-    /// it was before.
+    /// it was before. Only for a `deletion_cost` target (else false).
     pub cost_unsettled: bool,
     pub revision: Option<&'a str>,
     /// When it becomes idle long enough, while it is idle, not busy, no
@@ -333,6 +333,10 @@ pub(crate) struct PodLook<'a, 'b, U> {
     pub unseen: U,
     /// lockstep's actions in flight, for the pods' deletion cost.
     pub flights: &'b Flights,
+    /// The target's removal reads deletion costs (`deletion_cost`): only
+    /// then is `PodFacts::cost_unsettled` looked up (a scan of a large
+    /// target asks it of every pod).
+    pub reads_costs: bool,
     pub now: u64,
 }
 
@@ -374,15 +378,13 @@ impl<'a, U: Fn(&str) -> bool> PodLook<'a, '_, U> {
         let busy = jobs > 0 || node.is_some_and(slurm_busy);
         // Such a drain stays while the pod's Kubernetes node is cordoned
         // (Slinky's then holds the node for the cordon).
-        let host_cordoned = p
+        let self_lifting = node.is_some_and(|n| {
+            n.has(&SlurmNodeFlag::Drain) && self.policy.drain.self_lifting(n.reason.as_deref())
+        }) && !p
             .node_name
             .as_deref()
             .and_then(|n| model.kube_nodes.get(n))
             .is_some_and(|k| k.obs.unschedulable);
-        let self_lifting = !host_cordoned
-            && node.is_some_and(|n| {
-                n.has(&SlurmNodeFlag::Drain) && self.policy.drain.self_lifting(n.reason.as_deref())
-            });
         let idle_ms = ms(rule.idle_before_scale_down_s);
         let (idle_enough, idle_at) = match self.idle_since.get(slurm).copied() {
             Some(t) if after_ms(t, idle_ms) <= self.now => (true, None),
@@ -418,15 +420,16 @@ impl<'a, U: Fn(&str) -> bool> PodLook<'a, '_, U> {
             }),
             idle_enough,
             cost: p.labels.get(COST_LABEL).map_or(Some(0), |c| c.parse().ok()),
-            cost_unsettled: self
-                .flights
-                .current(Key::Pod(key, AspectRef::Label(COST_LABEL)))
-                .is_some_and(|f| match &f.action {
-                    Action::KubeLabelPod { value, .. } => {
-                        p.labels.get(COST_LABEL) != value.as_ref()
-                    }
-                    _ => false,
-                }),
+            cost_unsettled: self.reads_costs
+                && self
+                    .flights
+                    .current(Key::Pod(key, AspectRef::Label(COST_LABEL)))
+                    .is_some_and(|f| match &f.action {
+                        Action::KubeLabelPod { value, .. } => {
+                            p.labels.get(COST_LABEL) != value.as_ref()
+                        }
+                        _ => false,
+                    }),
             revision: p.revision.as_deref(),
             idle_at,
         })
