@@ -222,7 +222,8 @@ pub struct DrainPolicy {
     /// since a job could start between its lifting and the pod's removal.
     /// It waits until the drain is lifted and drains the node itself. On a
     /// cordoned node it counts (Slinky keeps it for the cordon). Empty:
-    /// every drain counts.
+    /// every drain counts. A prefix may not be blank nor overlap
+    /// `reason_prefix`.
     #[serde(skip_serializing_if = "is_default_self_lifting")]
     #[schemars(extend("default" = ["slurm-operator: "]))]
     pub self_lifting_prefixes: Vec<String>,
@@ -794,6 +795,23 @@ impl Policy {
                 "must not be empty: it is how lockstep knows its own drains",
             );
         }
+        for (i, prefix) in self.drain.self_lifting_prefixes.iter().enumerate() {
+            let own = self.drain.reason_prefix.as_str();
+            if prefix.trim().is_empty() {
+                return Err(PolicyError::Range {
+                    field: format!("drain.self_lifting_prefixes[{i}]"),
+                    reason: "must not be empty: it would match every drain".to_owned(),
+                });
+            }
+            if prefix.starts_with(own) || own.starts_with(prefix.as_str()) {
+                return Err(PolicyError::Range {
+                    field: format!("drain.self_lifting_prefixes[{i}]"),
+                    reason: format!(
+                        "{prefix:?} overlaps drain.reason_prefix {own:?}: lockstep's own drains are not lifted by anybody else"
+                    ),
+                });
+            }
+        }
         if self.actions.attempts_max == 0 {
             return range("actions.attempts_max", "must be at least 1");
         }
@@ -1364,6 +1382,14 @@ mod tests {
             (
                 r#"{"drain": {"reason_prefix": " "}}"#,
                 "invalid policy: drain.reason_prefix: must not be empty",
+            ),
+            (
+                r#"{"drain": {"self_lifting_prefixes": ["slurm-operator: ", " "]}}"#,
+                "invalid policy: drain.self_lifting_prefixes[1]: must not be empty",
+            ),
+            (
+                r#"{"drain": {"self_lifting_prefixes": ["lockstep: scale"]}}"#,
+                "invalid policy: drain.self_lifting_prefixes[0]: \"lockstep: scale\" overlaps drain.reason_prefix",
             ),
             (
                 r#"{"actions": {"attempts_max": 0}}"#,
