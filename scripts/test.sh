@@ -33,6 +33,10 @@ started=$SECONDS
 elapsed() { local s=$((SECONDS - started)); printf '%d:%02d' $((s / 60)) $((s % 60)); }
 step() { printf '\n== [%s] %s\n' "$(elapsed)" "$*"; }
 logs=$(mktemp -d /tmp/lockstep-test.XXXXXX)
+# Free space where the build goes, and in /tmp where the beds live (a node
+# short of disk evicts the pods of the real-node tests).
+disk_free() { df -h --output=avail "$@" | tail -n +2 | tr -d ' ' | paste -sd/; }
+disk_at_start=$(disk_free . /tmp)
 
 # ---- the groups ---------------------------------------------------------------
 # package:target. No Kubernetes needed (real Slurm, NATS, Prometheus and
@@ -282,6 +286,7 @@ step "summary"
   "$logs"/real-node.log 2>/dev/null || true; } | { grep -E '^test result:' || true; } \
   | awk '{p+=$4; f+=$6} END {printf "%d passed, %d failed\n", p, f}'
 echo "took $(elapsed); logs in $logs"
+echo "free disk (build, /tmp): $(disk_free . /tmp) (at the start: $disk_at_start); target/: $(du -sh target 2>/dev/null | cut -f1)"
 if ((${#failed[@]})); then
   printf 'FAILED: %s\n' "${failed[@]}" >&2
   grep -h '^FAILED: ' "$logs"/*.log >&2 || true

@@ -18,6 +18,11 @@
 # Builds are throttled for a shared 2-core machine: `go build -p 1` under
 # `nice -n 15` by default.
 #
+# Go's build cache is build.sh's own (<cache>/kube/go-build, not `go env
+# GOCACHE`): the control plane and the node share most packages, so it is kept
+# between `build.sh` and `build.sh node helm`, and removed (3-5 GB) once every
+# tool is built. The binaries do not need it.
+#
 # Env: LOCKSTEP_CACHE_DIR, LOCKSTEP_KUBE_BUILD_P (go build -p, default 1),
 #      LOCKSTEP_KUBE_NICE (nice level, default 15).
 set -euo pipefail
@@ -84,6 +89,8 @@ declare -A VER=(
   [containerd]=$CONTAINERD_VERSION [containerd-shim-runc-v2]=$CONTAINERD_VERSION [ctr]=$CONTAINERD_VERSION
   [runc]=$RUNC_VERSION [crictl]=$CRICTL_VERSION [helm]=$HELM_VERSION
 )
+ALL_TOOLS=(kube-apiserver kubectl etcd kube-controller-manager kube-scheduler kubelet
+           containerd containerd-shim-runc-v2 ctr runc crictl helm)
 tools=()
 for g in "${groups[@]}"; do
   case $g in
@@ -91,8 +98,7 @@ for g in "${groups[@]}"; do
     node) tools+=(kube-apiserver kubectl etcd kube-controller-manager kube-scheduler kubelet
                   containerd containerd-shim-runc-v2 ctr runc crictl) ;;
     helm) tools+=(helm) ;;
-    all) tools+=(kube-apiserver kubectl etcd kube-controller-manager kube-scheduler kubelet
-                 containerd containerd-shim-runc-v2 ctr runc crictl helm) ;;
+    all) tools+=("${ALL_TOOLS[@]}") ;;
   esac
 done
 mapfile -t tools < <(printf '%s\n' "${tools[@]}" | awk '!seen[$0]++')
@@ -147,6 +153,7 @@ fi
 
 command -v go >/dev/null || { echo "build.sh: go not found on PATH (needed to build ${todo[*]})" >&2; exit 1; }
 log "Go: $(go version)"
+export GOCACHE="$CACHE_ROOT/kube/go-build"
 log "building ${todo[*]} into $BIN_DIR"
 
 P=${LOCKSTEP_KUBE_BUILD_P:-1}
@@ -211,3 +218,11 @@ for tool in "${todo[@]}"; do
   log "$tool ${VER[$tool]}: built in $(( $(date +%s) - t0 ))s, $(du -h "$BIN_DIR/$tool" | cut -f1)"
 done
 log "done in $(( $(date +%s) - t_all ))s"
+
+# Every tool built: Go's build cache has nothing more to share.
+force=0
+for tool in "${ALL_TOOLS[@]}"; do cached "$tool" || exit 0; done
+if [[ -d $GOCACHE ]]; then
+  log "every tool is built: removing Go's build cache ($(du -sh "$GOCACHE" | cut -f1), $GOCACHE)"
+  rm -rf "$GOCACHE"
+fi

@@ -340,7 +340,10 @@ authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 resolvConf: $NODE/resolv.conf
 podLogsDir: $NODE/pod-logs
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+# Absolute, not a share of the disk: 1% of a 250 GB disk is 2.5 GB, which a
+# machine that builds the suite cold may well have left, and the node then
+# evicts and taints (DiskPressure) what the tests run.
+evictionHard: {memory.available: "100Mi", nodefs.available: "256Mi", imagefs.available: "256Mi", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 maxPods: 60
