@@ -45,4 +45,13 @@ pub(crate) struct NodeCtl {
     /// writes lockstep's reason, so nothing came and went in between.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh_written: bool,
+    /// With `fresh_written`: every change that may have been written since
+    /// was a resume. A resume moves the node out of lockstep's drain or
+    /// down, never into one, and only lockstep writes lockstep's reason: so
+    /// a drain or down "already done" that finds what the model's copy
+    /// shows finds a node that never left it (a resume that timed out
+    /// without landing leaves Slurm as it was, and the poller, which
+    /// reports only changes, says nothing more of it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh_resumes_only: bool,
 }

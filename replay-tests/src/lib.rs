@@ -697,6 +697,25 @@ impl Sim {
         self
     }
 
+    /// The Slurm actuator finds the next pending drain or down already in
+    /// place, that state with that reason (it reads before it writes):
+    /// "already done", and nothing changes, so nothing is published.
+    pub fn find_next_in_place(&mut self) -> &mut Self {
+        let a = self.take_pending().expect("an action is pending");
+        let in_place = match &a.action {
+            Action::SlurmDrain { node, reason } => self.slurm.get(node).is_some_and(|n| {
+                n.has(&SlurmNodeFlag::Drain) && n.reason.as_deref() == Some(reason.as_str())
+            }),
+            Action::SlurmDown { node, reason } => self.slurm.get(node).is_some_and(|n| {
+                n.state == SlurmBaseState::Down && n.reason.as_deref() == Some(reason.as_str())
+            }),
+            _ => false,
+        };
+        assert!(in_place, "{:?} is not in place in Slurm", a.action);
+        self.report(&a, OutcomeResult::AlreadyDone);
+        self
+    }
+
     /// The next pending action is lost: no outcome ever comes.
     pub fn lose_next(&mut self) -> &mut Self {
         self.take_pending().expect("an action is pending");

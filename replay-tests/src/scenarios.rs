@@ -241,6 +241,11 @@ pub const ALL: &[Incident] = &[
         about: "ReturnToService=1: a terminating pod's preStop sets n1 DOWN between the actuator's read and its write of lockstep's drain, which takes over its reason; slurmd goes with the pod and n1 shows unhealthy on the replacement's host k3; once slurmd answers there the DOWN stays under lockstep's reason: the pod condition keeps saying SlurmDown, the unhealthy taint leaves k3, and lockstep's resume after k3's cordon ends brings n1 back",
         build: prestop_down_under_own_drain,
     },
+    Incident {
+        name: "drain-found-in-place-after-failed-resumes",
+        about: "k1's cordon ends and lockstep's resume of n1 times out twice without landing (the retry goes out while the first attempt does not show); k1 is cordoned again and the Slurm actuator finds lockstep's drain still in place: n1 is drained as lockstep last saw it, and nothing more is sent, though the poller, which reports only changes, never reports n1 again",
+        build: drain_found_in_place_after_failed_resumes,
+    },
 ];
 
 /// The incident with this name.
@@ -1312,5 +1317,24 @@ fn prestop_down_under_own_drain() -> Sim {
     // k3 uncordoned: lockstep resumes its own drain, and with it the DOWN.
     sim.advance_s(10).uncordon("k3").actuate();
     sim.run_s(120, 30);
+    sim
+}
+
+fn drain_found_in_place_after_failed_resumes() -> Sim {
+    let mut policy = Policy::default();
+    policy.actions.retry_backoff_initial_s = 5;
+    policy.actions.timeout_s = 30;
+    let mut sim = cluster(policy, 1);
+    sim.advance_s(10).cordon("k1").actuate();
+    sim.idle_s(20, 10);
+    // The resume times out and never reaches slurmctld; so does its retry.
+    sim.advance_s(10).uncordon("k1");
+    sim.advance_s(1).fail_next(true, "timeout");
+    sim.idle_s(5, 5);
+    sim.advance_s(1).fail_next(true, "timeout");
+    // Cordoned again before the next retry: the drain finds n1 as it was.
+    sim.advance_s(1).cordon("k1");
+    sim.advance_s(1).find_next_in_place();
+    sim.idle_s(120, 10);
     sim
 }

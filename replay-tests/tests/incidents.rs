@@ -409,6 +409,29 @@ fn a_failed_drain_is_retried_with_backoff_until_it_succeeds() {
 }
 
 #[test]
+fn a_drain_found_in_place_after_failed_resumes_settles_the_node() {
+    let sim = build("drain-found-in-place-after-failed-resumes");
+    let sent: Vec<_> = sim
+        .actions
+        .iter()
+        .map(|a| (a.action.kind(), a.attempt))
+        .collect();
+    // The drain, the resume and its retry, the drain again: found in place
+    // and not sent again at its timeout.
+    assert_eq!(
+        sent,
+        [
+            (ActionKind::SlurmDrain, 1),
+            (ActionKind::SlurmResume, 1),
+            (ActionKind::SlurmResume, 2),
+            (ActionKind::SlurmDrain, 1),
+        ]
+    );
+    assert_eq!(sim.phase("n1"), Phase::Drained);
+    assert!(sim.engine().pending().is_empty());
+}
+
+#[test]
 fn host_mode_gpu_xid_takes_the_node_down_and_back() {
     let sim = build("gpu-xid-host-mode-down");
     let kinds: Vec<_> = sim

@@ -198,6 +198,7 @@ pub(crate) fn decide(
                     // previous change: only a later one can show this one.
                     if ctl.fresh_after.is_none() {
                         ctl.fresh_written = false;
+                        ctl.fresh_resumes_only = false;
                     }
                     ctl.fresh_after = Some(ctx.seq);
                 }

@@ -318,6 +318,7 @@ impl Engine {
                 if let Some(c) = self.ctl.get_mut(&node.name) {
                     c.fresh_after = None;
                     c.fresh_written = false;
+                    c.fresh_resumes_only = false;
                 }
                 self.touch_slurm(&node.name);
             }

@@ -1,4 +1,4 @@
-use lockstep_schemas::{Action, OutcomeResult, Target};
+use lockstep_schemas::{Action, ActionKind, OutcomeResult, SlurmBaseState, SlurmNodeFlag, Target};
 
 use super::Engine;
 use crate::ctx::Ctx;
@@ -7,6 +7,26 @@ use crate::model::slurm_name_of_pod;
 use crate::timers::Wake;
 
 impl Engine {
+    /// Whether the model's copy of Slurm node `name` shows what lockstep's
+    /// last drain or down of it asks for, reason and all: what the Slurm
+    /// actuator's "already done" of it found (a resume: never).
+    fn copy_shows_state_action(&self, name: &str) -> bool {
+        let Some(seen) = self.model.slurm_nodes.get(name) else {
+            return false;
+        };
+        let node = &seen.obs;
+        match self.flights.state_action(name) {
+            Some(Action::SlurmDrain { reason, .. }) => {
+                node.has(&SlurmNodeFlag::Drain) && node.reason.as_deref() == Some(reason.as_str())
+            }
+            Some(Action::SlurmDown { reason, .. }) => {
+                node.state == SlurmBaseState::Down
+                    && node.reason.as_deref() == Some(reason.as_str())
+            }
+            _ => false,
+        }
+    }
+
     /// Records an actuator's outcome in the slot of its target, and has the
     /// evaluation that wants the target look again when the slot changed:
     /// an action that waits for the outcome of the one before it (never two
@@ -25,20 +45,28 @@ impl Engine {
         match owner {
             OwnerOf::Named(Owner::SlurmNode, node, aspect) => {
                 if aspect == Aspect::State {
+                    let shown = self.copy_shows_state_action(&node);
                     if let Some(c) = self.ctl.get_mut(&node) {
                         if c.fresh_after.is_some() {
-                            if o.result == OutcomeResult::AlreadyDone && !c.fresh_written {
+                            let found = o.result == OutcomeResult::AlreadyDone;
+                            let resumed_only = c.fresh_resumes_only && shown;
+                            if found && (!c.fresh_written || resumed_only) {
                                 // Found in place, and nothing of lockstep's
-                                // written since the model's copy was taken:
-                                // the copy shows the node as it is (the
-                                // poller reports only changes, so no later
-                                // one may ever come).
+                                // that could have made it written since the
+                                // model's copy was taken: the copy shows the
+                                // node as it is (the poller reports only
+                                // changes, so no later one may ever come).
                                 c.fresh_after = None;
                             } else {
                                 // Only an observation after the change was
                                 // made shows it.
                                 c.fresh_after = Some(ctx.seq);
-                                c.fresh_written = true;
+                                if !found {
+                                    let resume = o.kind == ActionKind::SlurmResume;
+                                    c.fresh_resumes_only =
+                                        resume && (!c.fresh_written || c.fresh_resumes_only);
+                                    c.fresh_written = true;
+                                }
                             }
                         }
                     }
