@@ -294,6 +294,12 @@ impl super::Book {
         }
         self.delete_victim_pods(rule, &planned.plan, cx, wake);
         let costs_settled = self.mark_deletion_cost(&planned, cx, wake);
+        if !costs_settled {
+            // A change of a pod's cost in flight, or failed and to be tried
+            // again: only a scan brings it, and the fast path scans nothing
+            // (once demand is back, no victim or scale-in would force one).
+            self.scan_needed = true;
+        }
         if cx.model.slurm_visible && cx.model.kube_visible {
             self.pick_replacements(rule, target, &planned.live, cx, &mut looked);
         }
