@@ -703,12 +703,12 @@ impl Sim {
     pub fn find_next_in_place(&mut self) -> &mut Self {
         let a = self.take_pending().expect("an action is pending");
         let in_place = match &a.action {
-            Action::SlurmDrain { node, reason } => self.slurm.get(node).is_some_and(|n| {
-                n.has(&SlurmNodeFlag::Drain) && n.reason.as_deref() == Some(reason.as_str())
-            }),
-            Action::SlurmDown { node, reason } => self.slurm.get(node).is_some_and(|n| {
-                n.state == SlurmBaseState::Down && n.reason.as_deref() == Some(reason.as_str())
-            }),
+            Action::SlurmDrain { node, reason } => {
+                self.slurm.get(node).is_some_and(|n| n.drained_with(reason))
+            }
+            Action::SlurmDown { node, reason } => {
+                self.slurm.get(node).is_some_and(|n| n.down_with(reason))
+            }
             _ => false,
         };
         assert!(in_place, "{:?} is not in place in Slurm", a.action);

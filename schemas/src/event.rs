@@ -593,6 +593,16 @@ impl SlurmNode {
     pub fn has(&self, flag: &SlurmNodeFlag) -> bool {
         self.flags.contains(flag)
     }
+
+    /// Drained with exactly this reason: a drain with it is "already done".
+    pub fn drained_with(&self, reason: &str) -> bool {
+        self.has(&SlurmNodeFlag::Drain) && self.reason.as_deref() == Some(reason)
+    }
+
+    /// DOWN with exactly this reason: a down with it is "already done".
+    pub fn down_with(&self, reason: &str) -> bool {
+        self.state == SlurmBaseState::Down && self.reason.as_deref() == Some(reason)
+    }
 }
 
 open_enum! {

@@ -198,12 +198,8 @@ impl<'a> StateChange<'a> {
             return Some(Applied::Declined(Ownership::describe_holder(n)));
         }
         let already = match self {
-            Self::Drain(reason) => {
-                n.has(&SlurmNodeFlag::Drain) && n.reason.as_deref() == Some(reason)
-            }
-            Self::Down(reason) => {
-                n.state == SlurmBaseState::Down && n.reason.as_deref() == Some(reason)
-            }
+            Self::Drain(reason) => n.drained_with(reason),
+            Self::Down(reason) => n.down_with(reason),
             Self::Resume => false,
         };
         already.then_some(Applied::AlreadyDone)

@@ -126,10 +126,12 @@ stamp_of() {
     *) echo "tool=$1 version=${VER[$1]} from=${HOW[$1]#install } flags=$(echo ${INSTALL_LDFLAGS[$1]:-} | sha256sum | cut -c1-8)" ;;
   esac
 }
-cached() {
+# Built, with the stamp of what would be built now.
+up_to_date() {
   local stamp="$BIN_DIR/.$1.stamp"
-  (( !force )) && [[ -x $BIN_DIR/$1 && -f $stamp ]] && [[ $(head -n1 "$stamp") == "$(stamp_of "$1")" ]]
+  [[ -x $BIN_DIR/$1 && -f $stamp ]] && [[ $(head -n1 "$stamp") == "$(stamp_of "$1")" ]]
 }
+cached() { (( !force )) && up_to_date "$1"; }
 
 mkdir -p "$BIN_DIR"
 # One build at a time per cache (a concurrent up.sh waits here instead of building twice).
@@ -220,8 +222,7 @@ done
 log "done in $(( $(date +%s) - t_all ))s"
 
 # Every tool built: Go's build cache has nothing more to share.
-force=0
-for tool in "${ALL_TOOLS[@]}"; do cached "$tool" || exit 0; done
+for tool in "${ALL_TOOLS[@]}"; do up_to_date "$tool" || exit 0; done
 if [[ -d $GOCACHE ]]; then
   log "every tool is built: removing Go's build cache ($(du -sh "$GOCACHE" | cut -f1), $GOCACHE)"
   rm -rf "$GOCACHE"

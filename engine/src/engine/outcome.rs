@@ -1,4 +1,4 @@
-use lockstep_schemas::{Action, ActionKind, OutcomeResult, SlurmBaseState, SlurmNodeFlag, Target};
+use lockstep_schemas::{Action, ActionKind, OutcomeResult, Target};
 
 use super::Engine;
 use crate::ctx::Ctx;
@@ -7,22 +7,19 @@ use crate::model::slurm_name_of_pod;
 use crate::timers::Wake;
 
 impl Engine {
-    /// Whether the model's copy of Slurm node `name` shows what lockstep's
-    /// last drain or down of it asks for, reason and all: what the Slurm
-    /// actuator's "already done" of it found (a resume: never).
+    /// Whether the model's copy of Slurm node `name` is what the Slurm
+    /// actuator's "already done" of lockstep's last drain or down of it
+    /// found: that state with exactly that reason (a resume: never). Stricter
+    /// than [`crate::drain::SlurmSide::see`], which also takes somebody
+    /// else's drain, or lockstep's reason with slurmctld's words appended, as
+    /// showing the drain: such a copy differs from what the actuator found.
     fn copy_shows_state_action(&self, name: &str) -> bool {
         let Some(seen) = self.model.slurm_nodes.get(name) else {
             return false;
         };
-        let node = &seen.obs;
         match self.flights.state_action(name) {
-            Some(Action::SlurmDrain { reason, .. }) => {
-                node.has(&SlurmNodeFlag::Drain) && node.reason.as_deref() == Some(reason.as_str())
-            }
-            Some(Action::SlurmDown { reason, .. }) => {
-                node.state == SlurmBaseState::Down
-                    && node.reason.as_deref() == Some(reason.as_str())
-            }
+            Some(Action::SlurmDrain { reason, .. }) => seen.obs.drained_with(reason),
+            Some(Action::SlurmDown { reason, .. }) => seen.obs.down_with(reason),
             _ => false,
         }
     }
