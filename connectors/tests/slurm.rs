@@ -25,8 +25,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use lockstep_connectors::slurm::{
-    Actuator, ActuatorConfig, Backend, BeforeWrite, Fetch, Observation, Observer, ObserverConfig,
-    RestClient, RestConfig, Scontrol, ScontrolConfig, TokenSource, RESUMED_REASON,
+    Actuator, ActuatorConfig, Backend, BeforeWrite, Fetch, NodeSession, Observation, Observer,
+    ObserverConfig, RestClient, RestConfig, Scontrol, ScontrolConfig, TokenSource, RESUMED_REASON,
 };
 use lockstep_engine::{Engine, Output, Phase};
 use lockstep_schemas::{
@@ -1826,6 +1826,109 @@ async fn quiet_second(rest: &RestClient) -> u64 {
     }
 }
 
+/// The observer's long-lived scontrol ([`NodeSession`]): it lists what a
+/// new scontrol lists; a drain or resume made right after a listing (in the
+/// same second, which slurmctld's "changed since" compares in whole
+/// seconds) shows in the next one; an unchanged listing is told apart; a
+/// killed scontrol is replaced without a failed listing; a scontrol that
+/// cannot start is an error, not an empty cluster.
+async fn a_node_session_lists_every_change_and_tells_unchanged(c: &'static Cluster) {
+    const N: &str = "ls-n2";
+    let _own = c.own(N).await;
+    let sc = c.scontrol();
+    let mut session = NodeSession::new(sc.clone());
+    let listed = |f: Fetch<Vec<SlurmNode>>| match f {
+        Fetch::Changed(nodes) => nodes,
+        Fetch::Unchanged => panic!("a full listing was asked for"),
+    };
+    let first = listed(session.nodes(false).await.unwrap());
+    let one_shot = sc.nodes().await.unwrap();
+    assert_eq!(
+        first.iter().map(|n| &n.name).collect::<Vec<_>>(),
+        one_shot.iter().map(|n| &n.name).collect::<Vec<_>>()
+    );
+    assert!(
+        first
+            .iter()
+            .zip(&one_shot)
+            .all(|(a, b)| a.same_but_version(b)),
+        "{first:?}\n{one_shot:?}"
+    );
+    let pid = session.pid().expect("a running scontrol");
+
+    let node = |nodes: &[SlurmNode]| nodes.iter().find(|n| n.name == N).cloned().unwrap();
+    for round in 0..6 {
+        let reason = format!("lockstep session test {round}");
+        admin_update(c, N, &["state=drain", &format!("reason={reason}")]);
+        // A change is never "unchanged", however soon after the last listing.
+        let Fetch::Changed(nodes) = session.nodes(true).await.unwrap() else {
+            panic!("round {round}: a drain listed as unchanged");
+        };
+        let n = node(&nodes);
+        assert!(n.has(&SlurmNodeFlag::Drain), "round {round}: {n:?}");
+        assert_eq!(n.reason.as_deref(), Some(reason.as_str()));
+        admin_update(c, N, &["state=resume"]);
+        let Fetch::Changed(nodes) = session.nodes(true).await.unwrap() else {
+            panic!("round {round}: a resume listed as unchanged");
+        };
+        let n = node(&nodes);
+        assert!(!n.has(&SlurmNodeFlag::Drain), "round {round}: {n:?}");
+    }
+    assert_eq!(
+        session.pid(),
+        Some(pid),
+        "one scontrol served every listing"
+    );
+
+    // Once the nodes stand still, a listing is unchanged.
+    let t = Instant::now();
+    while session.nodes(true).await.unwrap() != Fetch::Unchanged {
+        assert!(t.elapsed() < Duration::from_secs(60), "never unchanged");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // An observer through scontrol lists its nodes through a session: its
+    // polls tell an unchanged listing too (jobs and partitions are listed
+    // in full).
+    let mut obs = Observer::new(Backend::Scontrol(sc.clone()), fast());
+    obs.poll().await;
+    let t = Instant::now();
+    loop {
+        tokio::time::sleep(obs.next_delay()).await;
+        obs.poll().await;
+        if obs.last_poll().unchanged == 1 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            obs.last_poll()
+        );
+    }
+
+    // A killed scontrol: the next listing starts another, and succeeds.
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = listed(session.nodes(false).await.unwrap());
+    assert_eq!(again.len(), first.len());
+    assert_ne!(session.pid(), Some(pid));
+
+    // A scontrol that ends at once, or is not there, lists nothing: an
+    // error, not an empty cluster.
+    for program in ["false", "/nonexistent/scontrol"] {
+        let mut broken = NodeSession::new(Scontrol::new(ScontrolConfig {
+            program: program.into(),
+            ..sc.config().clone()
+        }));
+        let err = broken.nodes(false).await.unwrap_err();
+        assert!(broken.pid().is_none(), "{program}: {err}");
+    }
+}
+
 /// `update_time` polls as each version answers them, and what the client
 /// makes of them. Nothing changed: nodes and partitions 304; jobs 304 on
 /// 22.05, but HTTP 200 with no jobs, `last_update` 0 and a warning on 24.11
@@ -2070,4 +2173,5 @@ on!(slurmrestd_down_is_reported_and_scontrol_still_observes: v22_05, v24_11, v26
 on!(a_running_observer_shows_nodes_while_slurmrestd_is_down: v22_05, v24_11, v26_05);
 on!(an_admin_drain_reaches_the_engine_as_a_foreign_drain: v22_05, v24_11, v26_05);
 on!(update_time_polls_tell_unchanged_from_changed: v22_05, v24_11, v26_05);
+on!(a_node_session_lists_every_change_and_tells_unchanged: v22_05, v24_11, v26_05);
 on!(a_gpu_clique_label_moves_the_slurm_node_into_its_block: v26_05);

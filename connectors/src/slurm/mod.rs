@@ -10,7 +10,8 @@
 //!   26.05) into [`SlurmNode`](lockstep_schemas::SlurmNode),
 //!   [`SlurmJob`](lockstep_schemas::SlurmJob) and
 //!   [`SlurmPartition`](lockstep_schemas::SlurmPartition); [`scontrol`]
-//!   parses `scontrol show -o` into the same types.
+//!   parses `scontrol show -o` into the same types, and [`NodeSession`]
+//!   lists nodes through one long-lived scontrol.
 //! - [`Observer`]: polls (with `update_time`), diffs and sends
 //!   [`Observation`]s: one event per changed object, `*Gone` events, full
 //!   listings bracketed by `SyncStarted` .. `SyncDone`, and
@@ -32,6 +33,7 @@ mod observer;
 pub mod parse;
 mod rest;
 pub mod scontrol;
+mod session;
 mod token;
 
 pub use crate::observation::Observation;
@@ -42,4 +44,5 @@ pub use error::{classify_message, Error, Result};
 pub use observer::{Backend, Observer, ObserverConfig, PollStats};
 pub use rest::{ApiVersion, Fetch, RestClient, RestConfig, API_VERSIONS};
 pub use scontrol::{Scontrol, ScontrolConfig, SlurmVersion};
+pub use session::{NodeSession, SESSION_AGE_MAX};
 pub use token::TokenSource;

@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, Mutex, OwnedMutexGuard};
 use super::error::Result;
 use super::rest::{Fetch, RestClient};
 use super::scontrol::Scontrol;
+use super::session::NodeSession;
 use crate::backoff::Backoff;
 use crate::clock::{now_ms, now_s};
 use crate::diff::{Known, Observed};
@@ -47,13 +48,17 @@ use crate::observation::Observation;
 pub enum Backend {
     /// slurmrestd: polls with `update_time`, so an unchanged poll is cheap.
     Rest(RestClient),
-    /// scontrol: for sites without slurmrestd; every poll is a full listing
-    /// (diffed, so it still emits only changes).
+    /// scontrol: for sites without slurmrestd. Nodes are listed through one
+    /// long-lived scontrol ([`NodeSession`]), which asks slurmctld only for
+    /// a listing newer than its last; jobs and partitions by a new scontrol
+    /// each poll, every poll a full listing (diffed, so it still emits only
+    /// changes).
     Scontrol(Scontrol),
-    /// Nodes listed through scontrol at every poll, jobs and partitions
-    /// through slurmrestd: for large clusters, where slurmrestd takes
-    /// seconds to write 10,000 nodes as JSON that slurmctld lists in
-    /// milliseconds and scontrol prints in a few tens.
+    /// Nodes listed through scontrol at every poll (one long-lived scontrol,
+    /// [`NodeSession`]), jobs and partitions through slurmrestd: for large
+    /// clusters, where slurmrestd takes seconds to write 10,000 nodes as
+    /// JSON that slurmctld lists in milliseconds and scontrol prints in a
+    /// few tens.
     NodesThroughScontrol(RestClient, Scontrol),
 }
 
@@ -64,18 +69,27 @@ enum Items {
 }
 
 impl Backend {
-    async fn fetch(&self, domain: Domain, since_s: Option<u64>) -> Result<Fetch<Items>> {
-        match self {
-            Self::Rest(c) => rest_fetch(c, domain, since_s).await,
-            Self::Scontrol(s) => Ok(Fetch::Changed(match domain {
-                Domain::SlurmNodes => Items::Nodes(s.nodes().await?),
-                Domain::SlurmJobs => Items::Jobs(s.jobs().await?),
-                _ => Items::Partitions(s.partitions().await?),
-            })),
-            Self::NodesThroughScontrol(c, s) => match domain {
-                Domain::SlurmNodes => Ok(Fetch::Changed(Items::Nodes(s.nodes().await?))),
-                _ => rest_fetch(c, domain, since_s).await,
-            },
+    /// One domain's listing; `since_s` as the last listing's `update_time`
+    /// (`None`: every object). Node listings through scontrol go through
+    /// `node_session`, started here when there is none.
+    async fn fetch(
+        &self,
+        domain: Domain,
+        since_s: Option<u64>,
+        node_session: &mut Option<NodeSession>,
+    ) -> Result<Fetch<Items>> {
+        match (self, domain) {
+            (Self::Scontrol(s) | Self::NodesThroughScontrol(_, s), Domain::SlurmNodes) => {
+                let session = node_session.get_or_insert_with(|| NodeSession::new(s.clone()));
+                Ok(map(session.nodes(since_s.is_some()).await?, Items::Nodes))
+            }
+            (Self::Rest(c) | Self::NodesThroughScontrol(c, _), _) => {
+                rest_fetch(c, domain, since_s).await
+            }
+            (Self::Scontrol(s), Domain::SlurmJobs) => {
+                Ok(Fetch::Changed(Items::Jobs(s.jobs().await?)))
+            }
+            (Self::Scontrol(s), _) => Ok(Fetch::Changed(Items::Partitions(s.partitions().await?))),
         }
     }
 
@@ -341,6 +355,8 @@ pub struct Observer {
     nodes: Snapshot<SlurmNode>,
     jobs: Snapshot<SlurmJob>,
     partitions: Snapshot<SlurmPartition>,
+    /// The node listings' scontrol, once started (nodes through scontrol).
+    node_session: Option<NodeSession>,
     last_poll: PollStats,
 }
 
@@ -375,6 +391,7 @@ impl Observer {
             nodes: Snapshot::default(),
             jobs: Snapshot::default(),
             partitions: Snapshot::default(),
+            node_session: None,
             last_poll: PollStats::default(),
         }
     }
@@ -491,6 +508,7 @@ impl Observer {
             nodes: Snapshot::default(),
             jobs: self.jobs,
             partitions: self.partitions,
+            node_session: None,
             last_poll: PollStats::default(),
         };
         let nodes = Self {
@@ -695,7 +713,10 @@ impl Observer {
                 _ => None,
             };
             let started_s = now_s();
-            let fetch = self.backend.fetch(domain, since_s).await?;
+            let fetch = self
+                .backend
+                .fetch(domain, since_s, &mut self.node_session)
+                .await?;
             let observed_ms = now_ms();
             match fetch {
                 Fetch::Unchanged => self.last_poll.unchanged += 1,
