@@ -20,7 +20,9 @@
 # =nodes-through-scontrol list nodes through scontrol and do the rest through
 # slurmrestd (`[slurm] nodes_through_scontrol`). LOCKSTEP_BENCH_REASONS=unnamed
 # runs lockstep with `drain.reason_names_nodes = false` (a pool's drains share
-# their reason, and so Slurm's writes).
+# their reason, and so Slurm's writes). LOCKSTEP_BENCH_QUIET_S=S first watches
+# S seconds with nothing changing (lockstep's CPU, slurmctld's time on its
+# requests; 0: none, the default).
 #
 # The API server is the bench's own (state in /tmp/lockstep-bench-kube, its
 # own ports), stopped at the end: nothing it creates meets the test suite's.
@@ -37,6 +39,7 @@ case ${LOCKSTEP_BENCH_NATS:-single} in
   cluster) cluster=(--cluster) ;;
   *) echo "LOCKSTEP_BENCH_NATS is single or cluster, not $LOCKSTEP_BENCH_NATS" >&2; exit 2 ;;
 esac
+quiet=(--quiet-s "${LOCKSTEP_BENCH_QUIET_S:-0}")
 pool=()
 if [[ -n ${LOCKSTEP_BENCH_POOL:-} ]]; then
   pool=(--pool "$LOCKSTEP_BENCH_POOL")
@@ -77,7 +80,7 @@ run() { # slurm-state-dir nodes
   # shellcheck disable=SC1091
   (. "$1/env.sh"
    KUBECONFIG=$kubeconfig LOCKSTEP_KUBECONFIG=$lockstep_kubeconfig \
-     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll" "${cluster[@]}" "${pool[@]}" "${via[@]}")
+     ./target/release/examples/reaction_latency --trials "$trials" --nodes "$2" --slurmd 4 --poll-ms "$poll" "${quiet[@]}" "${cluster[@]}" "${pool[@]}" "${via[@]}")
 }
 
 for size in $sizes; do

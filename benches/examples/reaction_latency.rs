@@ -74,6 +74,11 @@ struct Args {
     /// (`[slurm] nodes_through_scontrol`).
     #[arg(long)]
     nodes_through_scontrol: bool,
+    /// First watch this many seconds with nothing changing: lockstep's CPU
+    /// and slurmctld's time on lockstep's requests while the cluster stands
+    /// still (0: none).
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    quiet_s: u64,
     /// lockstep's drain reasons do not name the Kubernetes node
     /// (`drain.reason_names_nodes = false`), so that the drains of a pool
     /// share a reason and are written together.
@@ -353,6 +358,9 @@ async fn main() {
     // Let the first sync and its actions settle.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let slurmctld_pid = slurmctld_pid();
+    if a.quiet_s > 0 {
+        quiet_window(a.quiet_s, lockstep_pid, slurmctld_pid).await;
+    }
     let measured = (
         Instant::now(),
         cpu_seconds(lockstep_pid),
@@ -526,6 +534,30 @@ async fn main() {
 
 /// The Slurm user the bench reads as (lockstep's token is root's).
 const READER: &str = "nobody";
+
+/// `secs` with nothing changing: lockstep's CPU, slurmctld's, and
+/// slurmctld's time on root's requests, which are lockstep's alone here.
+async fn quiet_window(secs: u64, lockstep_pid: u32, slurmctld_pid: u32) {
+    eprintln!("{secs} s with nothing changing");
+    let start = (
+        Instant::now(),
+        cpu_seconds(lockstep_pid),
+        cpu_seconds(slurmctld_pid),
+        rpcs_of("root"),
+    );
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let wall = start.0.elapsed().as_secs_f64();
+    let lockstep = cpu_seconds(lockstep_pid) - start.1;
+    let slurmctld = cpu_seconds(slurmctld_pid) - start.2;
+    let root = rpcs_of("root");
+    let (rpcs, on_root) = (root.0 - start.3 .0, root.1 - start.3 .1);
+    println!(
+        "nothing changing, over {wall:.0} s: lockstep used {lockstep:.2} s of CPU ({:.2}% of one core); slurmctld {slurmctld:.2} s ({:.2}%), its time on lockstep's requests {rpcs} RPCs, {on_root:.3} s ({:.2}% of the wall time)",
+        lockstep / wall * 100.0,
+        slurmctld / wall * 100.0,
+        on_root / wall * 100.0,
+    );
+}
 
 /// A slurmrestd token for `user` (`scontrol token`, as root).
 fn token_for(user: &str) -> String {
