@@ -150,14 +150,17 @@ impl NodeSession {
         r.stdin.flush().await.map_err(gone)?;
         let mut text = String::new();
         let mut errors = Vec::new();
-        let mut line = String::new();
+        let mut line = Vec::new();
         loop {
             line.clear();
-            let n = r.out.read_line(&mut line).await.map_err(gone)?;
+            let n = r.out.read_until(b'\n', &mut line).await.map_err(gone)?;
             if n == 0 {
                 return Err(Failure::Ended(ended(what(), "scontrol exited")));
             }
-            let l = unprompted(line.trim_end());
+            // As a new scontrol's output is read: a reason in another
+            // encoding must not end the session.
+            let line = String::from_utf8_lossy(&line);
+            let l = unprompted(&line);
             if l == r.end {
                 break;
             }
@@ -204,6 +207,8 @@ impl NodeSession {
             .stdin(Stdio::piped())
             .stdout(writer)
             .stderr(writer_too)
+            // Nothing but text: no terminal for readline to drive.
+            .env("TERM", "dumb")
             .kill_on_drop(true);
         if let Some(conf) = &config.slurm_conf {
             cmd.env("SLURM_CONF", conf);
@@ -227,18 +232,19 @@ impl NodeSession {
             .write_all(format!("{VERSION}\n").as_bytes())
             .await
             .map_err(|e| ended(what(), &e.to_string()))?;
-        let mut line = String::new();
+        let mut line = Vec::new();
         loop {
             line.clear();
             let n = running
                 .out
-                .read_line(&mut line)
+                .read_until(b'\n', &mut line)
                 .await
                 .map_err(|e| ended(what(), &e.to_string()))?;
             if n == 0 {
                 return Err(ended(what(), "scontrol exited"));
             }
-            let l = unprompted(line.trim_end());
+            let line = String::from_utf8_lossy(&line);
+            let l = unprompted(&line);
             if l.is_empty() || l == VERSION {
                 continue;
             }
