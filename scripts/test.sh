@@ -12,8 +12,11 @@
 #               first time)
 #   foreground  fmt; compile every test; the book (build, links); the tests
 #               that need no Kubernetes;
-#               once the control plane is built, the ones that need it;
-#               clippy
+#               once the control plane is built and the Slurm tests have
+#               ended, the tests that need Kubernetes; clippy
+#   background  once every test is compiled and the roots are there: the
+#               tests of every Slurm version (tests/slurm.rs of the
+#               connectors)
 #   background  beside the control-plane tests: each fuzz target for 30 s
 #               (when its instrumented build is cached on this machine)
 #   background  once the node is built: deploy/helm/check.sh, tests/chart.rs,
@@ -207,6 +210,25 @@ real_node_tests() {
 }
 background real-node real_node_tests
 
+# Real Slurm of every version, in the background beside the tests that need
+# no Kubernetes: they mostly wait on slurmctld, and those use Slurms of
+# their own (state dirs and ports apart). The control-plane tests share
+# these clusters, so they start once this has ended.
+slurm_versions_tests() {
+  local v
+  for v in 24.11 26.05; do
+    if ! joined "slurm-root-$v"; then
+      { echo "FAILED: building the Debian root of Slurm $v (deploy/local/slurm/root.sh $v)"
+        tail -n 30 "$logs/slurm-root-$v.log"; } >>"$logs/slurm.log" 2>/dev/null
+      return 1
+    fi
+  done
+  echo "real Slurm of every version: started at $(elapsed)" >>"$logs/slurm.log"
+  quiet=1
+  run "$logs/slurm.log" "${slurm_versions[@]}"
+}
+background slurm-versions slurm_versions_tests
+
 step "the book: mdbook build docs, every relative link and anchor (scripts/book.sh)"
 if joined mdbook && scripts/book.sh 2>&1 | tee "$logs/book.log"; then
   :
@@ -222,23 +244,9 @@ cargo test --workspace --no-fail-fast --doc 2>&1 | tee -a "$logs/units.log" || f
 step "tests that need no Kubernetes: ${no_kube[*]}"
 run "$logs/no-kube.log" "${no_kube[@]}" || failed+=("no-kube group")
 
-step "Debian roots for Slurm 24.11 and 26.05"
-roots_ok=1
-for v in 24.11 26.05; do
-  if ! joined "slurm-root-$v"; then
-    tail -n 30 "$logs/slurm-root-$v.log" >&2
-    echo "building the Debian root of Slurm $v failed" >&2
-    roots_ok=0
-  fi
-done
-cat "$logs"/slurm-root-*.log
-
-step "real Slurm of every version: ${slurm_versions[*]}"
-if ((roots_ok)); then
-  run "$logs/slurm.log" "${slurm_versions[@]}" || failed+=("Slurm versions group")
-else
-  failed+=("Slurm versions group (no Debian roots)")
-fi
+step "real Slurm of every version: ${slurm_versions[*]} (started in the background)"
+joined slurm-versions || failed+=("Slurm versions group")
+cat "$logs"/slurm-root-*.log "$logs/slurm.log"
 
 # Each fuzz target for 30 s (fuzz/run.sh: AFL++ through cargo-afl), only
 # when the instrumented build is cached on this machine (building it from
