@@ -120,11 +120,13 @@ impl NodeSession {
                 }
             }
         };
-        if changes_only && text.as_bytes() == self.last.as_slice() {
+        if changes_only && text == self.last {
             return Ok(Fetch::Unchanged);
         }
-        let nodes = parse_nodes(&text)?;
-        self.last = text.into_bytes();
+        // As a new scontrol's output is read: a reason in another encoding
+        // is no reason to fail.
+        let nodes = parse_nodes(&String::from_utf8_lossy(&text))?;
+        self.last = text;
         Ok(Fetch::Changed(nodes))
     }
 
@@ -133,8 +135,8 @@ impl NodeSession {
         self.running.as_ref().and_then(|r| r.child.id())
     }
 
-    /// One listing's node lines, started if need be.
-    async fn list(&mut self) -> std::result::Result<String, Failure> {
+    /// One listing's node lines, as printed, started if need be.
+    async fn list(&mut self) -> std::result::Result<Vec<u8>, Failure> {
         if self.running.is_none() {
             self.running = Some(self.start().await.map_err(Failure::Other)?);
         }
@@ -148,7 +150,9 @@ impl NodeSession {
             .await
             .map_err(gone)?;
         r.stdin.flush().await.map_err(gone)?;
-        let mut text = String::new();
+        // Bytes until the listing has changed: an unchanged one is compared,
+        // never decoded.
+        let mut text = Vec::with_capacity(self.last.len());
         let mut errors = Vec::new();
         let mut line = Vec::new();
         loop {
@@ -157,26 +161,27 @@ impl NodeSession {
             if n == 0 {
                 return Err(Failure::Ended(ended(what(), "scontrol exited")));
             }
-            // As a new scontrol's output is read: a reason in another
-            // encoding must not end the session.
-            let line = String::from_utf8_lossy(&line);
             let l = unprompted(&line);
-            if l == r.end {
+            if l == r.end.as_bytes() {
                 break;
             }
-            if l.starts_with("NodeName=") {
+            if l.starts_with(b"NodeName=") {
                 if text.len() + l.len() >= bytes_max {
                     return Err(Failure::Other(Error::ScontrolOutput {
                         what: what(),
                         detail: format!("more than {bytes_max} bytes of output"),
                     }));
                 }
-                text.push_str(l);
-                text.push('\n');
-            } else if !(l.is_empty() || l == SHOW || l == VERSION || l.starts_with("No ")) {
+                text.extend_from_slice(l);
+                text.push(b'\n');
+            } else if !(l.is_empty()
+                || l == SHOW.as_bytes()
+                || l == VERSION.as_bytes()
+                || l.starts_with(b"No "))
+            {
                 // "No nodes in the system" is an empty listing; anything
                 // else is scontrol's complaint.
-                errors.push(l.to_owned());
+                errors.push(String::from_utf8_lossy(l).into_owned());
             }
         }
         if errors.is_empty() {
@@ -222,7 +227,8 @@ impl NodeSession {
         let mut running = Running {
             child,
             stdin,
-            out: BufReader::new(out),
+            // A listing of 10,000 nodes is about 6 MB: read in large parts.
+            out: BufReader::with_capacity(256 << 10, out),
             end: String::new(),
             started: Instant::now(),
         };
@@ -243,8 +249,8 @@ impl NodeSession {
             if n == 0 {
                 return Err(ended(what(), "scontrol exited"));
             }
-            let line = String::from_utf8_lossy(&line);
-            let l = unprompted(&line);
+            let line = String::from_utf8_lossy(unprompted(&line)).into_owned();
+            let l = line.as_str();
             if l.is_empty() || l == VERSION {
                 continue;
             }
@@ -260,12 +266,12 @@ impl NodeSession {
     }
 }
 
-/// A line without the prompts printed before it.
-fn unprompted(mut line: &str) -> &str {
-    while let Some(rest) = line.strip_prefix(PROMPT) {
+/// A line without the prompts printed before it, nor its end.
+fn unprompted(mut line: &[u8]) -> &[u8] {
+    while let Some(rest) = line.strip_prefix(PROMPT.as_bytes()) {
         line = rest;
     }
-    line.trim_end()
+    line.trim_ascii_end()
 }
 
 fn ended(what: String, detail: &str) -> Error {
@@ -283,12 +289,12 @@ mod tests {
 
     #[test]
     fn prompts_and_echoes_are_dropped() {
-        assert_eq!(unprompted("scontrol: show node"), SHOW);
-        assert_eq!(unprompted("scontrol: scontrol: NodeName=a"), "NodeName=a");
+        assert_eq!(unprompted(b"scontrol: show node\n"), SHOW.as_bytes());
+        assert_eq!(unprompted(b"scontrol: scontrol: NodeName=a"), b"NodeName=a");
         assert_eq!(
-            unprompted("NodeName=a State=IDLE "),
-            "NodeName=a State=IDLE"
+            unprompted(b"NodeName=a State=IDLE \r\n"),
+            b"NodeName=a State=IDLE"
         );
-        assert_eq!(unprompted("slurm-wlm 26.05.5"), "slurm-wlm 26.05.5");
+        assert_eq!(unprompted(b"slurm-wlm 26.05.5\n"), b"slurm-wlm 26.05.5");
     }
 }
