@@ -35,11 +35,11 @@ use tokio::process::{Child, ChildStdin, Command};
 
 use super::error::{classify_message, Error, Result};
 use super::rest::Fetch;
-use super::scontrol::{parse_nodes, Scontrol};
+use super::scontrol::{parse_nodes, Scontrol, SlurmVersion};
 
 /// How long one scontrol process serves listings before a new one is
 /// started.
-pub const SESSION_AGE_MAX: Duration = Duration::from_secs(600);
+const SESSION_AGE_MAX: Duration = Duration::from_secs(600);
 
 /// What scontrol prints before each command it reads.
 const PROMPT: &str = "scontrol: ";
@@ -143,32 +143,24 @@ impl NodeSession {
         let config = self.scontrol.config();
         let bytes_max = config.output_bytes_max;
         let r = self.running.as_mut().expect("started above");
-        let what = || format!("scontrol {SHOW} (a session)");
-        let gone = |e: std::io::Error| Failure::Ended(ended(what(), &e.to_string()));
-        r.stdin
-            .write_all(format!("{SHOW}\n{VERSION}\n").as_bytes())
+        let what = format!("scontrol {SHOW} (a session)");
+        r.send(&format!("{SHOW}\n{VERSION}\n"), &what)
             .await
-            .map_err(gone)?;
-        r.stdin.flush().await.map_err(gone)?;
+            .map_err(Failure::Ended)?;
         // Bytes until the listing has changed: an unchanged one is compared,
         // never decoded.
         let mut text = Vec::with_capacity(self.last.len());
         let mut errors = Vec::new();
         let mut line = Vec::new();
         loop {
-            line.clear();
-            let n = r.out.read_until(b'\n', &mut line).await.map_err(gone)?;
-            if n == 0 {
-                return Err(Failure::Ended(ended(what(), "scontrol exited")));
-            }
-            let l = unprompted(&line);
+            let l = r.line(&mut line, &what).await.map_err(Failure::Ended)?;
             if l == r.end.as_bytes() {
                 break;
             }
             if l.starts_with(b"NodeName=") {
                 if text.len() + l.len() >= bytes_max {
                     return Err(Failure::Other(Error::ScontrolOutput {
-                        what: what(),
+                        what,
                         detail: format!("more than {bytes_max} bytes of output"),
                     }));
                 }
@@ -190,7 +182,7 @@ impl NodeSession {
             let stderr = errors.join("; ");
             let retryable = classify_message(&stderr);
             Err(Failure::Other(Error::Command {
-                what: what(),
+                what,
                 status: "still running".to_owned(),
                 stderr,
                 retryable,
@@ -232,37 +224,48 @@ impl NodeSession {
             end: String::new(),
             started: Instant::now(),
         };
-        let what = || format!("scontrol {VERSION} (a session)");
-        running
-            .stdin
-            .write_all(format!("{VERSION}\n").as_bytes())
-            .await
-            .map_err(|e| ended(what(), &e.to_string()))?;
+        let what = format!("scontrol {VERSION} (a session)");
+        running.send(&format!("{VERSION}\n"), &what).await?;
         let mut line = Vec::new();
         loop {
-            line.clear();
-            let n = running
-                .out
-                .read_until(b'\n', &mut line)
-                .await
-                .map_err(|e| ended(what(), &e.to_string()))?;
-            if n == 0 {
-                return Err(ended(what(), "scontrol exited"));
-            }
-            let line = String::from_utf8_lossy(unprompted(&line)).into_owned();
-            let l = line.as_str();
+            let l = String::from_utf8_lossy(running.line(&mut line, &what).await?).into_owned();
             if l.is_empty() || l == VERSION {
                 continue;
             }
-            if super::scontrol::SlurmVersion::parse(l).is_none() {
+            if SlurmVersion::parse(&l).is_none() {
                 return Err(Error::ScontrolOutput {
-                    what: what(),
+                    what,
                     detail: format!("no version in {l:?}"),
                 });
             }
-            running.end = l.to_owned();
+            running.end = l;
             return Ok(running);
         }
+    }
+}
+
+impl Running {
+    /// Writes `commands` (lines) to scontrol. An error: the process is gone.
+    async fn send(&mut self, commands: &str, what: &str) -> Result<()> {
+        self.stdin
+            .write_all(commands.as_bytes())
+            .await
+            .map_err(|e| ended(what, &e.to_string()))
+    }
+
+    /// The next line of output, without its prompts and its end. An error:
+    /// the process is gone (or its output could not be read).
+    async fn line<'b>(&mut self, buf: &'b mut Vec<u8>, what: &str) -> Result<&'b [u8]> {
+        buf.clear();
+        let n = self
+            .out
+            .read_until(b'\n', buf)
+            .await
+            .map_err(|e| ended(what, &e.to_string()))?;
+        if n == 0 {
+            return Err(ended(what, "scontrol exited"));
+        }
+        Ok(unprompted(buf))
     }
 }
 
@@ -274,9 +277,10 @@ fn unprompted(mut line: &[u8]) -> &[u8] {
     line.trim_ascii_end()
 }
 
-fn ended(what: String, detail: &str) -> Error {
+/// The process is gone: retryable, with a new one.
+fn ended(what: &str, detail: &str) -> Error {
     Error::Command {
-        what,
+        what: what.to_owned(),
         status: "ended".to_owned(),
         stderr: detail.to_owned(),
         retryable: true,
