@@ -6,6 +6,7 @@
 use std::io::{Read, Write};
 
 use lockstep_schemas::{EventRecord, Phase, Policy, Target};
+use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -15,7 +16,7 @@ use crate::drain::{Ownership, SlurmSide};
 use crate::flights::Flights;
 use crate::health;
 use crate::maintenance;
-use crate::model::Model;
+use crate::model::{Model, Name};
 use crate::retired::Retired;
 use crate::scaling;
 use crate::stale::Tombstones;
@@ -52,7 +53,7 @@ pub struct Engine {
     last_seq: u64,
     now_ms: u64,
     model: Model,
-    ctl: CowMap<String, NodeCtl>,
+    ctl: CowMap<Name, NodeCtl>,
     timers: Timers,
     /// Health damping's cluster-wide rate bounds.
     damping: health::Cluster,
@@ -74,11 +75,53 @@ pub struct Engine {
     /// `--policy` replays: ignore `PolicyChanged` records.
     #[serde(skip)]
     pinned: bool,
+    /// Which nodes' `NodeCtl::fresh_after` may be set: derived, rebuilt
+    /// on restore.
+    #[serde(skip)]
+    fresh: FreshIndex,
     #[serde(skip)]
     dirty: Vec<Wake>,
     /// Buffers reused between evaluations.
     #[serde(skip)]
     scratch: Scratch,
+}
+
+/// The Slurm nodes whose [`NodeCtl::fresh_after`] may be set: every one
+/// that is, and perhaps some whose mark has cleared. An observation of a node
+/// outside it skips the look-up of its `NodeCtl`, a table of every node and
+/// mostly out of cache on a large cluster. Unknown (every node may be) until
+/// rebuilt from the `NodeCtl`s, as after decoding a snapshot.
+#[derive(Debug, Clone, Default)]
+struct FreshIndex(Option<FxHashSet<Name>>);
+
+impl FreshIndex {
+    /// Whether `name`'s `fresh_after` may be set.
+    fn may_hold(&self, name: &str) -> bool {
+        self.0.as_ref().is_none_or(|f| f.contains(name))
+    }
+
+    /// Follows a node's `fresh_after` after a change of it.
+    fn follow(&mut self, name: &str, set: bool) {
+        if let Some(f) = &mut self.0 {
+            if set {
+                if !f.contains(name) {
+                    f.insert(name.into());
+                }
+            } else {
+                f.remove(name);
+            }
+        }
+    }
+
+    /// Rebuilds the index from every node's `NodeCtl`.
+    fn rebuild(&mut self, ctl: &CowMap<Name, NodeCtl>) {
+        self.0 = Some(
+            ctl.iter()
+                .filter(|(_, c)| c.fresh_after.is_some())
+                .map(|(n, _)| n.clone())
+                .collect(),
+        );
+    }
 }
 
 /// Buffers reused between evaluations, so that evaluating allocates
@@ -102,7 +145,7 @@ fn ownership<'a>(policy: &'a Policy, retired: &'a Retired) -> Ownership<'a> {
 /// Whether what Slurm shows of node `name` is about to change: the effect of
 /// lockstep's last drain, down or resume of it does not show yet.
 fn slurm_unseen(
-    ctl: &CowMap<String, NodeCtl>,
+    ctl: &CowMap<Name, NodeCtl>,
     flights: &Flights,
     model: &Model,
     own: &Ownership<'_>,
@@ -217,6 +260,7 @@ impl Engine {
             retired: Retired::default(),
             reservations: maintenance::Reservations::default(),
             pinned: false,
+            fresh: FreshIndex(Some(FxHashSet::default())),
             dirty: Vec::new(),
             scratch: Scratch::default(),
         }
@@ -272,7 +316,7 @@ impl Engine {
         let mut v: Vec<_> = self
             .ctl
             .iter()
-            .map(|(n, c)| (n.clone(), c.status.phase))
+            .map(|(n, c)| (n.to_string(), c.status.phase))
             .collect();
         v.sort();
         v
@@ -359,6 +403,7 @@ impl Engine {
             retired,
             reservations,
             pinned,
+            fresh: _,
             dirty: _,
             scratch: _,
         } = self;
@@ -377,6 +422,7 @@ impl Engine {
             retired: retired.clone(),
             reservations: reservations.clone(),
             pinned: *pinned,
+            fresh: FreshIndex::default(),
             dirty: Vec::new(),
             scratch: Scratch::default(),
         })
@@ -403,6 +449,7 @@ impl Engine {
         e.timers.rebuild();
         e.flights.rebuild();
         e.scaling.rebuild_busy(&e.model, &e.policy);
+        e.fresh.rebuild(&e.ctl);
         Ok(e)
     }
 

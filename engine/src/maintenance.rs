@@ -99,7 +99,7 @@ impl Reservations {
         names.clear();
         if node.is_some() {
             model.slurm_nodes_on(kube, policy, names);
-            names.retain(|n| model.slurm_nodes.contains_key(n));
+            names.retain(|n| model.slurm_nodes.contains_key(n.as_str()));
             names.sort();
         }
         let now = ctx.now_ms;
@@ -115,7 +115,7 @@ impl Reservations {
         let conditions = match node.filter(|_| conditions_on) {
             Some(node) => {
                 let progress = DrainProgress::of(names.iter().map(|n| {
-                    let s = &model.slurm_nodes[n].obs;
+                    let s = &model.slurm_nodes[n.as_str()].obs;
                     let runs = model.jobs_on(n) > 0 || crate::scaling::slurm_busy(s);
                     (SlurmSide::of(s, own).owned_out(), runs)
                 }));

@@ -18,6 +18,12 @@ use serde::{Deserialize, Serialize};
 use crate::cow::CowMap;
 use crate::sorted;
 
+/// A name as the key of a large table: names of up to 24 bytes (every
+/// node name seen in practice) are held inside the key itself, so a look-up
+/// compares them without reading another allocation, which a busy cluster's
+/// tables would mostly find out of cache.
+pub(crate) type Name = compact_str::CompactString;
+
 /// An observed object and the sync generation in which it was last listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Seen<T> {
@@ -141,11 +147,11 @@ pub(crate) struct SyncState {
 /// Everything observed, plus derived join indexes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Model {
-    pub slurm_nodes: CowMap<String, Seen<SlurmNode>>,
+    pub slurm_nodes: CowMap<Name, Seen<SlurmNode>>,
     pub jobs: CowMap<u64, Seen<SlurmJob>>,
     #[serde(with = "sorted")]
     pub partitions: FxHashMap<String, Seen<SlurmPartition>>,
-    pub kube_nodes: CowMap<String, KubeEntry>,
+    pub kube_nodes: CowMap<Name, KubeEntry>,
     /// Key: `namespace/name`.
     pub pods: CowMap<String, PodEntry>,
     #[serde(with = "sorted")]
@@ -171,16 +177,16 @@ pub(crate) struct Model {
     // mapping change, so neither serialized nor hashed.
     /// Slurm node -> keys of the pods that claim it, sorted.
     #[serde(skip)]
-    pod_claims: FxHashMap<String, Vec<String>>,
+    pod_claims: FxHashMap<Name, Vec<String>>,
     /// Kubernetes node -> Slurm nodes whose pod runs on it (pod mode).
     #[serde(skip)]
-    on_kube_node: FxHashMap<String, BTreeSet<String>>,
+    on_kube_node: FxHashMap<Name, BTreeSet<String>>,
     /// Slurm node -> the Kubernetes node in `on_kube_node` it is filed under.
     #[serde(skip)]
-    placed_on: FxHashMap<String, String>,
+    placed_on: FxHashMap<Name, String>,
     /// Slurm node -> jobs holding it.
     #[serde(skip)]
-    running_jobs: FxHashMap<String, u32>,
+    running_jobs: FxHashMap<Name, u32>,
     /// Partition -> nodes wanted by pending jobs that more nodes can help.
     #[serde(skip)]
     pending_nodes: FxHashMap<String, u64>,
@@ -225,28 +231,23 @@ pub(crate) fn slurm_name_of_pod<'a>(pod: &'a KubePod, policy: &Policy) -> Option
 
 /// Counts a job that holds its nodes in (or out of) the per-node counts,
 /// noting nodes that go from idle to busy or back.
-fn hold(
-    running: &mut FxHashMap<String, u32>,
-    job: &SlurmJob,
-    add: bool,
-    flipped: &mut Vec<String>,
-) {
+fn hold(running: &mut FxHashMap<Name, u32>, job: &SlurmJob, add: bool, flipped: &mut Vec<String>) {
     if !job.state.holds_nodes() {
         return;
     }
     for node in &job.nodes {
         if add {
-            match running.get_mut(node) {
+            match running.get_mut(node.as_str()) {
                 Some(n) => *n += 1,
                 None => {
-                    running.insert(node.clone(), 1);
+                    running.insert(node.as_str().into(), 1);
                     flipped.push(node.clone());
                 }
             }
-        } else if let Some(n) = running.get_mut(node) {
+        } else if let Some(n) = running.get_mut(node.as_str()) {
             *n -= 1;
             if *n == 0 {
-                running.remove(node);
+                running.remove(node.as_str());
                 flipped.push(node.clone());
             }
         }
@@ -399,7 +400,7 @@ impl Model {
             return;
         };
         if add {
-            let claims = self.pod_claims.entry(slurm.to_owned()).or_default();
+            let claims = self.pod_claims.entry(slurm.into()).or_default();
             if let Err(i) = claims.binary_search_by(|k| k.as_str().cmp(key)) {
                 claims.insert(i, key.to_owned());
             }
@@ -416,10 +417,10 @@ impl Model {
     /// node of the pod that wins its claims).
     fn reindex_placement(&mut self, slurm: &str, policy: &Policy) {
         if let Some(old) = self.placed_on.remove(slurm) {
-            if let Some(set) = self.on_kube_node.get_mut(&old) {
+            if let Some(set) = self.on_kube_node.get_mut(old.as_str()) {
                 set.remove(slurm);
                 if set.is_empty() {
-                    self.on_kube_node.remove(&old);
+                    self.on_kube_node.remove(old.as_str());
                 }
             }
         }
@@ -431,10 +432,10 @@ impl Model {
             .and_then(|(_, p)| p.obs.node_name.clone());
         if let Some(node) = node {
             self.on_kube_node
-                .entry(node.clone())
+                .entry(node.as_str().into())
                 .or_default()
                 .insert(slurm.to_owned());
-            self.placed_on.insert(slurm.to_owned(), node);
+            self.placed_on.insert(slurm.into(), node);
         }
     }
 
@@ -452,7 +453,7 @@ impl Model {
         match self.jobs.get_mut(&job.job_id) {
             Some(seen) => {
                 seen.gen = gen;
-                if seen.obs.same_but_version(job) {
+                if seen.obs.same_but_key_and_version(job) {
                     seen.obs.version = job.version;
                     return;
                 }
@@ -484,7 +485,7 @@ impl Model {
 
     /// Slurm nodes some job holds.
     pub fn nodes_with_jobs(&self) -> impl Iterator<Item = String> + '_ {
-        self.running_jobs.keys().cloned()
+        self.running_jobs.keys().map(Name::to_string)
     }
 
     /// Nodes wanted by a partition's pending jobs that more nodes can help.
@@ -507,12 +508,12 @@ impl Model {
             let pod = self.pods[key].obs.clone();
             if let Some(slurm) = slurm_name_of_pod(&pod, policy) {
                 self.pod_claims
-                    .entry(slurm.to_owned())
+                    .entry(slurm.into())
                     .or_default()
                     .push(key.clone());
             }
         }
-        let slurm: Vec<String> = self.pod_claims.keys().cloned().collect();
+        let slurm: Vec<String> = self.pod_claims.keys().map(Name::to_string).collect();
         for s in slurm {
             self.reindex_placement(&s, policy);
         }

@@ -312,13 +312,22 @@ const fn yes() -> bool {
 /// Equality of what an observation says, its version aside: a relist that
 /// only bumps versions is the same observation; and assignment that reuses
 /// the held buffers. Destructures every field, so a field added later
-/// cannot be forgotten here.
+/// cannot be forgotten here. The fields in brackets are the object's key;
+/// the others are compared in the order given, cheapest first.
 macro_rules! same_but_version {
-    ($ty:ident { $($field:ident),* $(,)? }) => {
+    ($ty:ident [$($key:ident),*] { $($field:ident),* $(,)? }) => {
         impl $ty {
             /// Equal in everything but `version`.
             pub fn same_but_version(&self, other: &Self) -> bool {
-                let $ty { version: _, $($field),* } = self;
+                $(self.$key == other.$key &&)* self.same_but_key_and_version(other)
+            }
+
+            /// Equal in everything but `version` and the key: what two
+            /// observations of one object (found by its key) say is the
+            /// same. The key is not read, which a table of held copies
+            /// would mostly find out of cache.
+            pub fn same_but_key_and_version(&self, other: &Self) -> bool {
+                let $ty { version: _, $($key: _,)* $($field),* } = self;
                 $(*$field == other.$field)&&*
             }
 
@@ -327,7 +336,8 @@ macro_rules! same_but_version {
             /// observed again mostly differs in a field or two, so this
             /// reuses the buffers already held.
             pub fn assign_from(&mut self, other: &Self) {
-                let $ty { version, $($field),* } = other;
+                let $ty { version, $($key,)* $($field),* } = other;
+                $(self.$key.clone_from($key);)*
                 $(self.$field.clone_from($field);)*
                 self.version = *version;
             }
@@ -335,27 +345,24 @@ macro_rules! same_but_version {
     };
 }
 
-same_but_version!(SlurmNode {
-    name,
+same_but_version!(SlurmNode [name] {
     state,
-    flags,
     reason,
     reason_user,
-    features,
     topology,
+    flags,
+    features,
     partitions
 });
-same_but_version!(SlurmJob {
-    job_id,
+same_but_version!(SlurmJob [job_id] {
     state,
-    partition,
-    nodes,
     node_count,
-    pending_reason
+    pending_reason,
+    partition,
+    nodes
 });
-same_but_version!(SlurmPartition { name, nodes });
-same_but_version!(KubeNode {
-    name,
+same_but_version!(SlurmPartition [name] { nodes });
+same_but_version!(KubeNode [name] {
     unschedulable,
     ready,
     conditions,
@@ -366,9 +373,7 @@ same_but_version!(KubeNode {
     identity,
     devices
 });
-same_but_version!(KubePod {
-    namespace,
-    name,
+same_but_version!(KubePod [namespace, name] {
     uid,
     node_name,
     phase,
@@ -382,8 +387,7 @@ same_but_version!(KubePod {
     eviction,
     unhealthy_devices
 });
-same_but_version!(KubeScaleTarget {
-    target,
+same_but_version!(KubeScaleTarget [target] {
     replicas,
     ready_replicas,
     update_revision

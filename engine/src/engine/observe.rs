@@ -8,8 +8,8 @@ use crate::cause::Cause;
 use crate::ctx::Ctx;
 use crate::drain::{Ownership, SlurmSide};
 use crate::flights::{Aspect, Owner};
-use crate::model::Regain;
 use crate::model::{domain_index, pod_key, slurm_name_of_pod, KubeEntry, Origin, PodEntry, Seen};
+use crate::model::{Name, Regain};
 use crate::retired;
 use crate::scaling;
 use crate::stale::{self, ObjectKey};
@@ -55,10 +55,10 @@ impl Engine {
     }
 
     pub(super) fn touch_all(&mut self) {
-        let mut names: Vec<String> = self.model.slurm_nodes.keys().cloned().collect();
-        names.extend(self.ctl.keys().cloned());
+        let mut names: Vec<String> = self.model.slurm_nodes.keys().map(Name::to_string).collect();
+        names.extend(self.ctl.keys().map(Name::to_string));
         self.dirty.extend(names.into_iter().map(Wake::Slurm));
-        let kube: Vec<String> = self.model.kube_nodes.keys().cloned().collect();
+        let kube: Vec<String> = self.model.kube_nodes.keys().map(Name::to_string).collect();
         if self.policy.maintenance.enabled || self.policy.drain_conditions_on() {
             self.dirty.extend(kube.iter().cloned().map(Wake::Maint));
         }
@@ -76,7 +76,7 @@ impl Engine {
         Some(match event {
             Event::SlurmNode(SlurmNode { name, .. }) | Event::SlurmNodeGone { name, .. } => (
                 ObjectKey::SlurmNode(name.clone()),
-                m.slurm_nodes.get(name).map(|s| s.obs.version),
+                m.slurm_nodes.get(name.as_str()).map(|s| s.obs.version),
             ),
             Event::SlurmJob(SlurmJob { job_id, .. }) | Event::SlurmJobGone { job_id, .. } => (
                 ObjectKey::SlurmJob(*job_id),
@@ -89,7 +89,7 @@ impl Engine {
             ),
             Event::KubeNode(KubeNode { name, .. }) | Event::KubeNodeGone { name, .. } => (
                 ObjectKey::KubeNode(name.clone()),
-                m.kube_nodes.get(name).map(|k| k.obs.version),
+                m.kube_nodes.get(name.as_str()).map(|k| k.obs.version),
             ),
             Event::KubePod(KubePod {
                 namespace, name, ..
@@ -121,15 +121,21 @@ impl Engine {
         // observation of an object held. Only row 2 can apply to it; there
         // is no tombstone to read or lift.
         let observed_held = match event {
-            Event::SlurmNode(SlurmNode { name, .. }) => {
-                Some(self.model.slurm_nodes.get(name).map(|s| s.obs.version))
-            }
+            Event::SlurmNode(SlurmNode { name, .. }) => Some(
+                self.model
+                    .slurm_nodes
+                    .get(name.as_str())
+                    .map(|s| s.obs.version),
+            ),
             Event::SlurmJob(SlurmJob { job_id, .. }) => {
                 Some(self.model.jobs.get(job_id).map(|s| s.obs.version))
             }
-            Event::KubeNode(KubeNode { name, .. }) => {
-                Some(self.model.kube_nodes.get(name).map(|k| k.obs.version))
-            }
+            Event::KubeNode(KubeNode { name, .. }) => Some(
+                self.model
+                    .kube_nodes
+                    .get(name.as_str())
+                    .map(|k| k.obs.version),
+            ),
             _ => None,
         };
         if let Some(Some(held)) = observed_held {
@@ -216,7 +222,7 @@ impl Engine {
                     .model
                     .scale_targets
                     .get(&t.target)
-                    .is_some_and(|held| held.obs.same_but_version(t));
+                    .is_some_and(|held| held.obs.same_but_key_and_version(t));
                 self.model.scale_targets.insert(
                     t.target.clone(),
                     Seen {
@@ -302,30 +308,32 @@ impl Engine {
         // Reported by a poll after lockstep's last change of it (a newer
         // version: a copy of the one held, delivered again, is not): the
         // model's copy is current again (`NodeCtl::fresh_after`).
-        let waits = self
-            .ctl
-            .get(&node.name)
-            .and_then(|c| c.fresh_after)
-            .is_some_and(|after| after < ctx.seq);
+        let waits = self.fresh.may_hold(&node.name)
+            && self
+                .ctl
+                .get(node.name.as_str())
+                .and_then(|c| c.fresh_after)
+                .is_some_and(|after| after < ctx.seq);
         if waits {
             let newer = node.version == 0
                 || self
                     .model
                     .slurm_nodes
-                    .get(&node.name)
+                    .get(node.name.as_str())
                     .is_none_or(|held| node.version > held.obs.version);
             if newer {
-                if let Some(c) = self.ctl.get_mut(&node.name) {
+                if let Some(c) = self.ctl.get_mut(node.name.as_str()) {
                     c.fresh_after = None;
                     c.fresh_written = false;
                     c.fresh_resumes_only = false;
                 }
+                self.fresh.follow(&node.name, false);
                 self.touch_slurm(&node.name);
             }
         }
-        match self.model.slurm_nodes.get_mut(&node.name) {
+        match self.model.slurm_nodes.get_mut(node.name.as_str()) {
             // Only the version moved (a relist): nothing to decide.
-            Some(seen) if seen.obs.same_but_version(node) => {
+            Some(seen) if seen.obs.same_but_key_and_version(node) => {
                 seen.obs.version = node.version;
                 seen.gen = gen;
             }
@@ -365,7 +373,7 @@ impl Engine {
             }
             None => {
                 self.model.slurm_nodes.insert(
-                    node.name.clone(),
+                    node.name.as_str().into(),
                     Seen {
                         obs: node.clone(),
                         gen,
@@ -387,12 +395,12 @@ impl Engine {
     fn observe_kube_node(&mut self, node: &KubeNode, ctx: &Ctx<'_>) {
         let gen = self.gen(Domain::KubeNodes);
         let now = ctx.now_ms;
-        let new = !self.model.kube_nodes.contains_key(&node.name);
+        let new = !self.model.kube_nodes.contains_key(node.name.as_str());
         if new {
             let taints = |a: &Aspect| matches!(a, Aspect::Taint(_));
             self.flights.adopt(Owner::KubeNode, &node.name, taints);
             self.model.kube_nodes.insert(
-                node.name.clone(),
+                node.name.as_str().into(),
                 KubeEntry {
                     obs: node.clone(),
                     gen,
@@ -404,7 +412,7 @@ impl Engine {
         let entry = self
             .model
             .kube_nodes
-            .get_mut(&node.name)
+            .get_mut(node.name.as_str())
             .expect("inserted above");
         entry.gen = gen;
         // The same version is the same object: a copy that looked
@@ -442,7 +450,7 @@ impl Engine {
         // A node seen for the first time is news even though its
         // entry was just made from it: the Slurm nodes on it must
         // be looked at with its labels and cordon.
-        if !new && entry.obs.same_but_version(node) && !spell_changed && !labels_seen {
+        if !new && entry.obs.same_but_key_and_version(node) && !spell_changed && !labels_seen {
             entry.obs.version = node.version;
             return;
         }
@@ -461,7 +469,7 @@ impl Engine {
         let entry = self
             .model
             .kube_nodes
-            .get_mut(&node.name)
+            .get_mut(node.name.as_str())
             .expect("inserted above");
         if ready {
             entry.not_ready_since = None;
@@ -481,7 +489,7 @@ impl Engine {
         let gen = self.gen(Domain::KubePods);
         let key = pod_key(&pod.namespace, &pod.name);
         let old = match self.model.pods.get_mut(&key) {
-            Some(e) if e.obs.same_but_version(pod) => {
+            Some(e) if e.obs.same_but_key_and_version(pod) => {
                 e.obs.version = pod.version;
                 e.gen = gen;
                 return;
@@ -668,7 +676,7 @@ impl Engine {
         self.model.slurm_nodes_on(kube, &self.policy, &mut names);
         for n in &names {
             // A Slurm node never evaluated has no drain of lockstep's.
-            let Some(ctl) = self.ctl.get_mut(n) else {
+            let Some(ctl) = self.ctl.get_mut(n.as_str()) else {
                 continue;
             };
             let mut gate = crate::health::Gate {
@@ -779,7 +787,7 @@ impl Engine {
                 .slurm_nodes
                 .iter()
                 .filter(|(_, s)| SlurmSide::of(&s.obs, &own).owned_out())
-                .map(|(n, _)| n.clone())
+                .map(|(n, _)| n.to_string())
                 .collect();
             self.dirty.extend(owned.into_iter().map(Wake::Slurm));
         }
@@ -808,9 +816,9 @@ impl Engine {
             // Gone by absence: the version last held dates the deletion.
             Domain::SlurmNodes => {
                 for n in stale(&self.model.slurm_nodes, gen, |e| e.gen) {
-                    let v = self.model.slurm_nodes[&n].obs.version;
+                    let v = self.model.slurm_nodes[n.as_str()].obs.version;
                     self.tombstones
-                        .bury(ObjectKey::SlurmNode(n.clone()), v, ctx.now_ms);
+                        .bury(ObjectKey::SlurmNode(n.to_string()), v, ctx.now_ms);
                     self.remove_slurm_node(&n, ctx);
                 }
             }
@@ -831,9 +839,9 @@ impl Engine {
             }
             Domain::KubeNodes => {
                 for n in stale(&self.model.kube_nodes, gen, |e| e.gen) {
-                    let v = self.model.kube_nodes[&n].obs.version;
+                    let v = self.model.kube_nodes[n.as_str()].obs.version;
                     self.tombstones
-                        .bury(ObjectKey::KubeNode(n.clone()), v, ctx.now_ms);
+                        .bury(ObjectKey::KubeNode(n.to_string()), v, ctx.now_ms);
                     self.remove_kube_node(&n, ctx);
                 }
             }

@@ -43,7 +43,7 @@ impl Engine {
             OwnerOf::Named(Owner::SlurmNode, node, aspect) => {
                 if aspect == Aspect::State {
                     let shown = self.copy_shows_state_action(&node);
-                    if let Some(c) = self.ctl.get_mut(&node) {
+                    if let Some(c) = self.ctl.get_mut(node.as_str()) {
                         if c.fresh_after.is_some() {
                             let found = o.result == OutcomeResult::AlreadyDone;
                             let resumed_only = c.fresh_resumes_only && shown;
@@ -66,6 +66,7 @@ impl Engine {
                                 }
                             }
                         }
+                        self.fresh.follow(&node, c.fresh_after.is_some());
                     }
                 }
                 self.touch_slurm(&node);

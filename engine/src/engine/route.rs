@@ -103,7 +103,7 @@ impl Engine {
         let side =
             SlurmSide::of(slurm, &self.ownership()).see(self.flights.state_action(name), slurm);
         if !self.ctl.contains_key(name) {
-            self.ctl.insert(name.to_owned(), NodeCtl::default());
+            self.ctl.insert(name.into(), NodeCtl::default());
             let state = |a: &Aspect| *a == Aspect::State;
             self.flights.adopt(Owner::SlurmNode, name, state);
         }
@@ -146,6 +146,7 @@ impl Engine {
             &mut wake,
             out,
         );
+        self.fresh.follow(name, ctl.fresh_after.is_some());
         if visible {
             let kube = view.kube_name.zip(view.kube.map(|k| &k.obs));
             let unseen = view.kube.map_or(&[][..], |k| &k.unseen_labels);
@@ -290,9 +291,9 @@ impl Engine {
         // meanwhile), and Slurm may have changed.
         let visible = self.model.slurm_visible;
         for n in &names {
-            if let Some(s) = self.model.slurm_nodes.get(n) {
+            if let Some(s) = self.model.slurm_nodes.get(n.as_str()) {
                 let side = SlurmSide::of(&s.obs, &own);
-                let shown = self.ctl.get(n).is_some_and(|c| c.health.shown());
+                let shown = self.ctl.get(n.as_str()).is_some_and(|c| c.health.shown());
                 if shown {
                     // Shown and still unhealthy; or shown, recovered, and
                     // held by the hysteresis: that keeps a taint, never puts
@@ -324,7 +325,7 @@ impl Engine {
             key => format!("{ANNOTATION_PREFIX}{key}"),
         };
         if signals_on {
-            names.retain(|n| self.model.slurm_nodes.contains_key(n));
+            names.retain(|n| self.model.slurm_nodes.contains_key(n.as_str()));
             names.sort_unstable();
             names.dedup();
             foreign.sort_unstable();

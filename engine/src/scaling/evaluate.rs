@@ -359,7 +359,7 @@ impl super::Book {
         self.busy[index] = busy;
         for p in &pods {
             if !self.rule_of.contains_key(p.slurm) {
-                self.rule_of.insert(p.slurm.to_owned(), index);
+                self.rule_of.insert(p.slurm.into(), index);
             }
         }
         self.rollout[index] = target
@@ -636,7 +636,7 @@ impl super::Book {
     /// newly listed: its idle clock runs from `now` while it runs no job.
     pub fn follow_idle(&mut self, node: &str, model: &Model, now: u64) {
         if model.jobs_on(node) == 0 {
-            self.idle_since.insert(node.to_owned(), now);
+            self.idle_since.insert(node.into(), now);
         } else {
             self.idle_since.remove(node);
         }
@@ -661,7 +661,7 @@ impl super::Book {
             return false;
         }
         if busy {
-            self.busy_nodes.insert(node.to_owned());
+            self.busy_nodes.insert(node.into());
         } else {
             self.busy_nodes.remove(node);
         }
@@ -683,7 +683,7 @@ impl super::Book {
     /// Slurm's node list has the node yet or not) or finishing one.
     pub fn rebuild_busy(&mut self, model: &Model, policy: &Policy) {
         self.busy_nodes.clear();
-        let mut names: Vec<String> = model.slurm_nodes.keys().cloned().collect();
+        let mut names: Vec<String> = model.slurm_nodes.keys().map(|n| n.to_string()).collect();
         names.extend(model.nodes_with_jobs());
         for n in names {
             self.follow_busy(&n, model, policy);

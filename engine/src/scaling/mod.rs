@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 pub(crate) use crate::cause::VictimKind;
 use crate::cow::CowMap;
 use crate::flights::{AspectRef, Flights, Key};
-use crate::model::{slurm_name_of_pod, Model};
+use crate::model::{slurm_name_of_pod, Model, Name};
 use crate::units::{after_ms, after_s, ms};
 
 mod evaluate;
@@ -97,12 +97,12 @@ pub(crate) struct Book {
     /// Slurm nodes on their way out (scale-in, rolling replacement).
     pub victims: BTreeMap<String, Victim>,
     /// Slurm node -> since when it runs no job (log time).
-    pub idle_since: CowMap<String, u64>,
+    pub idle_since: CowMap<Name, u64>,
     // Derived, for the fast path: rebuilt after a restore (the first
     // evaluation then scans), so neither serialized nor hashed.
     /// Slurm nodes that run or finish a job.
     #[serde(skip)]
-    pub busy_nodes: FxHashSet<String>,
+    pub busy_nodes: FxHashSet<Name>,
     /// Per scale rule: busy nodes among its pods, kept current between scans.
     #[serde(skip)]
     pub busy: Vec<u32>,
@@ -112,7 +112,7 @@ pub(crate) struct Book {
     /// Slurm node -> the scale rule its pod belongs to, as of the last scan
     /// (pods do not change between scans: a change forces one).
     #[serde(skip)]
-    pub rule_of: FxHashMap<String, usize>,
+    pub rule_of: FxHashMap<Name, usize>,
     /// Per scale rule: the last scan found a `highest_ordinal` scale-in
     /// stopped at its top ordinal, nothing to pick, mark, delete or lower
     /// and no victims; until the next scan only the top pod can change
@@ -327,7 +327,7 @@ pub(crate) struct PodLook<'a, 'b, U> {
     pub model: &'a Model,
     pub policy: &'b Policy,
     pub rule: &'b ScaleRule,
-    pub idle_since: &'b CowMap<String, u64>,
+    pub idle_since: &'b CowMap<Name, u64>,
     pub victims: &'b BTreeMap<String, Victim>,
     /// Whether what Slurm shows of a node is about to change (`Cx::unseen`).
     pub unseen: U,
