@@ -459,7 +459,7 @@ impl RecordSource {
     ) -> Result<(Option<Engine>, Records)> {
         let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
         let (mut engine, mut records) = rt.block_on(async {
-            let log = crate::storage::open_log(cfg).await?;
+            let log = crate::storage::open_log(cfg, std::time::Duration::ZERO).await?;
             let (engine, from) = match start_state(&log, start).await? {
                 Some((engine, seq)) => (Some(engine), seq + 1),
                 None => (None, 1),

@@ -785,7 +785,7 @@ fn policy_rollback(seq: u64, config: &Path, by: Option<String>) -> Result<ExitCo
     let cfg = load_config(Some(config))?;
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let log = lockstep::storage::open_log(&cfg).await.with_context(|| {
+        let log = lockstep::storage::open_log(&cfg, std::time::Duration::ZERO).await.with_context(|| {
             match cfg.log.nats_url {
                 Some(_) => "the rollback goes into the configured event log".to_owned(),
                 None => "the embedded log has one user at a time: is `lockstep run` running with this configuration? Stop it first".to_owned(),

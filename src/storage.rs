@@ -11,8 +11,9 @@ use lockstep_store::{EventLog, Store};
 use crate::config::Config;
 
 /// Opens the configured log: the NATS stream at `[log] nats_url`, or the
-/// embedded log in the data directory.
-pub async fn open_log(cfg: &Config) -> Result<EventLog> {
+/// embedded log in the data directory, waiting up to `wait` for another
+/// process's lock on it (as [`open_store`] does).
+pub async fn open_log(cfg: &Config, wait: Duration) -> Result<EventLog> {
     match &cfg.log.nats_url {
         Some(url) => EventLog::connect_nats(url, &cfg.stream_limits())
             .await
@@ -20,14 +21,18 @@ pub async fn open_log(cfg: &Config) -> Result<EventLog> {
         None => {
             let dir = cfg.data_dir.join("log");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            EventLog::open_embedded(&dir)
-                .with_context(|| format!("opening the embedded log in {}", dir.display()))
+            EventLog::open_embedded_waiting(&dir, wait).with_context(|| {
+                format!(
+                    "opening the embedded log in {} (is another lockstep running on it?)",
+                    dir.display()
+                )
+            })
         }
     }
 }
 
 /// Opens the store, waiting up to `wait` for another process's lock (the
-/// service: [`crate::service::STORE_LOCK_WAIT`]; commands that read the
+/// service: [`crate::service::LOCK_WAIT`]; commands that read the
 /// store: none).
 pub fn open_store(cfg: &Config, wait: Duration) -> Result<Store> {
     let dir = cfg.data_dir.join("store");

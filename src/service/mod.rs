@@ -63,7 +63,7 @@ mod dispatch;
 mod open;
 
 use acting::{Acting, Quiet};
-pub use open::{bootstrap, restore, STORE_LOCK_WAIT};
+pub use open::{bootstrap, restore, LOCK_WAIT};
 
 /// Runs until `shutdown` resolves; then finishes the batch, commits a final
 /// checkpoint and returns.
@@ -86,7 +86,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<()> 
             }
         });
     }
-    let store = crate::storage::open_store(&cfg, STORE_LOCK_WAIT)?;
+    let store = crate::storage::open_store(&cfg, LOCK_WAIT)?;
     tokio::pin!(shutdown);
     let Some(log) = open::open_log_when_available(&cfg, &health, &mut shutdown).await? else {
         return Ok(());

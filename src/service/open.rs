@@ -26,7 +26,7 @@ pub(super) async fn open_log_when_available(
     let mut backoff = Backoff::new(500, cfg.service.retry_backoff_max_ms);
     let opening = retry(
         &mut backoff,
-        || crate::storage::open_log(cfg),
+        || crate::storage::open_log(cfg, LOCK_WAIT),
         |error, retry_in| {
             let retryable = error
                 .downcast_ref::<lockstep_store::log::Error>()
@@ -61,10 +61,11 @@ pub(super) async fn open_log_when_available(
     Ok(Some(log))
 }
 
-/// How long `run` waits for the store's lock
-/// ([`crate::storage::open_store`]): a lockstep killed just before this one
-/// started releases it within tens of milliseconds.
-pub const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
+/// How long `run` waits for the locks of the store and of the embedded log
+/// ([`crate::storage::open_store`], [`crate::storage::open_log`]): a
+/// lockstep killed just before this one started releases them within tens
+/// of milliseconds.
+pub const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// A store without a checkpoint, or whose checkpoint the log no longer
 /// continues (its retention discarded the records after it), starts from the

@@ -188,9 +188,18 @@ pub enum EventLog {
 }
 
 impl EventLog {
-    /// Opens (creating if needed) the embedded log in `dir`.
+    /// Opens (creating if needed) the embedded log in `dir`. Fails at once
+    /// while another holds it ([`Self::open_embedded_waiting`]).
     pub fn open_embedded(dir: &Path) -> Result<Self> {
-        Ok(Self::Embedded(Arc::new(Embedded::open(dir)?)))
+        Self::open_embedded_waiting(dir, Duration::ZERO)
+    }
+
+    /// [`Self::open_embedded`], waiting up to `wait` while its lock is held:
+    /// by a process killed a moment ago, or by a handle of this process
+    /// dropped a moment ago (the database's threads let go of its files a
+    /// little after). A lock still held after `wait` is another live user.
+    pub fn open_embedded_waiting(dir: &Path, wait: Duration) -> Result<Self> {
+        Ok(Self::Embedded(Arc::new(Embedded::open(dir, wait)?)))
     }
 
     /// Connects to NATS (`url`: one server, or a comma-separated list of
@@ -382,8 +391,8 @@ pub struct Embedded {
 }
 
 impl Embedded {
-    fn open(dir: &Path) -> Result<Self> {
-        let db = crate::store::sled_config(dir).open()?;
+    fn open(dir: &Path, wait: Duration) -> Result<Self> {
+        let db = crate::store::open_db_waiting(dir, wait)?;
         let log = db.open_tree("log")?;
         let ids = db.open_tree("ids")?;
         let actions = db.open_tree("actions")?;

@@ -198,16 +198,7 @@ impl Store {
     /// milliseconds; its replacement waits that out instead of failing. A
     /// lock still held after `wait` is another live lockstep: an error.
     pub fn open_waiting(dir: &Path, wait: std::time::Duration) -> Result<Self> {
-        let deadline = std::time::Instant::now() + wait;
-        loop {
-            match sled_config(dir).open() {
-                Ok(db) => return Self::from_db(db, dir),
-                Err(e) if lock_held(&e) && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(25));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        Self::from_db(open_db_waiting(dir, wait)?, dir)
     }
 
     fn from_db(db: sled::Db, dir: &Path) -> Result<Self> {
@@ -696,6 +687,26 @@ const POSITION_KEY: &str = "log_position";
 const RETAINED_FROM_KEY: &str = "retained_from_ms";
 /// Removals per sled batch while trimming.
 const TRIM_BATCH: usize = 4096;
+
+/// Opens the sled database in `dir`, waiting up to `wait` while its lock is
+/// held. A process killed a moment ago holds it until the kernel has closed
+/// its files; a database dropped a moment ago in this process, until sled's
+/// own threads have let go of its files (sled 0.34 lets go of them after
+/// `drop` returns). A lock still held after `wait` is another live user.
+pub(crate) fn open_db_waiting(
+    dir: &Path,
+    wait: std::time::Duration,
+) -> Result<sled::Db, sled::Error> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match sled_config(dir).open() {
+            Err(e) if lock_held(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            opened => return opened,
+        }
+    }
+}
 
 /// sled with a bounded page cache: its default (1 GiB) would dwarf the
 /// engine's own memory.
