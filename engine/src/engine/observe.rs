@@ -308,6 +308,15 @@ impl Engine {
         // Reported by a poll after lockstep's last change of it (a newer
         // version: a copy of the one held, delivered again, is not): the
         // model's copy is current again (`NodeCtl::fresh_after`).
+        debug_assert!(
+            self.fresh.may_hold(&node.name)
+                || self
+                    .ctl
+                    .get(node.name.as_str())
+                    .is_none_or(|c| c.fresh_after.is_none()),
+            "{} awaits a fresh observation outside the index",
+            node.name
+        );
         let waits = self.fresh.may_hold(&node.name)
             && self
                 .ctl
