@@ -95,6 +95,11 @@ pub struct Engine {
 struct FreshIndex(Option<FxHashSet<Name>>);
 
 impl FreshIndex {
+    /// The index of an engine with no node yet.
+    fn empty() -> Self {
+        Self(Some(FxHashSet::default()))
+    }
+
     /// Whether `name`'s `fresh_after` may be set.
     fn may_hold(&self, name: &str) -> bool {
         self.0.as_ref().is_none_or(|f| f.contains(name))
@@ -260,7 +265,7 @@ impl Engine {
             retired: Retired::default(),
             reservations: maintenance::Reservations::default(),
             pinned: false,
-            fresh: FreshIndex(Some(FxHashSet::default())),
+            fresh: FreshIndex::empty(),
             dirty: Vec::new(),
             scratch: Scratch::default(),
         }
@@ -531,5 +536,29 @@ mod tests {
         let mut hashed = Vec::new();
         let hash = e.snapshot_hashed_to(&mut hashed).expect("encodes");
         assert_eq!((hashed, hash), (streamed, e.hash()));
+    }
+
+    #[test]
+    fn the_fresh_index_is_rebuilt_on_restore_and_unknown_until_then() {
+        let mut e = Engine::new(Policy::default());
+        for (name, fresh_after) in [("n1", Some(7)), ("n2", None)] {
+            let ctl = NodeCtl {
+                fresh_after,
+                ..NodeCtl::default()
+            };
+            e.ctl.insert(name.into(), ctl);
+        }
+        assert!(!e.fresh.may_hold("n1"), "nothing followed yet");
+        let back = Engine::restore(&e.snapshot()).expect("restores");
+        assert!(back.fresh.may_hold("n1"));
+        assert!(!back.fresh.may_hold("n2"));
+        // Decoded without a rebuild, every node may await one.
+        let decoded: Engine = rmp_serde::from_slice(&e.snapshot()).expect("decodes");
+        assert!(decoded.fresh.may_hold("n2"));
+        let mut index = FreshIndex::empty();
+        index.follow("n3", true);
+        assert!(index.may_hold("n3"));
+        index.follow("n3", false);
+        assert!(!index.may_hold("n3"));
     }
 }
