@@ -368,7 +368,11 @@ impl super::Book {
             .is_some_and(|rev| pods.iter().any(|p| p.revision.is_some_and(|r| r != rev)));
         let desired = self.desired_now(index, rule, cx.model);
         // Victims are looked at before they are let go (`scale_target`).
-        let keep = if removal == Some(Removal::HighestOrdinal) && visible {
+        // Kept on what the model holds even while Slurm is not seen in full
+        // again (a job listing in before the node listing after an outage):
+        // raising the count only keeps a pod, and its controller may remove
+        // it before the last listing comes.
+        let keep = if removal == Some(Removal::HighestOrdinal) && cx.model.kube_visible {
             keep_busy_victims(&self.victims, rule, &pods, current)
         } else {
             None
