@@ -361,13 +361,7 @@ async fn main() {
     if a.quiet_s > 0 {
         quiet_window(a.quiet_s, lockstep_pid, slurmctld_pid).await;
     }
-    let measured = (
-        Instant::now(),
-        cpu_seconds(lockstep_pid),
-        cpu_seconds(slurmctld_pid),
-        rpcs_of("root"),
-        rpcs_of(READER),
-    );
+    let measured = Usage::now(lockstep_pid, slurmctld_pid);
 
     let pool_listings = if a.pool > 0 {
         pool_cordon(&a, &nodes, &nats_url).await
@@ -483,23 +477,20 @@ async fn main() {
         drain_breakdown(&drain_log, drain_log_from, &drain_walls).await;
     }
 
-    let wall = measured.0.elapsed().as_secs_f64();
+    let used = measured.since(lockstep_pid, slurmctld_pid);
+    let wall = used.wall_s;
     println!(
         "over the {wall:.0} s measured: lockstep used {:.1} s of CPU ({:.1}% of one core), peak resident {} MiB; slurmctld {:.1} s ({:.1}%)",
-        cpu_seconds(lockstep_pid) - measured.1,
-        (cpu_seconds(lockstep_pid) - measured.1) / wall * 100.0,
+        used.lockstep_cpu_s,
+        used.lockstep_cpu_s / wall * 100.0,
         peak_rss_kib(lockstep_pid) / 1024,
-        cpu_seconds(slurmctld_pid) - measured.2,
-        (cpu_seconds(slurmctld_pid) - measured.2) / wall * 100.0,
+        used.slurmctld_cpu_s,
+        used.slurmctld_cpu_s / wall * 100.0,
     );
     // root: lockstep's requests through slurmrestd and its scontrol calls,
     // and the bench's own scontrol drains and resumes (two per drain trial)
     // and its listings of the pool.
-    let (root, reader) = (rpcs_of("root"), rpcs_of(READER));
-    let (root, reader) = (
-        (root.0 - measured.3 .0, root.1 - measured.3 .1),
-        (reader.0 - measured.4 .0, reader.1 - measured.4 .1),
-    );
+    let (root, reader) = (used.root, used.reader);
     println!(
         "slurmctld's time on requests over the {wall:.0} s: root (lockstep, and the bench's {} scontrol writes and {pool_listings} listings of the pool) {} RPCs, {:.1} s ({:.2}% of the wall time); the bench's reads ({READER}) {} RPCs, {:.1} s ({:.2}%)",
         2 * a.trials,
@@ -535,26 +526,61 @@ async fn main() {
 /// The Slurm user the bench reads as (lockstep's token is root's).
 const READER: &str = "nobody";
 
+/// What lockstep and slurmctld have used so far: CPU seconds, and
+/// slurmctld's RPCs and time on root's requests and on [`READER`]'s
+/// ([`rpcs_of`]); or, from [`Usage::since`], what they used in between.
+struct Usage {
+    at: Instant,
+    wall_s: f64,
+    lockstep_cpu_s: f64,
+    slurmctld_cpu_s: f64,
+    root: (u64, f64),
+    reader: (u64, f64),
+}
+
+impl Usage {
+    fn now(lockstep_pid: u32, slurmctld_pid: u32) -> Self {
+        // One `sdiag` for both users: it is an RPC of root's itself.
+        let stats = sdiag();
+        Self {
+            at: Instant::now(),
+            wall_s: 0.0,
+            lockstep_cpu_s: cpu_seconds(lockstep_pid),
+            slurmctld_cpu_s: cpu_seconds(slurmctld_pid),
+            root: rpcs_of(&stats, "root"),
+            reader: rpcs_of(&stats, READER),
+        }
+    }
+
+    /// What was used since `self` was taken.
+    fn since(&self, lockstep_pid: u32, slurmctld_pid: u32) -> Self {
+        let now = Self::now(lockstep_pid, slurmctld_pid);
+        Self {
+            at: self.at,
+            wall_s: self.at.elapsed().as_secs_f64(),
+            lockstep_cpu_s: now.lockstep_cpu_s - self.lockstep_cpu_s,
+            slurmctld_cpu_s: now.slurmctld_cpu_s - self.slurmctld_cpu_s,
+            root: (now.root.0 - self.root.0, now.root.1 - self.root.1),
+            reader: (now.reader.0 - self.reader.0, now.reader.1 - self.reader.1),
+        }
+    }
+}
+
 /// `secs` with nothing changing: lockstep's CPU, slurmctld's, and
 /// slurmctld's time on root's requests, which are lockstep's alone here.
 async fn quiet_window(secs: u64, lockstep_pid: u32, slurmctld_pid: u32) {
     eprintln!("{secs} s with nothing changing");
-    let start = (
-        Instant::now(),
-        cpu_seconds(lockstep_pid),
-        cpu_seconds(slurmctld_pid),
-        rpcs_of("root"),
-    );
+    let start = Usage::now(lockstep_pid, slurmctld_pid);
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let wall = start.0.elapsed().as_secs_f64();
-    let lockstep = cpu_seconds(lockstep_pid) - start.1;
-    let slurmctld = cpu_seconds(slurmctld_pid) - start.2;
-    let root = rpcs_of("root");
-    let (rpcs, on_root) = (root.0 - start.3 .0, root.1 - start.3 .1);
+    let used = start.since(lockstep_pid, slurmctld_pid);
+    let wall = used.wall_s;
+    let (rpcs, on_root) = used.root;
     println!(
-        "nothing changing, over {wall:.0} s: lockstep used {lockstep:.2} s of CPU ({:.2}% of one core); slurmctld {slurmctld:.2} s ({:.2}%), its time on lockstep's requests {rpcs} RPCs, {on_root:.3} s ({:.2}% of the wall time)",
-        lockstep / wall * 100.0,
-        slurmctld / wall * 100.0,
+        "nothing changing, over {wall:.0} s: lockstep used {:.2} s of CPU ({:.2}% of one core); slurmctld {:.2} s ({:.2}%), its time on lockstep's requests {rpcs} RPCs, {on_root:.3} s ({:.2}% of the wall time)",
+        used.lockstep_cpu_s,
+        used.lockstep_cpu_s / wall * 100.0,
+        used.slurmctld_cpu_s,
+        used.slurmctld_cpu_s / wall * 100.0,
         on_root / wall * 100.0,
     );
 }
@@ -584,11 +610,10 @@ fn sdiag() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `sdiag`'s statistics by user: the RPCs slurmctld has served for
-/// `user`, and the time it spent on them (the handlers' time, lock waits
+/// From `sdiag`'s output `text`, its statistics by user: the RPCs
+/// slurmctld has served for `user`, and the time it spent on them (the handlers' time, lock waits
 /// included, so at most its CPU time on them), in seconds.
-fn rpcs_of(user: &str) -> (u64, f64) {
-    let text = sdiag();
+fn rpcs_of(text: &str, user: &str) -> (u64, f64) {
     let field = |line: &str, name: &str| -> u64 {
         line.split(name)
             .nth(1)
