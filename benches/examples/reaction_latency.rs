@@ -480,7 +480,7 @@ async fn main() {
     let used = measured.since(lockstep_pid, slurmctld_pid);
     let wall = used.wall_s;
     println!(
-        "over the {wall:.0} s measured: lockstep used {:.1} s of CPU ({:.1}% of one core), peak resident {} MiB; slurmctld {:.1} s ({:.1}%)",
+        "over the {wall:.0} s measured: lockstep (with the scontrol it runs) used {:.1} s of CPU ({:.1}% of one core), peak resident {} MiB; slurmctld {:.1} s ({:.1}%)",
         used.lockstep_cpu_s,
         used.lockstep_cpu_s / wall * 100.0,
         peak_rss_kib(lockstep_pid) / 1024,
@@ -526,9 +526,10 @@ async fn main() {
 /// The Slurm user the bench reads as (lockstep's token is root's).
 const READER: &str = "nobody";
 
-/// What lockstep and slurmctld have used so far: CPU seconds, and
-/// slurmctld's RPCs and time on root's requests and on [`READER`]'s
-/// ([`rpcs_of`]); or, from [`Usage::since`], what they used in between.
+/// What lockstep (with the processes it runs) and slurmctld have used so
+/// far: CPU seconds, and slurmctld's RPCs and time on root's requests and
+/// on [`READER`]'s ([`rpcs_of`]); or, from [`Usage::since`], what they used
+/// in between.
 struct Usage {
     at: Instant,
     wall_s: f64,
@@ -545,7 +546,7 @@ impl Usage {
         Self {
             at: Instant::now(),
             wall_s: 0.0,
-            lockstep_cpu_s: cpu_seconds(lockstep_pid),
+            lockstep_cpu_s: cpu_seconds_with_children(lockstep_pid),
             slurmctld_cpu_s: cpu_seconds(slurmctld_pid),
             root: rpcs_of(&stats, "root"),
             reader: rpcs_of(&stats, READER),
@@ -576,7 +577,7 @@ async fn quiet_window(secs: u64, lockstep_pid: u32, slurmctld_pid: u32) {
     let wall = used.wall_s;
     let (rpcs, on_root) = used.root;
     println!(
-        "nothing changing, over {wall:.0} s: lockstep used {:.2} s of CPU ({:.2}% of one core); slurmctld {:.2} s ({:.2}%), its time on lockstep's requests {rpcs} RPCs, {on_root:.3} s ({:.2}% of the wall time)",
+        "nothing changing, over {wall:.0} s: lockstep (with the scontrol it runs) used {:.2} s of CPU ({:.2}% of one core); slurmctld {:.2} s ({:.2}%), its time on lockstep's requests {rpcs} RPCs, {on_root:.3} s ({:.2}% of the wall time)",
         used.lockstep_cpu_s,
         used.lockstep_cpu_s / wall * 100.0,
         used.slurmctld_cpu_s,
@@ -980,24 +981,55 @@ async fn pool_cordon(a: &Args, nodes: &Api<Node>, nats_url: &str) -> u64 {
     listings
 }
 
-/// User and system CPU time of process `pid`, in seconds (`/proc/PID/stat`).
-fn cpu_seconds(pid: u32) -> f64 {
+/// Fields of `/proc/PID/stat` after the command's closing parenthesis
+/// (field 3, the state, first).
+fn stat_fields(pid: u32) -> Vec<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // After the command's closing parenthesis: state is field 3, utime 14,
-    // stime 15.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
+    stat.rsplit_once(')')
         .map_or("", |(_, rest)| rest)
         .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i - 3)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // USER_HZ is 100 on Linux.
-    (ticks(14) + ticks(15)) / 100.0
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Clock ticks in field `i` (numbered as in proc(5)) of `fields`.
+fn ticks(fields: &[String], i: usize) -> f64 {
+    fields
+        .get(i - 3)
+        .and_then(|f| f.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+/// User and system CPU time of process `pid`, in seconds (`/proc/PID/stat`:
+/// utime and stime, fields 14 and 15; USER_HZ is 100 on Linux).
+fn cpu_seconds(pid: u32) -> f64 {
+    let f = stat_fields(pid);
+    (ticks(&f, 14) + ticks(&f, 15)) / 100.0
+}
+
+/// CPU time of process `pid` and of the processes it started: those that
+/// ended and were waited for (cutime and cstime, fields 16 and 17), and
+/// those still running (its children's own and their children's), such
+/// as lockstep's long-lived scontrol.
+fn cpu_seconds_with_children(pid: u32) -> f64 {
+    let f = stat_fields(pid);
+    let mut ticks_sum = ticks(&f, 14) + ticks(&f, 15) + ticks(&f, 16) + ticks(&f, 17);
+    let parent = pid.to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let c = stat_fields(child);
+        // Field 4: the parent's pid.
+        if c.get(1) == Some(&parent) {
+            ticks_sum += ticks(&c, 14) + ticks(&c, 15) + ticks(&c, 16) + ticks(&c, 17);
+        }
+    }
+    ticks_sum / 100.0
 }
 
 /// Peak resident memory of process `pid` (`VmHWM`), KiB.

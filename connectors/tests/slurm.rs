@@ -1879,12 +1879,41 @@ async fn a_node_session_lists_every_change_and_tells_unchanged(c: &'static Clust
         "one scontrol served every listing"
     );
 
-    // Once the nodes stand still, a listing is unchanged.
+    // Once the nodes stand still, a listing is unchanged, and a probe of
+    // one node tells it without a listing printed.
     let t = Instant::now();
-    while session.nodes(true).await.unwrap() != Fetch::Unchanged {
-        assert!(t.elapsed() < Duration::from_secs(60), "never unchanged");
+    loop {
+        let before = session.counts();
+        let fetched = session.nodes(true).await.unwrap();
+        let after = session.counts();
+        if fetched == Fetch::Unchanged && after.probes_unchanged > before.probes_unchanged {
+            assert_eq!(after.listings, before.listings, "{after:?}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "never unchanged by a probe: {after:?}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    // A change after a quiet spell: the probe finds it, and the listing
+    // after it shows it.
+    admin_update(
+        c,
+        N,
+        &["state=drain", "reason=lockstep session test probed"],
+    );
+    let before = session.counts();
+    let Fetch::Changed(nodes) = session.nodes(true).await.unwrap() else {
+        panic!("a drain after a quiet spell listed as unchanged");
+    };
+    assert!(
+        node(&nodes).has(&SlurmNodeFlag::Drain),
+        "{:?}",
+        node(&nodes)
+    );
+    assert_eq!(session.counts().probes_changed, before.probes_changed + 1);
+    admin_update(c, N, &["state=resume"]);
 
     // An observer through scontrol lists its nodes through a session: its
     // polls tell an unchanged listing too (jobs and partitions are listed

@@ -44,5 +44,5 @@ pub use error::{classify_message, Error, Result};
 pub use observer::{Backend, Observer, ObserverConfig, PollStats};
 pub use rest::{ApiVersion, Fetch, RestClient, RestConfig, API_VERSIONS};
 pub use scontrol::{Scontrol, ScontrolConfig, SlurmVersion};
-pub use session::NodeSession;
+pub use session::{NodeSession, SessionCounts};
 pub use token::TokenSource;
