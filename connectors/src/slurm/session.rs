@@ -185,7 +185,16 @@ impl NodeSession {
         }
         // As a new scontrol's output is read: a reason in another encoding
         // is no reason to fail.
-        let nodes = parse_nodes(&String::from_utf8_lossy(&text))?;
+        let nodes = match parse_nodes(&String::from_utf8_lossy(&text)) {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                // The process holds a listing lockstep could not read: a
+                // probe would call it unchanged from then on. A new
+                // process lists it again, and fails again, until it reads.
+                self.running = None;
+                return Err(e);
+            }
+        };
         self.last = text;
         self.changed_at = Some(Instant::now());
         Ok(Fetch::Changed(nodes))
