@@ -612,8 +612,9 @@ fn sdiag() -> String {
 }
 
 /// From `sdiag`'s output `text`, its statistics by user: the RPCs
-/// slurmctld has served for `user`, and the time it spent on them (the handlers' time, lock waits
-/// included, so at most its CPU time on them), in seconds.
+/// slurmctld has served for `user`, and the time it spent on them (the
+/// handlers' time, lock waits included, so at most its CPU time on them),
+/// in seconds.
 fn rpcs_of(text: &str, user: &str) -> (u64, f64) {
     let field = |line: &str, name: &str| -> u64 {
         line.split(name)
@@ -1009,8 +1010,8 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 /// CPU time of process `pid` and of the processes it started: those that
 /// ended and were waited for (cutime and cstime, fields 16 and 17), and
-/// those still running (its children's own and their children's), such
-/// as lockstep's long-lived scontrol.
+/// its children still running, such as lockstep's long-lived scontrol
+/// (with what their own ended children used).
 fn cpu_seconds_with_children(pid: u32) -> f64 {
     let f = stat_fields(pid);
     let mut ticks_sum = ticks(&f, 14) + ticks(&f, 15) + ticks(&f, 16) + ticks(&f, 17);
