@@ -77,6 +77,11 @@ struct Throughput {
     /// `full`: scaling and topology on, 90,000 queued jobs.
     #[arg(value_parser = ["full"])]
     full: Option<String>,
+    /// A perf control FIFO (`perf record --control fifo:FIFO -D -1 ...`):
+    /// sampling is enabled around the apply loop alone, and the run ends
+    /// after it.
+    #[arg(long, value_name = "FIFO")]
+    perf_ctl: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -111,7 +116,12 @@ fn main() {
         Some(Measure::Checkpoint { slurm_nodes }) => checkpoint(slurm_nodes),
         None => {
             let t = cli.throughput;
-            throughput(t.slurm_nodes, t.steady_events, t.full.is_some());
+            throughput(
+                t.slurm_nodes,
+                t.steady_events,
+                t.full.is_some(),
+                t.perf_ctl.as_deref(),
+            );
         }
     }
 }
@@ -298,7 +308,14 @@ fn restore(path: &Path) {
     );
 }
 
-fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
+/// Tells perf, through its control FIFO, to start or stop sampling.
+fn perf_ctl(fifo: Option<&Path>, command: &str) {
+    if let Some(fifo) = fifo {
+        std::fs::write(fifo, format!("{command}\n")).expect("write to perf's control FIFO");
+    }
+}
+
+fn throughput(slurm_nodes: usize, steady: usize, full: bool, perf: Option<&Path>) {
     let shape = if full {
         Shape {
             slurm_nodes,
@@ -322,6 +339,7 @@ fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
         out.clear();
     }
     let (mut actions, mut transitions) = (0usize, 0usize);
+    perf_ctl(perf, "enable");
     let t = Instant::now();
     for r in &records[bring_up..] {
         engine.apply(r, &mut out);
@@ -330,12 +348,16 @@ fn throughput(slurm_nodes: usize, steady: usize, full: bool) {
         out.clear();
     }
     let apply = t.elapsed();
+    perf_ctl(perf, "disable");
     println!(
         "apply: {} steady-state events over {slurm_nodes} slurm nodes in {:.3} s = {:.2} M events/s ({actions} actions, {transitions} transitions)",
         records.len() - bring_up,
         apply.as_secs_f64(),
         (records.len() - bring_up) as f64 / apply.as_secs_f64() / 1e6
     );
+    if perf.is_some() {
+        return;
+    }
 
     let mut w = LogWriter::new(Vec::new(), Format::MessagePack, "bench").unwrap();
     for r in &records {
