@@ -238,7 +238,7 @@ fn node(name: &str, state: B, flags: &[F], reason: Option<(&str, &str)>, part: &
         reason_user: reason.map(|r| r.1.to_owned()),
         features: vec![],
         topology: None,
-        partitions: vec![part.to_owned()],
+        partitions: vec![part.into()],
         version: 0,
     }
 }
@@ -327,7 +327,7 @@ fn other_sites_recorded_jobs_parse_to_what_they_show() {
             (
                 j.job_id,
                 j.state.clone(),
-                j.nodes.clone(),
+                j.nodes.iter().map(ToString::to_string).collect(),
                 j.node_count,
                 j.pending_reason.clone(),
             )

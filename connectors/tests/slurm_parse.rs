@@ -33,7 +33,7 @@ fn node(name: &str, state: B, flags: &[F], reason: Option<(&str, &str)>) -> Slur
         reason_user: reason.map(|r| r.1.to_owned()),
         features: vec![],
         topology: None,
-        partitions: vec!["batch".to_owned()],
+        partitions: vec!["batch".into()],
         version: 0,
     }
 }
@@ -67,8 +67,8 @@ fn job(id: u64, state: J, nodes: &[&str], count: u32, reason: Option<&str>) -> S
     SlurmJob {
         job_id: id,
         state,
-        partition: "batch".to_owned(),
-        nodes: nodes.iter().map(|s| (*s).to_owned()).collect(),
+        partition: "batch".into(),
+        nodes: nodes.iter().map(|s| (*s).into()).collect(),
         node_count: count,
         pending_reason: reason.map(str::to_owned),
         version: 0,
@@ -360,11 +360,11 @@ fn newer_openapi_shapes_parse_to_the_same_objects() {
         let mut want = busy(n4_down());
         // The hand-written answers add what v0.0.38 could not show:
         // feature arrays, and (v0.0.43+) topology.
-        want[2].features = vec!["gpu".to_owned(), "zone-a".to_owned()];
+        want[2].features = vec!["gpu".into(), "zone-a".into()];
         if v == "v0.0.44" {
-            want[0].topology = Some("default:s1".to_owned());
-            want[1].topology = Some("default:s1".to_owned());
-            want[2].topology = Some("default:s2".to_owned());
+            want[0].topology = Some("default:s1".into());
+            want[1].topology = Some("default:s1".into());
+            want[2].topology = Some("default:s2".into());
         }
         assert_eq!(nodes.items, want, "{v}");
         assert_eq!(nodes.last_update, Some(1_796_002_213), "{v}");

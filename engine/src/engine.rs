@@ -135,6 +135,8 @@ impl FreshIndex {
 struct Scratch {
     causes: Vec<Cause>,
     names: Vec<String>,
+    /// Slurm nodes a job's change turned busy or idle.
+    flipped: Vec<crate::model::Name>,
 }
 
 /// How lockstep tells its own drains under `policy`, and under the earlier

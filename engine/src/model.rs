@@ -189,7 +189,7 @@ pub(crate) struct Model {
     running_jobs: FxHashMap<Name, u32>,
     /// Partition -> nodes wanted by pending jobs that more nodes can help.
     #[serde(skip)]
-    pending_nodes: FxHashMap<String, u64>,
+    pending_nodes: FxHashMap<Name, u64>,
     /// The policy's unscalable pending reasons, as the index was built with.
     #[serde(skip)]
     unscalable: Vec<String>,
@@ -231,7 +231,7 @@ pub(crate) fn slurm_name_of_pod<'a>(pod: &'a KubePod, policy: &Policy) -> Option
 
 /// Counts a job that holds its nodes in (or out of) the per-node counts,
 /// noting nodes that go from idle to busy or back.
-fn hold(running: &mut FxHashMap<Name, u32>, job: &SlurmJob, add: bool, flipped: &mut Vec<String>) {
+fn hold(running: &mut FxHashMap<Name, u32>, job: &SlurmJob, add: bool, flipped: &mut Vec<Name>) {
     if !job.state.holds_nodes() {
         return;
     }
@@ -255,7 +255,7 @@ fn hold(running: &mut FxHashMap<Name, u32>, job: &SlurmJob, add: bool, flipped: 
 }
 
 /// Counts a pending job's node demand in (or out of) its partition's total.
-fn demand(pending: &mut FxHashMap<String, u64>, unscalable: &[String], job: &SlurmJob, add: bool) {
+fn demand(pending: &mut FxHashMap<Name, u64>, unscalable: &[String], job: &SlurmJob, add: bool) {
     if !scalable(job, unscalable) {
         return;
     }
@@ -449,7 +449,7 @@ impl Model {
 
     /// Records a job observation: its hold on its nodes and its pending
     /// demand. Nodes that became busy or idle are pushed to `flipped`.
-    pub fn upsert_job(&mut self, job: &SlurmJob, gen: u32, flipped: &mut Vec<String>) {
+    pub fn upsert_job(&mut self, job: &SlurmJob, gen: u32, flipped: &mut Vec<Name>) {
         match self.jobs.get_mut(&job.job_id) {
             Some(seen) => {
                 seen.gen = gen;
@@ -476,7 +476,7 @@ impl Model {
     }
 
     /// Forgets a job. Nodes that became idle are pushed to `flipped`.
-    pub fn remove_job(&mut self, job_id: u64, flipped: &mut Vec<String>) {
+    pub fn remove_job(&mut self, job_id: u64, flipped: &mut Vec<Name>) {
         if let Some(seen) = self.jobs.remove(&job_id) {
             hold(&mut self.running_jobs, &seen.obs, false, flipped);
             demand(&mut self.pending_nodes, &self.unscalable, &seen.obs, false);

@@ -481,7 +481,7 @@ impl Audit {
         match event {
             Event::SlurmNode(n) => n.name == self.node,
             Event::SlurmNodeGone { name, .. } => *name == self.node,
-            Event::SlurmJob(j) => j.nodes.contains(&self.node),
+            Event::SlurmJob(j) => j.nodes.iter().any(|n| *n == self.node),
             Event::KubeNode(n) => kube.as_deref() == Some(n.name.as_str()),
             Event::KubeNodeGone { name, .. } => kube.as_deref() == Some(name.as_str()),
             Event::KubePod(p) => {

@@ -18,7 +18,7 @@
 //! "not set").
 
 use lockstep_schemas::{
-    valid_topology_token, Action, KubeNode, Rule, SlurmNode, TopologyPolicy, Transition,
+    valid_topology_token, Action, KubeNode, Rule, SlurmNode, Text, TopologyPolicy, Transition,
 };
 
 use crate::ctx::{Ctx, Output};
@@ -32,7 +32,7 @@ pub(crate) fn features_want(
     policy: &TopologyPolicy,
     unseen: &[String],
     retired_prefixes: &[String],
-) -> Option<Vec<String>> {
+) -> Option<Vec<Text>> {
     if policy.features.is_empty() && retired_prefixes.is_empty() {
         return None;
     }
@@ -48,7 +48,7 @@ pub(crate) fn features_want(
             && (policy.features.iter().any(|lf| f.starts_with(&lf.prefix))
                 || retired_prefixes.iter().any(|p| f.starts_with(p.as_str())))
     };
-    let mut want: Vec<String> = slurm
+    let mut want: Vec<Text> = slurm
         .features
         .iter()
         .filter(|f| !managed(f))
@@ -60,7 +60,7 @@ pub(crate) fn features_want(
         .filter(|lf| !unseen.contains(&lf.label))
     {
         if let Some(value) = kube.labels.get(&lf.label) {
-            let feature = format!("{}{value}", lf.prefix);
+            let feature = compact_str::format_compact!("{}{value}", lf.prefix);
             if valid_topology_token(&feature) {
                 want.push(feature);
             }
@@ -135,7 +135,7 @@ pub(crate) fn wants(
     )
     .map(|features| Action::SlurmSetFeatures {
         node: name.to_owned(),
-        features,
+        features: features.into_iter().map(String::from).collect(),
     });
     let (topology, invalid) = match topology_want(slurm, kube, policy, unseen) {
         TopologyWant::Leave => (None, None),
@@ -197,8 +197,8 @@ mod tests {
             flags: vec![],
             reason: None,
             reason_user: None,
-            features: features.iter().map(|f| (*f).to_owned()).collect(),
-            topology: topology.map(str::to_owned),
+            features: features.iter().map(|f| Text::from(*f)).collect(),
+            topology: topology.map(Text::from),
             partitions: vec![],
             version: 0,
         }
@@ -253,7 +253,7 @@ mod tests {
         ];
         for (now, k, want) in rows {
             let got = features_want(&slurm(now, None), Some(k), &p, &[], &[]);
-            let want = want.map(|w| w.iter().map(|f| (*f).to_owned()).collect::<Vec<_>>());
+            let want = want.map(|w| w.iter().map(|f| Text::from(*f)).collect::<Vec<_>>());
             assert_eq!(got, want, "{now:?} {:?}", k.labels);
         }
         assert_eq!(
@@ -284,7 +284,7 @@ mod tests {
                 &[],
                 &retired
             ),
-            Some(vec!["gpu".to_owned(), "zone-a".to_owned()])
+            Some(vec![Text::from("gpu"), Text::from("zone-a")])
         );
     }
 

@@ -434,7 +434,7 @@ fn build_log(ops: &[Op]) -> Vec<EventRecord> {
                         nodes: if running {
                             (0..4)
                                 .filter(|i| nodes >> i & 1 == 1)
-                                .map(|i| SLURM[i].to_owned())
+                                .map(|i| SLURM[i].into())
                                 .collect()
                         } else {
                             vec![]
@@ -769,7 +769,7 @@ proptest! {
             let timeout_ms = engine.policy().actions.timeout_s * 1000;
             for a in &out.actions {
                 if let Action::KubeDeletePod { pod, .. } = &a.action {
-                    let running = jobs.values().any(|j| j.state.holds_nodes() && j.nodes.contains(pod));
+                    let running = jobs.values().any(|j| j.state.holds_nodes() && j.nodes.iter().any(|n| n == pod));
                     prop_assert!(!running, "deleted pod {} whose slurm node runs a job", pod);
                     let node = latest.get(pod);
                     prop_assert!(
@@ -789,7 +789,7 @@ proptest! {
                     if by_ordinal {
                         for o in *to..from {
                             let name = format!("gpu-{o}");
-                            let running = jobs.values().any(|j| j.state.holds_nodes() && j.nodes.contains(&name));
+                            let running = jobs.values().any(|j| j.state.holds_nodes() && j.nodes.iter().any(|n| *n == name));
                             let node = latest.get(&name);
                             let drained = node.is_some_and(|n| n.flags.contains(&SlurmNodeFlag::Drain)
                                 && !n.flags.contains(&SlurmNodeFlag::Completing)

@@ -323,7 +323,7 @@ impl Sim {
             reason_user: None,
             features: vec![],
             topology: None,
-            partitions: vec!["batch".to_owned()],
+            partitions: vec!["batch".into()],
             version: 0,
         };
         self.slurm.insert(name.to_owned(), node);
@@ -419,8 +419,8 @@ impl Sim {
         let job = SlurmJob {
             job_id,
             state: SlurmJobState::Running,
-            partition: "batch".to_owned(),
-            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            partition: "batch".into(),
+            nodes: nodes.iter().map(|n| (*n).into()).collect(),
             node_count: nodes.len() as u32,
             pending_reason: None,
             version: 0,
@@ -866,11 +866,11 @@ impl Sim {
                 }
             }
             Action::SlurmSetFeatures { node, features } => {
-                let features = features.clone();
+                let features = features.iter().map(|f| f.as_str().into()).collect();
                 self.slurm_change(node, |n| n.features = features);
             }
             Action::SlurmSetTopology { node, topology } => {
-                let topology = topology.clone();
+                let topology = topology.as_str().into();
                 self.slurm_change(node, |n| n.topology = Some(topology));
             }
             Action::SlurmReserve { name, .. } => {
@@ -1186,7 +1186,7 @@ impl Sim {
         let job = SlurmJob {
             job_id,
             state: SlurmJobState::Pending,
-            partition: partition.to_owned(),
+            partition: partition.into(),
             nodes: vec![],
             node_count: nodes,
             pending_reason: Some(reason.to_owned()),
@@ -1202,7 +1202,7 @@ impl Sim {
         let job = self.jobs.get_mut(&job_id).expect("known job");
         job.state = SlurmJobState::Running;
         job.pending_reason = None;
-        job.nodes = nodes.iter().map(|n| (*n).to_owned()).collect();
+        job.nodes = nodes.iter().map(|n| (*n).into()).collect();
         let job = job.clone();
         self.append(Source::Slurm, Event::SlurmJob(job));
         for n in nodes {

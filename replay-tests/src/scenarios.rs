@@ -806,7 +806,7 @@ fn policy_adds_feature_label() -> Sim {
         // Rack features from provisioning; jobs ask for them.
         let feature = format!("rack-r{i}");
         sim.add_slurm_node(&n)
-            .slurm_change(&n, |s| s.features = vec![feature, "zone-a".into()]);
+            .slurm_change(&n, |s| s.features = vec![feature.into(), "zone-a".into()]);
         sim.add_kube_node(&k)
             .label_node(&k, "topology.kubernetes.io/zone", Some("a"))
             .label_node(&k, "example.com/rack", Some(&format!("r{i}")))

@@ -1038,7 +1038,7 @@ fn a_label_the_policy_starts_to_read_is_not_acted_on_until_observed() {
     assert_eq!(sets[0].1, "n3");
     assert_eq!(sets[0].2, ["rack-r9", "zone-a"]);
     for (n, rack) in [("n1", "rack-r1"), ("n2", "rack-r2")] {
-        assert!(sim.slurm[n].features.contains(&rack.to_owned()), "{n}");
+        assert!(sim.slurm[n].features.contains(&rack.into()), "{n}");
     }
 }
 

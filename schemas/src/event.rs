@@ -11,6 +11,8 @@
 
 use std::collections::BTreeMap;
 
+pub use compact_str::CompactString as Text;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -331,13 +333,15 @@ macro_rules! same_but_version {
                 $(*$field == other.$field)&&*
             }
 
-            /// `self.clone_from(other)` field by field: the derived
-            /// `clone_from` clones the whole object anew, while an object
-            /// observed again mostly differs in a field or two, so this
-            /// reuses the buffers already held.
+            /// `self.clone_from(other)` field by field, for another
+            /// observation of the same object (found by its key): the
+            /// derived `clone_from` clones the whole object anew, while an
+            /// object observed again mostly differs in a field or two, so
+            /// this reuses the buffers already held. The key, equal by
+            /// construction, is not copied (nor read, as above).
             pub fn assign_from(&mut self, other: &Self) {
                 let $ty { version, $($key,)* $($field),* } = other;
-                $(self.$key.clone_from($key);)*
+                $(debug_assert!(self.$key == *$key, "assign_from across keys");)*
                 $(self.$field.clone_from($field);)*
                 self.version = *version;
             }
@@ -559,13 +563,16 @@ pub struct SlurmNode {
     pub reason_user: Option<String>,
     /// Active features, sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub features: Vec<String>,
+    #[schemars(with = "Vec<String>")]
+    pub features: Vec<Text>,
     /// Topology string (Slurm 23.11+ `topology=`), if set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub topology: Option<String>,
+    #[schemars(with = "Option<String>")]
+    pub topology: Option<Text>,
     /// Partitions the node is in, sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub partitions: Vec<String>,
+    #[schemars(with = "Vec<String>")]
+    pub partitions: Vec<Text>,
     /// The object's own version: Kubernetes `metadata.resourceVersion` (an
     /// etcd revision), the Slurm observer's poll generation (poll time in ms,
     /// monotonic). 0: unknown, always applied. An observation older than the
@@ -656,11 +663,13 @@ pub struct SlurmJob {
     /// State.
     pub state: SlurmJobState,
     /// Partition the job was submitted to (the first, if several).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub partition: String,
+    #[serde(default, skip_serializing_if = "Text::is_empty")]
+    #[schemars(with = "String")]
+    pub partition: Text,
     /// Nodes the job holds (hostlist expanded by the connector), sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodes: Vec<String>,
+    #[schemars(with = "Vec<String>")]
+    pub nodes: Vec<Text>,
     /// Number of nodes requested.
     #[serde(default)]
     pub node_count: u32,

@@ -24,7 +24,7 @@ pub use event::{
     ActionOutcome, ConditionStatus, Connector, Domain, Event, IdentityChange, KubeNode, KubePod,
     KubeScaleTarget, Maintenance, NodeCondition, NodeDevices, NodeIdentity, OutcomeResult,
     OwnerRef, PodCondition, PodEviction, PodPhase, ResponderState, ScaleTargetRef, SlurmBaseState,
-    SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint, TaintEffect,
+    SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint, TaintEffect, Text,
     ANNOTATION_PREFIX, DRAINED, DRAIN_IN_PROGRESS, POD_DELETION_COST,
 };
 pub use log::{EventRecord, Record};

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use lockstep_engine::{Engine, Output};
 use lockstep_schemas::{
     ActionOutcome, ConditionStatus, Envelope, Event, EventRecord, KubeNode, KubePod, OutcomeResult,
-    PodPhase, Policy, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, Source,
+    PodPhase, Policy, SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, Source, Text,
 };
 
 /// Deterministic pseudo-random numbers (SplitMix64): the same seed gives the
@@ -202,9 +202,9 @@ impl Generator {
                 flags: vec![],
                 reason: None,
                 reason_user: None,
-                features: vec!["gpu".to_owned(), "h100".to_owned()],
+                features: vec!["gpu".into(), "h100".into()],
                 topology: None,
-                partitions: vec!["gpu".to_owned()],
+                partitions: vec!["gpu".into()],
                 version: 0,
             };
             g.slurm.push(node.clone());
@@ -239,12 +239,12 @@ impl Generator {
                 let k = i / shape.per_kube_node;
                 let n = &mut g.slurm[i];
                 n.features = vec![
-                    "gpu".to_owned(),
-                    "h100".to_owned(),
-                    format!("zone-{}", k % 4),
+                    "gpu".into(),
+                    "h100".into(),
+                    format!("zone-{}", k % 4).into(),
                 ];
                 n.features.sort();
-                n.topology = Some(format!("blocks:b{}", k / 18));
+                n.topology = Some(format!("blocks:b{}", k / 18).into());
                 let node = n.clone();
                 g.push(Source::Slurm, Event::SlurmNode(node));
             }
@@ -261,7 +261,7 @@ impl Generator {
         let job = SlurmJob {
             job_id: self.next_job,
             state: SlurmJobState::Pending,
-            partition: "gpu".to_owned(),
+            partition: "gpu".into(),
             node_count: width,
             nodes: vec![],
             pending_reason: Some("Resources".to_owned()),
@@ -336,14 +336,14 @@ impl Generator {
                 }
             };
             let first = self.rng.below((self.slurm.len() - width) as u64) as usize;
-            let nodes: Vec<String> = self.slurm[first..first + width]
+            let nodes: Vec<Text> = self.slurm[first..first + width]
                 .iter()
-                .map(|n| n.name.clone())
+                .map(|n| n.name.as_str().into())
                 .collect();
             let job = SlurmJob {
                 job_id,
                 state: SlurmJobState::Running,
-                partition: "gpu".to_owned(),
+                partition: "gpu".into(),
                 node_count: width as u32,
                 nodes,
                 pending_reason: None,

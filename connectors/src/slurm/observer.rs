@@ -799,7 +799,7 @@ mod tests {
             reason_user: None,
             features: vec![],
             topology: None,
-            partitions: vec!["batch".to_owned()],
+            partitions: vec!["batch".into()],
             version: 0,
         }
     }

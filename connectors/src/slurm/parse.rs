@@ -29,7 +29,7 @@ use std::marker::PhantomData;
 use std::sync::Mutex;
 
 use lockstep_schemas::{
-    SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition,
+    SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Text,
 };
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -221,12 +221,12 @@ pub(crate) fn job_state<'a>(words: impl IntoIterator<Item = &'a str>) -> Option<
 
 /// A comma list into sorted, deduplicated, non-empty items. Slurm's
 /// placeholders for "nothing" (`(null)`) give nothing.
-pub(crate) fn csv_sorted(s: &str) -> Vec<String> {
-    let mut v: Vec<String> = s
+pub(crate) fn csv_sorted(s: &str) -> Vec<Text> {
+    let mut v: Vec<Text> = s
         .split(',')
         .map(str::trim)
         .filter(|x| !x.is_empty() && *x != "(null)")
-        .map(str::to_owned)
+        .map(Text::from)
         .collect();
     v.sort();
     v.dedup();
@@ -247,8 +247,8 @@ pub(crate) fn pending_reason(state: &SlurmJobState, reason: Option<String>) -> O
 }
 
 /// The first partition of a job's (comma separated) partition list.
-pub(crate) fn first_partition(s: &str) -> String {
-    s.split(',').next().unwrap_or("").trim().to_owned()
+pub(crate) fn first_partition(s: &str) -> Text {
+    s.split(',').next().unwrap_or("").trim().into()
 }
 
 // ------------------------------------------------------------------ response
@@ -392,17 +392,17 @@ impl<'de> Deserialize<'de> for Strings {
 
 /// A comma list (`"a,b"`, v0.0.38) or a list (`["a", "b"]`, v0.0.39+), or
 /// null; sorted and deduplicated.
-struct Csv(Vec<String>);
+struct Csv(Vec<Text>);
 
 impl<'de> Deserialize<'de> for Csv {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let Strings(v) = Strings::deserialize(d)?;
-        let mut out: Vec<String> = Vec::with_capacity(v.len());
+        let mut out: Vec<Text> = Vec::with_capacity(v.len());
         for s in &v {
             if s.contains(',') {
                 out.extend(csv_sorted(s));
             } else if !s.trim().is_empty() && s != "(null)" {
-                out.push(s.trim().to_owned());
+                out.push(s.trim().into());
             }
         }
         out.sort();
@@ -737,7 +737,7 @@ impl<'de> Deserialize<'de> for NodeItem {
                     // Active features are what jobs can use; without a node
                     // features plugin they equal the available ones.
                     features: active_features.or(features).unwrap_or_default(),
-                    topology: non_empty(topology),
+                    topology: non_empty(topology).map(Text::from),
                     partitions,
                     version: 0,
                 }))
@@ -756,7 +756,10 @@ impl Item for JobItem {
     fn into_out(self, budget: &mut hostlist::Budget) -> Result<SlurmJob, String> {
         let Self(mut job, nodes) = self;
         job.nodes = hostlist::expand_set_within(nodes.as_deref().unwrap_or(""), budget)
-            .map_err(|e| format!("job {}: {e}", job.job_id))?;
+            .map_err(|e| format!("job {}: {e}", job.job_id))?
+            .into_iter()
+            .map(Text::from)
+            .collect();
         Ok(job)
     }
 }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use lockstep_schemas::{SlurmJob, SlurmNode, SlurmPartition};
+use lockstep_schemas::{SlurmJob, SlurmNode, SlurmPartition, Text};
 use tokio::process::Command;
 
 use super::error::{classify_message, Error, Result};
@@ -506,7 +506,7 @@ pub fn parse_nodes(out: &str) -> Result<Vec<SlurmNode>> {
             features: features
                 .or_else(|| available.map(parse::csv_sorted))
                 .unwrap_or_default(),
-            topology: topology.map(str::to_owned),
+            topology: topology.map(Text::from),
             partitions,
             version: 0,
         });
@@ -551,7 +551,10 @@ pub fn parse_jobs(out: &str) -> Result<Vec<SlurmJob>> {
         let state = state
             .and_then(|s| parse::job_state([s]))
             .ok_or_else(|| err(format!("job {job_id} without JobState")))?;
-        let nodes = hostlist::expand_set_within(nodes, &mut budget)?;
+        let nodes = hostlist::expand_set_within(nodes, &mut budget)?
+            .into_iter()
+            .map(Text::from)
+            .collect();
         jobs.push(SlurmJob {
             job_id,
             partition: parse::first_partition(partition),

@@ -185,11 +185,11 @@ impl Engine {
             Event::SlurmNodeGone { name, .. } => self.remove_slurm_node(name, ctx),
             Event::SlurmJob(job) => {
                 let gen = self.gen(Domain::SlurmJobs);
-                let mut flipped = std::mem::take(&mut self.scratch.names);
+                let mut flipped = std::mem::take(&mut self.scratch.flipped);
                 flipped.clear();
                 self.model.upsert_job(job, gen, &mut flipped);
                 self.jobs_flipped(&mut flipped, ctx);
-                self.scratch.names = flipped;
+                self.scratch.flipped = flipped;
                 self.schedule_scaling(ctx);
             }
             Event::SlurmJobGone { job_id, .. } => self.remove_job(*job_id, ctx),
@@ -721,17 +721,17 @@ impl Engine {
     }
 
     pub(super) fn remove_job(&mut self, job_id: u64, ctx: &Ctx<'_>) {
-        let mut flipped = std::mem::take(&mut self.scratch.names);
+        let mut flipped = std::mem::take(&mut self.scratch.flipped);
         flipped.clear();
         self.model.remove_job(job_id, &mut flipped);
         self.jobs_flipped(&mut flipped, ctx);
-        self.scratch.names = flipped;
+        self.scratch.flipped = flipped;
         self.schedule_scaling(ctx);
     }
 
     /// Nodes whose jobs went from none to some or back: their idle clock,
     /// and their busy label.
-    pub(super) fn jobs_flipped(&mut self, flipped: &mut Vec<String>, ctx: &Ctx<'_>) {
+    pub(super) fn jobs_flipped(&mut self, flipped: &mut Vec<Name>, ctx: &Ctx<'_>) {
         let now_ms = ctx.now_ms;
         // The busy label follows a node's jobs, and so does the report on an
         // eviction lockstep answers (it completes once no job runs).
@@ -741,7 +741,7 @@ impl Engine {
             self.update_busy(&node, ctx);
             self.touch_drain_progress(&node);
             if label {
-                self.dirty.push(Wake::Slurm(node));
+                self.dirty.push(Wake::Slurm(node.into()));
             }
         }
     }

@@ -43,6 +43,7 @@ use std::collections::{BTreeMap, VecDeque};
 use lockstep_schemas::{
     Connector, Domain, Event, KubeNode, KubePod, KubeScaleTarget, NodeCondition, OwnerRef, Policy,
     Removal, ScaleTargetRef, SlurmJob, SlurmNode, SlurmNodeFlag, SlurmPartition, Source, Taint,
+    Text,
 };
 
 use super::kube::{Node, Pod, Workload, WorkloadKind};
@@ -560,14 +561,14 @@ impl World {
             .jobs
             .values()
             .map(|j| {
-                let mut nodes = j.nodes.clone();
+                let mut nodes: Vec<Text> = j.nodes.iter().map(|n| n.as_str().into()).collect();
                 nodes.sort();
                 (
                     j.id,
                     Event::SlurmJob(SlurmJob {
                         job_id: j.id,
                         state: j.state.clone(),
-                        partition: j.partition.clone(),
+                        partition: j.partition.as_str().into(),
                         nodes,
                         node_count: j.node_count,
                         pending_reason: j.pending_reason.clone(),
@@ -788,7 +789,7 @@ pub(crate) fn slurm_node(n: &super::slurm::SNode, version: u64) -> SlurmNode {
         flags.push(SlurmNodeFlag::NotResponding);
     }
     flags.sort();
-    let mut features = n.features.clone();
+    let mut features: Vec<Text> = n.features.iter().map(|f| f.as_str().into()).collect();
     features.sort();
     SlurmNode {
         name: n.name.clone(),
@@ -797,8 +798,8 @@ pub(crate) fn slurm_node(n: &super::slurm::SNode, version: u64) -> SlurmNode {
         reason: n.reason.as_ref().map(|r| r.0.clone()),
         reason_user: n.reason.as_ref().map(|r| r.1.clone()),
         features,
-        topology: n.topology.clone(),
-        partitions: vec![n.partition.clone()],
+        topology: n.topology.as_deref().map(Text::from),
+        partitions: vec![n.partition.as_str().into()],
         version,
     }
 }
