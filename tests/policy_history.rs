@@ -182,7 +182,7 @@ fn world() -> Vec<Event> {
     for i in 1..=3 {
         v.push(kube_node(&format!("k{i}"), false));
         v.push(Event::SlurmNode(SlurmNode {
-            name: format!("n{i}"),
+            name: format!("n{i}").into(),
             state: SlurmBaseState::Idle,
             flags: vec![],
             reason: None,

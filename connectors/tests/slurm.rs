@@ -1427,7 +1427,7 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
     let mut last: BTreeMap<String, SlurmNode> = first
         .iter()
         .filter_map(|Observation { event: e, .. }| match e {
-            Event::SlurmNode(n) => Some((n.name.clone(), n.clone())),
+            Event::SlurmNode(n) => Some((n.name.to_string(), n.clone())),
             _ => None,
         })
         .collect();
@@ -1518,7 +1518,7 @@ async fn slurmctld_restart_loses_and_duplicates_nothing(c: &'static Cluster) {
             Event::SyncStarted { .. } => listing = true,
             Event::SyncDone { .. } => listing = false,
             Event::SlurmNode(n) => {
-                let prev = last.insert(n.name.clone(), n.clone());
+                let prev = last.insert(n.name.to_string(), n.clone());
                 assert!(
                     listing || !prev.as_ref().is_some_and(|p| p.same_but_version(n)),
                     "duplicate event for {}:\n{}",
@@ -1767,7 +1767,10 @@ fn assert_regained_with_a_full_listing(seen: &[Observation], obs: &Observer) {
     let want = [
         (
             Domain::SlurmNodes,
-            obs.nodes().into_iter().map(|n| n.name).collect::<Vec<_>>(),
+            obs.nodes()
+                .into_iter()
+                .map(|n| n.name.to_string())
+                .collect::<Vec<_>>(),
         ),
         (
             Domain::SlurmJobs,
@@ -1792,13 +1795,13 @@ fn assert_regained_with_a_full_listing(seen: &[Observation], obs: &Observer) {
             match rest.next() {
                 Some(Event::SyncDone { domain: d }) if *d == domain => break,
                 Some(Event::SlurmNode(n)) if domain == Domain::SlurmNodes => {
-                    listed.push(n.name.clone());
+                    listed.push(n.name.to_string());
                 }
                 Some(Event::SlurmJob(j)) if domain == Domain::SlurmJobs => {
                     listed.push(j.job_id.to_string());
                 }
                 Some(Event::SlurmPartition(p)) if domain == Domain::SlurmPartitions => {
-                    listed.push(p.name.clone());
+                    listed.push(p.name.as_str().into());
                 }
                 e => panic!("{e:?} in the {domain:?} listing:\n{}", all()),
             }

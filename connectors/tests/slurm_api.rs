@@ -231,7 +231,7 @@ fn every_field_the_published_specs_define_is_read_or_deliberately_ignored() {
 
 fn node(name: &str, state: B, flags: &[F], reason: Option<(&str, &str)>, part: &str) -> SlurmNode {
     SlurmNode {
-        name: name.to_owned(),
+        name: name.into(),
         state,
         flags: flags.to_vec(),
         reason: reason.map(|r| r.0.to_owned()),

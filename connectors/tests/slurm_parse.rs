@@ -26,7 +26,7 @@ fn text(rel: &str) -> String {
 
 fn node(name: &str, state: B, flags: &[F], reason: Option<(&str, &str)>) -> SlurmNode {
     SlurmNode {
-        name: name.to_owned(),
+        name: name.into(),
         state,
         flags: flags.to_vec(),
         reason: reason.map(|r| r.0.to_owned()),

@@ -295,7 +295,7 @@ pub(crate) fn drain_conditions(
         let shown = node.conditions.iter().find(|c| c.type_ == t);
         let want =
             drain_condition(t, progress, shown).map(|condition| Action::KubeSetNodeCondition {
-                node: node.name.clone(),
+                node: node.name.to_string(),
                 condition,
             });
         (t, want)
@@ -361,7 +361,7 @@ mod tests {
 
     fn node(m: Option<Maintenance>, ready: bool) -> KubeNode {
         KubeNode {
-            name: "k1".to_owned(),
+            name: "k1".into(),
             unschedulable: false,
             ready: if ready {
                 ConditionStatus::True

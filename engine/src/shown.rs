@@ -215,7 +215,7 @@ pub(crate) fn taint_wants<'a>(
         }
         let present = taints.iter().any(|t| t.key == *key);
         let want = present.then(|| Action::KubeUntaintNode {
-            node: name.clone(),
+            node: name.to_string(),
             key: key.clone(),
         });
         if want.is_some() || has_slot(key) {
@@ -228,7 +228,7 @@ pub(crate) fn taint_wants<'a>(
         let want = match (needed, present) {
             (true, Some(t)) if t.value == spec.value && t.effect == spec.effect => None,
             (true, _) => Some(Action::KubeTaintNode {
-                node: name.clone(),
+                node: name.to_string(),
                 taint: Taint {
                     key: spec.key.clone(),
                     value: spec.value.clone(),
@@ -236,7 +236,7 @@ pub(crate) fn taint_wants<'a>(
                 },
             }),
             (false, Some(_)) => Some(Action::KubeUntaintNode {
-                node: name.clone(),
+                node: name.to_string(),
                 key: spec.key.clone(),
             }),
             (false, None) => None,
@@ -289,7 +289,7 @@ pub(crate) fn signal_wants<'a>(
                 })
             })
             .map(|(status, reason, message)| Action::KubeSetNodeCondition {
-                node: name.clone(),
+                node: name.to_string(),
                 condition: PodCondition {
                     type_: ty.to_owned(),
                     status,
@@ -307,7 +307,7 @@ pub(crate) fn signal_wants<'a>(
         let value = (!slurm_nodes.is_empty()).then(|| slurm_nodes.join(","));
         let present = node.obs.labels.get(annotation_key);
         let want = (present != value.as_ref()).then(|| Action::KubeLabelNode {
-            node: name.clone(),
+            node: name.to_string(),
             key: annotation_key.to_owned(),
             value,
         });
@@ -371,7 +371,7 @@ pub(crate) fn retired_signal_wants<'a, 'f>(
             wanted_by_slot(c, write)
         });
         let want = (seen || by_slot).then(|| Action::KubeSetNodeCondition {
-            node: name.clone(),
+            node: name.to_string(),
             condition: not_managed(ty),
         });
         if want.is_some() || holds(aspect) {
@@ -388,7 +388,7 @@ pub(crate) fn retired_signal_wants<'a, 'f>(
             )
         });
         let want = (seen || by_slot).then(|| Action::KubeLabelNode {
-            node: name.clone(),
+            node: name.to_string(),
             key: key.clone(),
             value: None,
         });

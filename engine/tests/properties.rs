@@ -753,7 +753,7 @@ proptest! {
                 Event::KubePodGone { name, .. } => { pods.remove(name); }
                 Event::KubeScaleTarget(t) => replicas = Some(t.replicas),
                 Event::PolicyChanged(p) => by_ordinal = p.scaling.removal.is_empty(),
-                Event::SlurmNode(n) => { latest.insert(n.name.clone(), n.clone()); }
+                Event::SlurmNode(n) => { latest.insert(n.name.to_string(), n.clone()); }
                 Event::SlurmNodeGone { name, .. } => { latest.remove(name); }
                 Event::SlurmJob(j) => { jobs.insert(j.job_id, j.clone()); }
                 Event::SlurmJobGone { job_id, .. } => { jobs.remove(job_id); }

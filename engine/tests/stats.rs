@@ -40,7 +40,7 @@ fn events() -> Vec<Event> {
             _ => vec![],
         };
         events.push(Event::SlurmNode(SlurmNode {
-            name: format!("n{i}"),
+            name: format!("n{i}").into(),
             state,
             flags,
             reason: (i % 7 >= 2 && i % 7 <= 3).then(|| "admin".into()),

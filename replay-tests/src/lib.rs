@@ -316,7 +316,7 @@ impl Sim {
     /// Adds an idle Slurm node.
     pub fn add_slurm_node(&mut self, name: &str) -> &mut Self {
         let node = SlurmNode {
-            name: name.to_owned(),
+            name: name.into(),
             state: SlurmBaseState::Idle,
             flags: vec![],
             reason: None,

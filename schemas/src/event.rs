@@ -11,7 +11,13 @@
 
 use std::collections::BTreeMap;
 
+/// A short string held inline (up to 24 bytes) and serialized as a string:
+/// names, features and partitions that observations of Slurm carry by the
+/// thousand.
 pub use compact_str::CompactString as Text;
+
+/// `format!` into a [`Text`].
+pub use compact_str::format_compact as format_text;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -549,7 +555,8 @@ open_enum! {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SlurmNode {
     /// Node name (the key of lockstep's node model).
-    pub name: String,
+    #[schemars(with = "String")]
+    pub name: Text,
     /// Base state.
     pub state: SlurmBaseState,
     /// State flags, sorted.
@@ -586,7 +593,7 @@ impl SlurmNode {
     /// An IDLE node in no partition that reports nothing else (no
     /// version): what tests and tools start from, with
     /// `..SlurmNode::idle(name)`.
-    pub fn idle(name: impl Into<String>) -> Self {
+    pub fn idle(name: impl Into<Text>) -> Self {
         Self {
             name: name.into(),
             state: SlurmBaseState::Idle,
@@ -759,7 +766,8 @@ pub struct Taint {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct KubeNode {
     /// Node name.
-    pub name: String,
+    #[schemars(with = "String")]
+    pub name: Text,
     /// `spec.unschedulable` (cordoned).
     #[serde(default)]
     pub unschedulable: bool,
@@ -806,7 +814,7 @@ pub struct KubeNode {
 impl KubeNode {
     /// A Ready, schedulable node that reports nothing else (no version):
     /// what tests and tools start from, with `..KubeNode::ready(name)`.
-    pub fn ready(name: impl Into<String>) -> Self {
+    pub fn ready(name: impl Into<Text>) -> Self {
         Self {
             name: name.into(),
             unschedulable: false,

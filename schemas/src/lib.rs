@@ -21,11 +21,11 @@ mod transition;
 pub use action::{Action, ActionId, ActionKind, IssuedAction, Target};
 pub use envelope::{Envelope, EventId, Source, SourceDetail, SCHEMA_VERSION};
 pub use event::{
-    ActionOutcome, ConditionStatus, Connector, Domain, Event, IdentityChange, KubeNode, KubePod,
-    KubeScaleTarget, Maintenance, NodeCondition, NodeDevices, NodeIdentity, OutcomeResult,
-    OwnerRef, PodCondition, PodEviction, PodPhase, ResponderState, ScaleTargetRef, SlurmBaseState,
-    SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint, TaintEffect, Text,
-    ANNOTATION_PREFIX, DRAINED, DRAIN_IN_PROGRESS, POD_DELETION_COST,
+    format_text, ActionOutcome, ConditionStatus, Connector, Domain, Event, IdentityChange,
+    KubeNode, KubePod, KubeScaleTarget, Maintenance, NodeCondition, NodeDevices, NodeIdentity,
+    OutcomeResult, OwnerRef, PodCondition, PodEviction, PodPhase, ResponderState, ScaleTargetRef,
+    SlurmBaseState, SlurmJob, SlurmJobState, SlurmNode, SlurmNodeFlag, SlurmPartition, Taint,
+    TaintEffect, Text, ANNOTATION_PREFIX, DRAINED, DRAIN_IN_PROGRESS, POD_DELETION_COST,
 };
 pub use log::{EventRecord, Record};
 pub use ownership::{set_down_by_user, Ownership, ReasonOwnership, SLURM_NOT_RESPONDING_SUFFIX};

@@ -13,7 +13,7 @@ fn node(i: u64) -> Envelope {
         Event::KubeNode(KubeNode {
             read_labels: None,
             maintenance: None,
-            name: format!("k{i}"),
+            name: lockstep_schemas::format_text!("k{i}"),
             unschedulable: i.is_multiple_of(2),
             ready: lockstep_schemas::ConditionStatus::True,
             conditions: vec![],

@@ -174,7 +174,7 @@ impl Generator {
             let node = KubeNode {
                 read_labels: None,
                 maintenance: None,
-                name: format!("node-{k:05}"),
+                name: lockstep_schemas::format_text!("node-{k:05}"),
                 unschedulable: false,
                 ready: ConditionStatus::True,
                 conditions: vec![],
@@ -197,7 +197,7 @@ impl Generator {
         for i in 0..shape.slurm_nodes {
             let name = format!("gpu-{i:05}");
             let node = SlurmNode {
-                name: name.clone(),
+                name: name.as_str().into(),
                 state: SlurmBaseState::Idle,
                 flags: vec![],
                 reason: None,
@@ -213,7 +213,7 @@ impl Generator {
                 namespace: "slurm".to_owned(),
                 name,
                 uid: format!("uid-{i:08x}"),
-                node_name: Some(g.kube[i / shape.per_kube_node].name.clone()),
+                node_name: Some(g.kube[i / shape.per_kube_node].name.to_string()),
                 phase: PodPhase::Running,
                 deleting: false,
                 disruption_target: false,

@@ -55,7 +55,7 @@ pub fn slurm_node_names(seed: u64) -> Vec<String> {
     let mut names = BTreeSet::new();
     for r in g.records() {
         if let Event::SlurmNode(n) = &r.envelope.event {
-            names.insert(n.name.clone());
+            names.insert(n.name.to_string());
         }
     }
     names.into_iter().collect()

@@ -297,7 +297,7 @@ impl Observer {
         self.watch(nodes, spec.node_selector.as_deref())
             .map(move |r| match r {
                 Ok(e) => Item::Node(step(e, |n| {
-                    reduce::node(n, &spec).map(|o| (o.name.clone(), o))
+                    reduce::node(n, &spec).map(|o| (o.name.to_string(), o))
                 })),
                 Err(e) => Item::Failed(Domain::KubeNodes, e),
             })

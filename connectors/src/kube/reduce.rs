@@ -101,7 +101,7 @@ pub fn node(node: &Node, spec: &ObserveSpec) -> Option<KubeNode> {
         .then(|| maintenance(&name, node, conditions))
         .flatten();
     Some(KubeNode {
-        name,
+        name: name.into(),
         unschedulable: node_spec.and_then(|s| s.unschedulable).unwrap_or(false),
         ready,
         conditions: watched,
@@ -589,7 +589,7 @@ mod tests {
                 "topology.kubernetes.io/zone".to_owned(),
             ]),
             maintenance: None,
-            name: "n1".to_owned(),
+            name: "n1".into(),
             unschedulable: true,
             ready: ConditionStatus::False,
             conditions: vec![NodeCondition {

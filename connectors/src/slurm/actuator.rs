@@ -831,7 +831,7 @@ mod tests {
         };
         let node =
             |state: SlurmBaseState, flags: &[SlurmNodeFlag], reason: Option<&str>| SlurmNode {
-                name: "n1".to_owned(),
+                name: "n1".into(),
                 state,
                 flags: flags.to_vec(),
                 reason: reason.map(str::to_owned),

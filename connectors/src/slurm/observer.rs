@@ -792,7 +792,7 @@ mod tests {
 
     fn node(name: &str, state: SlurmBaseState) -> SlurmNode {
         SlurmNode {
-            name: name.to_owned(),
+            name: name.into(),
             state,
             flags: vec![],
             reason: None,

@@ -729,7 +729,7 @@ impl<'de> Deserialize<'de> for NodeItem {
                     None
                 };
                 Ok(NodeItem(SlurmNode {
-                    name,
+                    name: name.into(),
                     state,
                     flags,
                     reason,

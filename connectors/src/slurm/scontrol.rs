@@ -498,7 +498,7 @@ pub fn parse_nodes(out: &str) -> Result<Vec<SlurmNode>> {
             .ok_or_else(|| err(format!("node {name} has an empty State")))?;
         let (reason, reason_user) = reason.map(split_reason).unwrap_or_default();
         nodes.push(SlurmNode {
-            name: name.to_owned(),
+            name: name.into(),
             state,
             flags,
             reason,

@@ -254,7 +254,7 @@ pub fn mirror_nodes(events: &[Event]) -> BTreeMap<String, KubeNode> {
     for e in events {
         match e {
             Event::KubeNode(n) => {
-                nodes.insert(n.name.clone(), (n.clone(), gen));
+                nodes.insert(n.name.to_string(), (n.clone(), gen));
             }
             Event::KubeNodeGone { name, .. } => {
                 nodes.remove(name);

@@ -137,7 +137,7 @@ pub(crate) fn state_want(
                 },
                 None => StateWant {
                     action: Some(Action::SlurmResume {
-                        node: slurm.name.clone(),
+                        node: slurm.name.to_string(),
                     }),
                     ..quiet(Phase::Resuming, Rule::CauseCleared)
                 },
@@ -184,7 +184,7 @@ pub(crate) fn state_want(
     } else {
         primary.rule()
     };
-    let node = slurm.name.clone();
+    let node = slurm.name.to_string();
     let action = if down {
         Action::SlurmDown { node, reason }
     } else {

@@ -74,7 +74,11 @@ impl Engine {
     pub(super) fn held(&self, event: &Event) -> Option<(ObjectKey, Option<u64>)> {
         let m = &self.model;
         Some(match event {
-            Event::SlurmNode(SlurmNode { name, .. }) | Event::SlurmNodeGone { name, .. } => (
+            Event::SlurmNode(SlurmNode { name, .. }) => (
+                ObjectKey::SlurmNode(name.to_string()),
+                m.slurm_nodes.get(name.as_str()).map(|s| s.obs.version),
+            ),
+            Event::SlurmNodeGone { name, .. } => (
                 ObjectKey::SlurmNode(name.clone()),
                 m.slurm_nodes.get(name.as_str()).map(|s| s.obs.version),
             ),
@@ -87,7 +91,11 @@ impl Engine {
                 ObjectKey::SlurmPartition(name.clone()),
                 m.partitions.get(name).map(|s| s.obs.version),
             ),
-            Event::KubeNode(KubeNode { name, .. }) | Event::KubeNodeGone { name, .. } => (
+            Event::KubeNode(KubeNode { name, .. }) => (
+                ObjectKey::KubeNode(name.to_string()),
+                m.kube_nodes.get(name.as_str()).map(|k| k.obs.version),
+            ),
+            Event::KubeNodeGone { name, .. } => (
                 ObjectKey::KubeNode(name.clone()),
                 m.kube_nodes.get(name.as_str()).map(|k| k.obs.version),
             ),
@@ -368,7 +376,7 @@ impl Engine {
                 if side_changed || foreign_news {
                     self.touch_slurm(&node.name);
                 } else if relevant || (busy_changed && self.follows_busy()) {
-                    self.dirty.push(Wake::Slurm(node.name.clone()));
+                    self.dirty.push(Wake::Slurm(node.name.to_string()));
                 }
                 if busy_changed {
                     self.update_busy(&node.name, ctx);
@@ -473,7 +481,7 @@ impl Engine {
         }
         // Its host is back once a node of that name is Ready.
         if ready {
-            self.model.kube_gone.remove(&node.name);
+            self.model.kube_gone.remove(node.name.as_str());
         }
         let entry = self
             .model

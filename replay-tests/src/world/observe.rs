@@ -176,7 +176,7 @@ impl Spec {
             ))
         });
         KubeNode {
-            name: n.name.clone(),
+            name: n.name.as_str().into(),
             unschedulable: n.unschedulable,
             ready: n.ready,
             conditions: n
@@ -792,7 +792,7 @@ pub(crate) fn slurm_node(n: &super::slurm::SNode, version: u64) -> SlurmNode {
     let mut features: Vec<Text> = n.features.iter().map(|f| f.as_str().into()).collect();
     features.sort();
     SlurmNode {
-        name: n.name.clone(),
+        name: n.name.as_str().into(),
         state: n.base.clone(),
         flags,
         reason: n.reason.as_ref().map(|r| r.0.clone()),

@@ -220,7 +220,7 @@ impl Actuator {
             match self.list().await {
                 Ok(all) => {
                     self.nodes_listed.store(all.len(), Ordering::Relaxed);
-                    all.into_iter().map(|n| (n.name.clone(), n)).collect()
+                    all.into_iter().map(|n| (n.name.to_string(), n)).collect()
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, nodes = nodes.len(), "cannot list slurm nodes; reading each");
