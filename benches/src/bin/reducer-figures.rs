@@ -334,10 +334,15 @@ fn throughput(slurm_nodes: usize, steady: usize, full: bool, perf: Option<&Path>
 
     let mut engine = Engine::new(Policy::default());
     let mut out = Output::default();
+    let t = Instant::now();
     for r in &records[..bring_up] {
         engine.apply(r, &mut out);
         out.clear();
     }
+    println!(
+        "bring-up: {bring_up} events (the cluster, its pods and queued jobs appearing) applied in {:.3} s",
+        t.elapsed().as_secs_f64()
+    );
     let (mut actions, mut transitions) = (0usize, 0usize);
     perf_ctl(perf, "enable");
     let t = Instant::now();
