@@ -21,8 +21,9 @@ use crate::sorted;
 /// A name as the key of a large table: names of up to 24 bytes (every
 /// node name seen in practice) are held inside the key itself, so a look-up
 /// compares them without reading another allocation, which a busy cluster's
-/// tables would mostly find out of cache.
-pub(crate) type Name = compact_str::CompactString;
+/// tables would mostly find out of cache. The same type as the observations'
+/// own inline strings, so a key is made from them without a conversion.
+pub(crate) type Name = lockstep_schemas::Text;
 
 /// An observed object and the sync generation in which it was last listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -60,7 +60,7 @@ pub(crate) fn features_want(
         .filter(|lf| !unseen.contains(&lf.label))
     {
         if let Some(value) = kube.labels.get(&lf.label) {
-            let feature = compact_str::format_compact!("{}{value}", lf.prefix);
+            let feature = lockstep_schemas::format_text!("{}{value}", lf.prefix);
             if valid_topology_token(&feature) {
                 want.push(feature);
             }

@@ -11,16 +11,17 @@
 
 use std::collections::BTreeMap;
 
-/// A short string held inline (up to 24 bytes) and serialized as a string:
-/// names, features and partitions that observations of Slurm carry by the
-/// thousand.
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A short string held inside the object (up to 24 bytes; longer ones on
+/// the heap) and serialized as a string: node names, features, partitions
+/// and job node lists, which observations carry by the thousand and the
+/// reducer compares with the copy it holds.
 pub use compact_str::CompactString as Text;
 
 /// `format!` into a [`Text`].
 pub use compact_str::format_compact as format_text;
-
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
 use crate::action::{ActionId, ActionKind, Target};
 use crate::open_enum::open_enum;

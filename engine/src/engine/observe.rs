@@ -73,15 +73,18 @@ impl Engine {
     /// holds of it (`None`: not held).
     pub(super) fn held(&self, event: &Event) -> Option<(ObjectKey, Option<u64>)> {
         let m = &self.model;
+        // A node's observation names it as `Text`, its deletion as `String`.
+        let slurm_node = |name: &str| {
+            let held = m.slurm_nodes.get(name).map(|s| s.obs.version);
+            (ObjectKey::SlurmNode(name.to_owned()), held)
+        };
+        let kube_node = |name: &str| {
+            let held = m.kube_nodes.get(name).map(|k| k.obs.version);
+            (ObjectKey::KubeNode(name.to_owned()), held)
+        };
         Some(match event {
-            Event::SlurmNode(SlurmNode { name, .. }) => (
-                ObjectKey::SlurmNode(name.to_string()),
-                m.slurm_nodes.get(name.as_str()).map(|s| s.obs.version),
-            ),
-            Event::SlurmNodeGone { name, .. } => (
-                ObjectKey::SlurmNode(name.clone()),
-                m.slurm_nodes.get(name.as_str()).map(|s| s.obs.version),
-            ),
+            Event::SlurmNode(SlurmNode { name, .. }) => slurm_node(name),
+            Event::SlurmNodeGone { name, .. } => slurm_node(name),
             Event::SlurmJob(SlurmJob { job_id, .. }) | Event::SlurmJobGone { job_id, .. } => (
                 ObjectKey::SlurmJob(*job_id),
                 m.jobs.get(job_id).map(|s| s.obs.version),
@@ -91,14 +94,8 @@ impl Engine {
                 ObjectKey::SlurmPartition(name.clone()),
                 m.partitions.get(name).map(|s| s.obs.version),
             ),
-            Event::KubeNode(KubeNode { name, .. }) => (
-                ObjectKey::KubeNode(name.to_string()),
-                m.kube_nodes.get(name.as_str()).map(|k| k.obs.version),
-            ),
-            Event::KubeNodeGone { name, .. } => (
-                ObjectKey::KubeNode(name.clone()),
-                m.kube_nodes.get(name.as_str()).map(|k| k.obs.version),
-            ),
+            Event::KubeNode(KubeNode { name, .. }) => kube_node(name),
+            Event::KubeNodeGone { name, .. } => kube_node(name),
             Event::KubePod(KubePod {
                 namespace, name, ..
             })
