@@ -12,7 +12,8 @@
 # build, the ratios of the rounds and their median, and replay beside
 # decoding the same log alone (this build). This build's replay reads ahead
 # on a second thread, as `lockstep replay` does; its replay on one thread is
-# shown beside it.
+# shown beside it, and the replay that checks every event's content id (what
+# `lockstep replay` does with a file) against the reference's.
 #
 # LOCKSTEP_BENCH_REF names the reference commit (142c1c2 by default). Its
 # tree is exported with `git archive` and built once into
@@ -65,7 +66,7 @@ run() {
     /^decode only:/ { m = "decode" }
     /^replay:/ { m = "replay" }
     /^replay \(one thread\)/ { m = "replay1" }
-    /^replay \(verifying/ { m = "" }
+    /^replay \(verifying/ { m = "replayv" }
     m != "" && match($0, /= [0-9.]+ M events\/s/) {
       v = substr($0, RSTART + 2, RLENGTH - 13); print b, r, m, v; m = ""
     }' >>"$here/figures"
@@ -108,6 +109,12 @@ if cur:
     ratios = [cur[r] / old[r] for r in sorted(cur) if r in old and old[r] > 0]
     print(f"{'(replay on one thread)':24} {med(list(cur.values())):.2f} M/s, "
           f"ratios {' '.join(f'{x:.2f}' for x in ratios)}, median {med(ratios):.2f}x")
+cur, old = fig.get(("current", "replayv"), {}), fig.get(("ref", "replayv"), {})
+if cur and old:
+    ratios = [cur[r] / old[r] for r in sorted(cur) if r in old and old[r] > 0]
+    print(f"{'(replay verifying ids)':24} {med(list(cur.values())):.2f} M/s against "
+          f"{med(list(old.values())):.2f} M/s, ratios {' '.join(f'{x:.2f}' for x in ratios)}, "
+          f"median {med(ratios):.2f}x")
 dec, rep = fig.get(("current", "decode"), {}), fig.get(("current", "replay"), {})
 floor = [rep[r] / dec[r] for r in sorted(rep) if r in dec and dec[r] > 0]
 print(f"decoding alone (this build) {med(list(dec.values())):.2f} M events/s; "

@@ -193,11 +193,7 @@ impl<W: Write> Write for HashingWriter<W> {
 /// SHA-256 of `bytes` in hex: [`Engine::hash`] of the engine whose
 /// [`Engine::snapshot`] they are.
 pub(crate) fn hex_sha256(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// The engine's state at one point of the log, apart from the engine
@@ -474,7 +470,7 @@ impl Engine {
             sha: Sha256::new(),
         };
         self.snapshot_to(&mut hashing)?;
-        Ok(hex(&hashing.sha.finalize()))
+        Ok(hex::encode(hashing.sha.finalize()))
     }
 
     /// Applies one record.

@@ -170,15 +170,19 @@ fn content_id(
 /// pieces, so that a reader can hash the bytes it read without copying them
 /// (see `log::LogReader`).
 pub(crate) fn id_of_parts(parts: &[&[u8]]) -> EventId {
+    let hex = id_hex_of_parts(parts);
+    EventId(String::from_utf8_lossy(&hex).into_owned())
+}
+
+/// [`id_of_parts`] as its 32 hex digits, without allocating: what a reader
+/// compares with the id a record names.
+pub(crate) fn id_hex_of_parts(parts: &[&[u8]]) -> [u8; 32] {
     let mut hasher = Sha256::new();
     for p in parts {
         hasher.update(p);
     }
     let digest = hasher.finalize();
-    let mut hex = String::with_capacity(32);
-    for b in &digest[..16] {
-        use std::fmt::Write;
-        let _ = write!(hex, "{b:02x}");
-    }
-    EventId(hex)
+    let mut hex = [0u8; 32];
+    hex::encode_to_slice(&digest[..16], &mut hex).expect("16 bytes are 32 hex digits");
+    hex
 }

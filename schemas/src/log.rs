@@ -954,7 +954,7 @@ mod id {
     use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
     use super::msgpack_value_len;
-    use crate::envelope::id_of_parts;
+    use crate::envelope::{id_hex_of_parts, id_of_parts};
     use crate::{EventId, EventRecord};
 
     /// Any value, as read: maps keep their keys in the order read.
@@ -1097,7 +1097,7 @@ mod id {
     /// Whether the id of the event in a MessagePack record verifies over the
     /// record's bytes.
     pub(super) fn msgpack_verifies(bytes: &[u8], ev: &EventRecord) -> bool {
-        if msgpack_id(bytes).is_some_and(|id| id == ev.envelope.id) {
+        if msgpack_id(bytes).is_some_and(|id| id == ev.envelope.id.0.as_bytes()) {
             return true;
         }
         match rmp_serde::from_slice::<RawRecord>(bytes) {
@@ -1120,22 +1120,27 @@ mod id {
         Some(id_of_parts(&[&bytes]))
     }
 
-    /// The id over a MessagePack record's bytes.
-    pub(super) fn msgpack_id(bytes: &[u8]) -> Option<EventId> {
+    /// The id over a MessagePack record's bytes (the record and nothing
+    /// after it), as its 32 hex digits.
+    pub(super) fn msgpack_id(bytes: &[u8]) -> Option<[u8; 32]> {
         // The id is the hash of the named MessagePack encoding of the tuple
         // (v, source, observed_ms, event), or with the detail when there is
         // one: an array marker, then the values exactly as the writer
         // encoded them inside the record.
-        let env = map_get(map_get(bytes, "event")?, "envelope")?;
-        let [v, source, observed_ms, event] = [
-            map_get(env, "v")?,
-            map_get(env, "source")?,
-            map_get(env, "observed_ms")?,
-            map_get(env, "event")?,
-        ];
-        Some(match map_get(env, "detail") {
-            None => id_of_parts(&[&[0x94], v, source, observed_ms, event]),
-            Some(detail) => id_of_parts(&[&[0x95], v, source, observed_ms, event, detail]),
+        let (record, last) = map_value_from(bytes, "event")?;
+        let (env, env_last) = map_value_from(record, "envelope")?;
+        // `bytes` is the record: a map's last value ends where the map
+        // does, so an envelope that is the last value all the way up ends
+        // where the record does, and so does its own last value.
+        let [v, source, observed_ms, event, detail] = map_values(
+            env,
+            ["v", "source", "observed_ms", "event", "detail"],
+            last && env_last,
+        )?;
+        let [v, source, observed_ms, event] = [v?, source?, observed_ms?, event?];
+        Some(match detail {
+            None => id_hex_of_parts(&[&[0x94], v, source, observed_ms, event]),
+            Some(detail) => id_hex_of_parts(&[&[0x95], v, source, observed_ms, event, detail]),
         })
     }
 
@@ -1156,37 +1161,73 @@ mod id {
             && ev.envelope.id_matches()
     }
 
-    /// The encoded value of `key` in the MessagePack map at the start of
-    /// `buf`.
-    fn map_get<'a>(buf: &'a [u8], key: &str) -> Option<&'a [u8]> {
+    /// Where the first key of the MessagePack map at the start of `buf`
+    /// starts, and how many entries the map has.
+    fn map_entries(buf: &[u8]) -> Option<(usize, usize)> {
         let be = |at: usize, n: usize| -> Option<usize> {
             let b = buf.get(at..at + n)?;
             Some(b.iter().fold(0usize, |acc, &x| (acc << 8) | usize::from(x)))
         };
-        let (mut pos, entries) = match *buf.first()? {
-            m @ 0x80..=0x8f => (1, usize::from(m & 0x0f)),
-            0xde => (3, be(1, 2)?),
-            0xdf => (5, be(1, 4)?),
-            _ => return None,
+        match *buf.first()? {
+            m @ 0x80..=0x8f => Some((1, usize::from(m & 0x0f))),
+            0xde => Some((3, be(1, 2)?)),
+            0xdf => Some((5, be(1, 4)?)),
+            _ => None,
+        }
+    }
+
+    /// The name of the key at `buf[pos..]` (empty when it is no string)
+    /// and where its value starts.
+    fn key_at(buf: &[u8], pos: usize) -> Option<(&[u8], usize)> {
+        let klen = msgpack_value_len(buf.get(pos..)?).ok()?;
+        let k = &buf[pos..pos + klen];
+        let name = match k[0] {
+            0xa0..=0xbf => &k[1..],
+            0xd9 => &k[2..],
+            0xda => &k[3..],
+            0xdb => &k[5..],
+            _ => &[][..],
         };
-        for _ in 0..entries {
-            let klen = msgpack_value_len(buf.get(pos..)?).ok()?;
-            let k = &buf[pos..pos + klen];
-            pos += klen;
-            let vlen = msgpack_value_len(buf.get(pos..)?).ok()?;
-            let name = match k[0] {
-                0xa0..=0xbf => &k[1..],
-                0xd9 => &k[2..],
-                0xda => &k[3..],
-                0xdb => &k[5..],
-                _ => &[][..],
-            };
+        Some((name, pos + klen))
+    }
+
+    /// Where the value of `key` in the MessagePack map at the start of
+    /// `buf` starts: the rest of `buf` from there, and whether it is the
+    /// map's last value. Only the values before it are walked.
+    fn map_value_from<'a>(buf: &'a [u8], key: &str) -> Option<(&'a [u8], bool)> {
+        let (mut pos, entries) = map_entries(buf)?;
+        for i in 0..entries {
+            let (name, at) = key_at(buf, pos)?;
             if name == key.as_bytes() {
-                return Some(&buf[pos..pos + vlen]);
+                return Some((buf.get(at..)?, i + 1 == entries));
             }
-            pos += vlen;
+            pos = at + msgpack_value_len(buf.get(at..)?).ok()?;
         }
         None
+    }
+
+    /// The encoded values of `keys` in the MessagePack map at the start of
+    /// `buf`, in one walk over it. `to_end`: the map ends where `buf`
+    /// does, so its last value is the rest of `buf`, not walked.
+    fn map_values<'a, const N: usize>(
+        buf: &'a [u8],
+        keys: [&str; N],
+        to_end: bool,
+    ) -> Option<[Option<&'a [u8]>; N]> {
+        let (mut pos, entries) = map_entries(buf)?;
+        let mut found = [None; N];
+        for i in 0..entries {
+            let (name, at) = key_at(buf, pos)?;
+            pos = if to_end && i + 1 == entries {
+                buf.len()
+            } else {
+                at + msgpack_value_len(buf.get(at..)?).ok()?
+            };
+            if let Some(k) = keys.iter().position(|k| k.as_bytes() == name) {
+                found[k].get_or_insert(buf.get(at..pos)?);
+            }
+        }
+        Some(found)
     }
 }
 
@@ -1880,12 +1921,52 @@ mod tests {
                 );
                 let packed = rmp_serde::to_vec_named(&Record::Event(ev.clone())).unwrap();
                 assert_eq!(
-                    id::msgpack_id(&packed).as_ref(),
-                    Some(&ev.envelope.id),
+                    id::msgpack_id(&packed).as_ref().map(|h| &h[..]),
+                    Some(ev.envelope.id.0.as_bytes()),
                     "{}: {line}",
                     path.display()
                 );
             }
+        }
+    }
+
+    #[test]
+    fn an_altered_messagepack_record_fails_its_content_id_with_or_without_detail() {
+        // The id is checked over the record's own bytes: the event as the
+        // last value of the envelope, and followed by a detail.
+        let node = r#"{"kube_node":{"name":"k1","unschedulable":true,"ready":"True"}}"#;
+        let with_detail = Record::Event(EventRecord {
+            seq: 2,
+            time_ms: 2_000,
+            envelope: Envelope::with_detail(
+                Source::Test,
+                2_000,
+                ev(node),
+                crate::SourceDetail {
+                    file: "policy.toml".into(),
+                    ..Default::default()
+                },
+            ),
+        });
+        for rec in [record(2, ev(node)), with_detail] {
+            let recs = vec![record(1, Event::Tick), rec, record(3, Event::Tick)];
+            let bytes = encode(Format::MessagePack, &recs);
+            let (got, err) = decode(&bytes);
+            assert!(err.is_none(), "{err:?}");
+            assert_eq!(got[1..], recs, "after the header");
+            // "k1" becomes "k2": the same length, only the content differs.
+            let at = bytes
+                .windows(3)
+                .position(|w| w == b"\xa2k1")
+                .expect("the node's name in the record");
+            let mut altered = bytes.clone();
+            altered[at + 2] = b'2';
+            let (got, err) = decode(&altered);
+            assert_eq!(got.len(), 2, "the header and the first record");
+            assert!(
+                matches!(err, Some(DecodeError::IdMismatch { seq: 2, .. })),
+                "{err:?}"
+            );
         }
     }
 
