@@ -171,7 +171,11 @@ fn content_id(
 /// (see `log::LogReader`).
 pub(crate) fn id_of_parts(parts: &[&[u8]]) -> EventId {
     let hex = id_hex_of_parts(parts);
-    EventId(String::from_utf8_lossy(&hex).into_owned())
+    EventId(
+        std::str::from_utf8(&hex)
+            .expect("hex digits are ASCII")
+            .to_owned(),
+    )
 }
 
 /// [`id_of_parts`] as its 32 hex digits, without allocating: what a reader
