@@ -105,6 +105,9 @@ pub struct NatsCluster {
     /// JetStream's `sync_interval` (`LOCKSTEP_NATS_SYNC`; `None`: up.sh's
     /// default, every write synced, or what the environment says).
     sync: Option<String>,
+    /// Servers frozen by [`Self::freeze`] and not thawed since: the
+    /// harness's own questions go to the others.
+    frozen: std::sync::Mutex<std::collections::BTreeSet<usize>>,
 }
 
 /// The repository's `deploy/local/nats`.
@@ -183,6 +186,7 @@ impl NatsCluster {
             dir,
             port_base: free_port_block(),
             sync: None,
+            frozen: Default::default(),
         }
     }
 
@@ -229,11 +233,13 @@ impl NatsCluster {
     /// connections stay open and say nothing.
     pub fn freeze(&self, i: usize) {
         self.signal(i, "-STOP");
+        self.frozen.lock().unwrap().insert(i);
     }
 
     /// Lets a frozen server `i` run again (SIGCONT).
     pub fn thaw(&self, i: usize) {
         self.signal(i, "-CONT");
+        self.frozen.lock().unwrap().remove(&i);
     }
 
     fn signal(&self, i: usize, sig: &str) {
@@ -290,9 +296,18 @@ impl NatsCluster {
     }
 
     async fn stream_peers_now(&self, stream: &str) -> Option<StreamPeers> {
+        // Not a frozen server: it accepts the connection and then says
+        // nothing, which would spend most of the time allowed here.
+        let servers: Vec<String> = {
+            let frozen = self.frozen.lock().unwrap();
+            (1..=3)
+                .filter(|i| !frozen.contains(i))
+                .map(|i| self.server_url(i))
+                .collect()
+        };
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(2))
-            .connect((1..=3).map(|i| self.server_url(i)).collect::<Vec<_>>())
+            .connect(servers)
             .await
             .ok()?;
         let mut js = async_nats::jetstream::new(client);
@@ -325,7 +340,9 @@ impl NatsCluster {
             }
             assert!(
                 Instant::now() < deadline,
-                "stream {stream} has no leader after {limit:?}"
+                "stream {stream} has no leader after {limit:?} (frozen: {:?}); the servers' logs are kept in {}",
+                self.frozen.lock().unwrap(),
+                self.dir.join("logs").display()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -410,6 +427,14 @@ impl Drop for NatsCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        if std::thread::panicking() {
+            // A failed test: keep the servers' logs, the first thing to read.
+            eprintln!(
+                "nats cluster: logs kept in {}",
+                self.dir.join("logs").display()
+            );
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
