@@ -953,7 +953,7 @@ mod id {
     use serde::de::{self, Deserialize, Deserializer, Visitor};
     use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
-    use super::msgpack_value_len;
+    use super::{be_uint, msgpack_value_len};
     use crate::envelope::{id_hex_of_parts, id_of_parts};
     use crate::{EventId, EventRecord};
 
@@ -1164,14 +1164,10 @@ mod id {
     /// Where the first key of the MessagePack map at the start of `buf`
     /// starts, and how many entries the map has.
     fn map_entries(buf: &[u8]) -> Option<(usize, usize)> {
-        let be = |at: usize, n: usize| -> Option<usize> {
-            let b = buf.get(at..at + n)?;
-            Some(b.iter().fold(0usize, |acc, &x| (acc << 8) | usize::from(x)))
-        };
         match *buf.first()? {
             m @ 0x80..=0x8f => Some((1, usize::from(m & 0x0f))),
-            0xde => Some((3, be(1, 2)?)),
-            0xdf => Some((5, be(1, 4)?)),
+            0xde => Some((3, be_uint(buf, 1, 2).ok()?)),
+            0xdf => Some((5, be_uint(buf, 1, 4).ok()?)),
             _ => None,
         }
     }
@@ -1242,16 +1238,19 @@ enum Extent {
     Invalid(u8),
 }
 
+/// The big-endian unsigned number in `buf[at..at + n]` (a MessagePack
+/// length or count).
+fn be_uint(buf: &[u8], at: usize, n: usize) -> Result<usize, Extent> {
+    let b = buf
+        .get(at..at + n)
+        .ok_or(Extent::Truncated { needed: at + n })?;
+    Ok(b.iter().fold(0usize, |acc, &x| (acc << 8) | usize::from(x)))
+}
+
 /// The length in bytes of the MessagePack value at the start of `buf`,
 /// walking markers without decoding anything. (rmp offers no skip; this is
 /// the format's marker table, MessagePack spec "Formats".)
 fn msgpack_value_len(buf: &[u8]) -> Result<usize, Extent> {
-    fn be(buf: &[u8], at: usize, n: usize) -> Result<usize, Extent> {
-        let b = buf
-            .get(at..at + n)
-            .ok_or(Extent::Truncated { needed: at + n })?;
-        Ok(b.iter().fold(0usize, |acc, &x| (acc << 8) | usize::from(x)))
-    }
     let mut pos = 0usize;
     // Values still to walk: maps count twice per entry.
     let mut pending: usize = 1;
@@ -1266,13 +1265,13 @@ fn msgpack_value_len(buf: &[u8]) -> Result<usize, Extent> {
             0xa0..=0xbf => (usize::from(marker & 0x1f), 0),
             0xc1 => return Err(Extent::Invalid(marker)),
             // bin 8/16/32, str 8/16/32
-            0xc4 | 0xd9 => (1 + be(buf, pos, 1)?, 0),
-            0xc5 | 0xda => (2 + be(buf, pos, 2)?, 0),
-            0xc6 | 0xdb => (4 + be(buf, pos, 4)?, 0),
+            0xc4 | 0xd9 => (1 + be_uint(buf, pos, 1)?, 0),
+            0xc5 | 0xda => (2 + be_uint(buf, pos, 2)?, 0),
+            0xc6 | 0xdb => (4 + be_uint(buf, pos, 4)?, 0),
             // ext 8/16/32: length, type byte, data
-            0xc7 => (2 + be(buf, pos, 1)?, 0),
-            0xc8 => (3 + be(buf, pos, 2)?, 0),
-            0xc9 => (5 + be(buf, pos, 4)?, 0),
+            0xc7 => (2 + be_uint(buf, pos, 1)?, 0),
+            0xc8 => (3 + be_uint(buf, pos, 2)?, 0),
+            0xc9 => (5 + be_uint(buf, pos, 4)?, 0),
             // float 32/64, uint 8..64, int 8..64
             0xca => (4, 0),
             0xcb => (8, 0),
@@ -1287,10 +1286,10 @@ fn msgpack_value_len(buf: &[u8]) -> Result<usize, Extent> {
             0xd7 => (9, 0),
             0xd8 => (17, 0),
             // array 16/32, map 16/32
-            0xdc => (2, be(buf, pos, 2)?),
-            0xdd => (4, be(buf, pos, 4)?),
-            0xde => (2, 2 * be(buf, pos, 2)?),
-            0xdf => (4, 2 * be(buf, pos, 4)?),
+            0xdc => (2, be_uint(buf, pos, 2)?),
+            0xdd => (4, be_uint(buf, pos, 4)?),
+            0xde => (2, 2 * be_uint(buf, pos, 2)?),
+            0xdf => (4, 2 * be_uint(buf, pos, 4)?),
         };
         pos = pos.saturating_add(skip);
         pending = pending.saturating_add(values);

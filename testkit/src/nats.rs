@@ -427,14 +427,21 @@ impl Drop for NatsCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        if std::thread::panicking() {
-            // A failed test: keep the servers' logs, the first thing to read.
-            eprintln!(
-                "nats cluster: logs kept in {}",
-                self.dir.join("logs").display()
-            );
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
             return;
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failed test: keep the servers' logs, the first thing to read,
+        // and nothing else.
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if entry.file_name() != "logs" {
+                let path = entry.path();
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+            }
+        }
+        eprintln!(
+            "nats cluster: logs kept in {}",
+            self.dir.join("logs").display()
+        );
     }
 }
