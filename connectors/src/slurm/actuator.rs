@@ -95,7 +95,9 @@ pub struct ActuatorConfig {
     /// Those listings go through scontrol (`scontrol show node`, some 50 ms
     /// for 10,000 nodes on a slurm.conf that names them as ranges) rather
     /// than slurmrestd (seconds for 10,000 nodes), and so pay from
-    /// `listing_read_min` nodes on, whatever the cluster's size. Set with
+    /// `listing_read_min` nodes on, whatever the cluster's size; and a
+    /// batch of fewer than a quarter of the cluster reads its nodes by
+    /// name, in one `scontrol show node A,B,...`. Set with
     /// `[slurm] nodes_through_scontrol`; without scontrol it does nothing.
     pub list_through_scontrol: bool,
 }

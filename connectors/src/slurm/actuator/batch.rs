@@ -8,7 +8,7 @@
 //!
 //! | step | one action | together (`n` nodes) |
 //! |---|---|---|
-//! | read | `GET /node/{name}` or `scontrol show node`, and again right before the write | once: one listing of every node from [`ActuatorConfig::listing_read_min`] nodes on, and from a quarter of the cluster on where slurmrestd lists (a listing of 10,000 nodes costs it seconds; scontrol, [`ActuatorConfig::list_through_scontrol`], some 50 ms), else one read per node, [`IN_FLIGHT_MAX`] at a time (one read: see `change_states`) |
+//! | read | `GET /node/{name}` or `scontrol show node`, and again right before the write | once. Where scontrol lists ([`ActuatorConfig::list_through_scontrol`], or no slurmrestd): up to a quarter of the cluster in one `scontrol show node A,B,...` (scontrol prints those nodes alone; a listing of every node is 5 MB at 10,000 nodes), more in one listing of every node. Where slurmrestd lists: one listing of every node from [`ActuatorConfig::listing_read_min`] nodes and a quarter of the cluster on (a listing of 10,000 nodes costs it seconds), else one read per node, [`IN_FLIGHT_MAX`] at a time (one read: see `change_states`) |
 //! | write | one per node | one per kind of write and reason, naming up to [`NODES_PER_WRITE_MAX`] nodes (`scontrol update nodename=A,B`; slurmrestd v0.0.42+'s `POST /nodes/`), [`IN_FLIGHT_MAX`] writes at a time; one per node where slurmrestd has no such endpoint (v0.0.39 - v0.0.41) |
 //!
 //! Slurm keeps one reason per write, and by default lockstep's reasons name
@@ -203,11 +203,15 @@ impl Actuator {
             .collect()
     }
 
-    /// Reads `nodes`, in order: from one listing of every node from
-    /// `listing_read_min` nodes on, and a quarter of the cluster on where
-    /// slurmrestd lists (a node
-    /// missing from it, or a listing that failed, is read alone: a listing
-    /// may be incomplete), else one read each, [`IN_FLIGHT_MAX`] at a time.
+    /// Reads `nodes`, in order. Where scontrol lists, several nodes fewer
+    /// than a quarter of the cluster (as the last listing of every node
+    /// showed; before any listing, fewer than `listing_read_min`) in one
+    /// `scontrol show node A,B,...`. Otherwise from one listing of every
+    /// node from `listing_read_min` nodes on, and from a quarter of the
+    /// cluster on where slurmrestd lists, else one read each,
+    /// [`IN_FLIGHT_MAX`] at a time. A node missing from what was read
+    /// together (slurmctld does not know it; a listing may be incomplete),
+    /// or nodes whose read together failed, are read alone.
     async fn read_all(&self, nodes: &[&str]) -> Vec<Result<SlurmNode>> {
         let cluster = self.nodes_listed.load(Ordering::Relaxed);
         let listing = nodes.len()
@@ -216,7 +220,23 @@ impl Actuator {
                 cluster,
                 self.lists_through_scontrol(),
             );
-        let mut listed: HashMap<String, SlurmNode> = if listing {
+        let mut listed: HashMap<String, SlurmNode> = if let Some(sc) =
+            self.scontrol.as_ref().filter(|_| {
+                let few = if cluster == 0 {
+                    !listing
+                } else {
+                    nodes.len() * 4 < cluster
+                };
+                self.lists_through_scontrol() && nodes.len() > 1 && few
+            }) {
+            match sc.nodes_named(nodes).await {
+                Ok(found) => found.into_iter().map(|n| (n.name.to_string(), n)).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, nodes = nodes.len(), "cannot read slurm nodes together; reading each");
+                    HashMap::new()
+                }
+            }
+        } else if listing {
             match self.list().await {
                 Ok(all) => {
                     self.nodes_listed.store(all.len(), Ordering::Relaxed);
