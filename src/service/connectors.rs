@@ -23,6 +23,11 @@ use crate::telemetry;
 
 /// Observations waiting to be appended, per observer.
 const OBSERVATIONS_WAITING_MAX: usize = 4096;
+/// Most observations appended together: sent to the log before the first
+/// ack is awaited ([`EventLog::append_all`]). One at a time, a node pool
+/// cordoned at once (thousands of watch events in seconds) waited on one
+/// round trip to JetStream each.
+const APPENDS_TOGETHER_MAX: usize = 256;
 /// Dispatched actions waiting for their actuator, per actuator.
 const ACTIONS_WAITING_MAX: usize = 1024;
 /// Bound of the backoff of appends and action publications while the log
@@ -292,9 +297,32 @@ fn start_slurm(
 
 /// Appends what an observer sends, in order, until it stops.
 async fn append_observations(log: EventLog, mut rx: mpsc::Receiver<Observation>) {
-    while let Some(observation) = rx.recv().await {
-        append_until_done(&log, &observation.into_envelope()).await;
+    let mut waiting = Vec::with_capacity(APPENDS_TOGETHER_MAX);
+    while rx.recv_many(&mut waiting, APPENDS_TOGETHER_MAX).await > 0 {
+        let envelopes: Vec<Envelope> = waiting.drain(..).map(Observation::into_envelope).collect();
+        append_all_until_done(&log, &envelopes).await;
     }
+}
+
+/// Appends `envelopes` in order, all of them again while the log is
+/// unavailable (those that landed deduplicate by their ids).
+async fn append_all_until_done(log: &EventLog, envelopes: &[Envelope]) {
+    let mut backoff = Backoff::new(100, APPEND_BACKOFF_MAX_MS);
+    let appended = retry(
+        &mut backoff,
+        || log.append_all(envelopes),
+        |e, retry_in| {
+            telemetry::LogUnavailable {
+                what: "append",
+                error: e,
+                retry_in,
+            }
+            .emit();
+            true
+        },
+    );
+    // Never gives up: the only way out is success.
+    let _ = appended.await;
 }
 
 /// Appends an actuator's outcome, so the reducer learns it from the log.

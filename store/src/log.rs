@@ -220,6 +220,19 @@ impl EventLog {
         }
     }
 
+    /// Appends envelopes in order, each deduplicated by its id. To NATS all
+    /// are sent before the first ack is awaited, one round trip for the
+    /// lot where [`EventLog::append`] waits for each in turn. After an error
+    /// some may have landed: appending the same envelopes again adds only
+    /// the others (their ids deduplicate), though one that failed may then
+    /// land after one that followed it.
+    pub async fn append_all(&self, envelopes: &[Envelope]) -> Result<Vec<Appended>> {
+        match self {
+            Self::Embedded(e) => envelopes.iter().map(|env| e.append(env)).collect(),
+            Self::Nats(n) => n.append_all(envelopes).await,
+        }
+    }
+
     /// Up to `max` records with sequence `>= from`, waiting up to `wait` for
     /// the first one. Empty when nothing arrived in time.
     pub async fn read(&self, from: u64, max: usize, wait: Duration) -> Result<Vec<EventRecord>> {
@@ -731,11 +744,7 @@ impl Nats {
     }
 
     async fn append(&self, envelope: &Envelope) -> Result<Appended> {
-        let payload = rmp_serde::to_vec_named(envelope).expect("envelopes encode");
-        let subject = format!("ls.obs.{}", envelope.source.name());
-        let publish = async_nats::jetstream::context::Publish::build()
-            .message_id(&envelope.id.0)
-            .payload(payload.into());
+        let (subject, publish) = event_publish(envelope);
         let first = self
             .js
             .send_publish(subject.clone(), publish.clone())
@@ -749,6 +758,29 @@ impl Nats {
             seq: ack.sequence,
             duplicate: ack.duplicate,
         })
+    }
+
+    async fn append_all(&self, envelopes: &[Envelope]) -> Result<Vec<Appended>> {
+        let mut sent = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            let (subject, publish) = event_publish(envelope);
+            let ack = self
+                .js
+                .send_publish(subject.clone(), publish.clone())
+                .await
+                .map_err(|e| js_err("publish")(e.to_string()))?;
+            sent.push((subject, publish, ack));
+        }
+        let mut appended = Vec::with_capacity(sent.len());
+        for (subject, publish, ack) in sent {
+            let what = ("publish", "publish ack");
+            let ack = self.settle(&subject, &publish, ack.await, what).await?;
+            appended.push(Appended {
+                seq: ack.sequence,
+                duplicate: ack.duplicate,
+            });
+        }
+        Ok(appended)
     }
 
     async fn read(&self, from: u64, max: usize, wait: Duration) -> Result<Vec<EventRecord>> {
@@ -985,4 +1017,15 @@ fn duplicate_in_process(e: &async_nats::jetstream::context::PublishError) -> boo
                 rmp_serde::to_vec(&je.error_code()).ok()
                     == rmp_serde::to_vec(&DUPLICATE_IN_PROCESS).ok()
             })
+}
+
+/// The subject and message of an envelope's publish to the events stream,
+/// its id the message id (JetStream's deduplication).
+fn event_publish(envelope: &Envelope) -> (String, async_nats::jetstream::context::Publish) {
+    let payload = rmp_serde::to_vec_named(envelope).expect("envelopes encode");
+    let subject = format!("ls.obs.{}", envelope.source.name());
+    let publish = async_nats::jetstream::context::Publish::build()
+        .message_id(&envelope.id.0)
+        .payload(payload.into());
+    (subject, publish)
 }

@@ -105,6 +105,30 @@ async fn round_trip_and_dedup(log: EventLog) {
         .await
         .unwrap()
         .is_empty());
+
+    // Appended together: in order, one record each; again (an error
+    // after some landed), only the new ones are added, after the rest.
+    let together: Vec<_> = (20..60).map(node).collect();
+    let first = log.append_all(&together[..30]).await.unwrap();
+    assert_eq!(first.len(), 30);
+    assert!(first.iter().all(|a| !a.duplicate));
+    assert!(first.windows(2).all(|w| w[1].seq > w[0].seq));
+    assert!(first[0].seq > seqs[19]);
+    let again = log.append_all(&together).await.unwrap();
+    assert!(again[..30].iter().all(|a| a.duplicate));
+    assert_eq!(
+        again[..30].iter().map(|a| a.seq).collect::<Vec<_>>(),
+        first.iter().map(|a| a.seq).collect::<Vec<_>>()
+    );
+    assert!(again[30..].iter().all(|a| !a.duplicate));
+    assert!(again[29..].windows(2).all(|w| w[1].seq > w[0].seq));
+    let head = again[39].seq;
+    let got = read_all(&log, 1, head).await;
+    assert_eq!(got.len(), 60);
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.envelope, node(i as u64));
+    }
+    assert!(log.append_all(&[]).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
