@@ -304,8 +304,9 @@ async fn append_observations(log: EventLog, mut rx: mpsc::Receiver<Observation>)
     }
 }
 
-/// Appends `envelopes` in order, all of them again while the log is
-/// unavailable (those that landed deduplicate by their ids).
+/// Appends `envelopes` in order, retrying all of them with bounded backoff
+/// while the log is unavailable (those that landed deduplicate by their
+/// ids).
 async fn append_all_until_done(log: &EventLog, envelopes: &[Envelope]) {
     let mut backoff = Backoff::new(100, APPEND_BACKOFF_MAX_MS);
     let appended = retry(
@@ -333,20 +334,5 @@ async fn append_outcome(log: &EventLog, outcome: lockstep_schemas::ActionOutcome
 
 /// Appends, retrying with bounded backoff while the log is unavailable.
 async fn append_until_done(log: &EventLog, env: &Envelope) {
-    let mut backoff = Backoff::new(100, APPEND_BACKOFF_MAX_MS);
-    let appended = retry(
-        &mut backoff,
-        || log.append(env),
-        |e, retry_in| {
-            telemetry::LogUnavailable {
-                what: "append",
-                error: e,
-                retry_in,
-            }
-            .emit();
-            true
-        },
-    );
-    // Never gives up: the only way out is success.
-    let _ = appended.await;
+    append_all_until_done(log, std::slice::from_ref(env)).await;
 }
