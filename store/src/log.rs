@@ -744,43 +744,22 @@ impl Nats {
     }
 
     async fn append(&self, envelope: &Envelope) -> Result<Appended> {
-        let (subject, publish) = event_publish(envelope);
-        let first = self
-            .js
-            .send_publish(subject.clone(), publish.clone())
-            .await
-            .map_err(|e| js_err("publish")(e.to_string()))?
-            .await;
-        let ack = self
-            .settle(&subject, &publish, first, ("publish", "publish ack"))
-            .await?;
-        Ok(Appended {
-            seq: ack.sequence,
-            duplicate: ack.duplicate,
-        })
+        let mut appended = self.append_all(std::slice::from_ref(envelope)).await?;
+        Ok(appended.pop().expect("one ack for one envelope"))
     }
 
     async fn append_all(&self, envelopes: &[Envelope]) -> Result<Vec<Appended>> {
-        let mut sent = Vec::with_capacity(envelopes.len());
-        for envelope in envelopes {
-            let (subject, publish) = event_publish(envelope);
-            let ack = self
-                .js
-                .send_publish(subject.clone(), publish.clone())
-                .await
-                .map_err(|e| js_err("publish")(e.to_string()))?;
-            sent.push((subject, publish, ack));
-        }
-        let mut appended = Vec::with_capacity(sent.len());
-        for (subject, publish, ack) in sent {
-            let what = ("publish", "publish ack");
-            let ack = self.settle(&subject, &publish, ack.await, what).await?;
-            appended.push(Appended {
+        let messages = envelopes.iter().map(event_publish);
+        let acks = self
+            .publish_all(messages, ("publish", "publish ack"))
+            .await?;
+        Ok(acks
+            .into_iter()
+            .map(|ack| Appended {
                 seq: ack.sequence,
                 duplicate: ack.duplicate,
-            });
-        }
-        Ok(appended)
+            })
+            .collect())
     }
 
     async fn read(&self, from: u64, max: usize, wait: Duration) -> Result<Vec<EventRecord>> {
@@ -898,27 +877,40 @@ impl Nats {
     }
 
     async fn publish_actions(&self, actions: &[IssuedAction]) -> Result<Vec<bool>> {
-        let mut sent = Vec::with_capacity(actions.len());
-        for a in actions {
+        let messages = actions.iter().map(|a| {
             let payload = rmp_serde::to_vec_named(a).expect("actions encode");
-            let subject = format!("ls.act.{}", a.action.kind().name());
             let publish = async_nats::jetstream::context::Publish::build()
                 .message_id(&a.id.0)
                 .payload(payload.into());
+            (format!("ls.act.{}", a.action.kind().name()), publish)
+        });
+        let what = ("publish action", "publish action ack");
+        let acks = self.publish_all(messages, what).await?;
+        Ok(acks.into_iter().map(|ack| !ack.duplicate).collect())
+    }
+
+    /// Sends every message, then awaits their acks in order, each settled
+    /// by [`Nats::settle`]: the publishes travel together instead of each
+    /// waiting for the one before it to be acknowledged.
+    async fn publish_all(
+        &self,
+        messages: impl Iterator<Item = (String, async_nats::jetstream::context::Publish)>,
+        what: (&'static str, &'static str),
+    ) -> Result<Vec<async_nats::jetstream::publish::PublishAck>> {
+        let mut sent = Vec::with_capacity(messages.size_hint().0);
+        for (subject, publish) in messages {
             let ack = self
                 .js
                 .send_publish(subject.clone(), publish.clone())
                 .await
-                .map_err(|e| js_err("publish action")(e.to_string()))?;
+                .map_err(|e| js_err(what.0)(e.to_string()))?;
             sent.push((subject, publish, ack));
         }
-        let mut fresh = Vec::with_capacity(sent.len());
+        let mut acks = Vec::with_capacity(sent.len());
         for (subject, publish, ack) in sent {
-            let what = ("publish action", "publish action ack");
-            let ack = self.settle(&subject, &publish, ack.await, what).await?;
-            fresh.push(!ack.duplicate);
+            acks.push(self.settle(&subject, &publish, ack.await, what).await?);
         }
-        Ok(fresh)
+        Ok(acks)
     }
 
     /// The ack of a publish, sent again while JetStream answers that the same

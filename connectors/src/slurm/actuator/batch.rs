@@ -220,15 +220,11 @@ impl Actuator {
                 cluster,
                 self.lists_through_scontrol(),
             );
-        let mut listed: HashMap<String, SlurmNode> = if let Some(sc) =
-            self.scontrol.as_ref().filter(|_| {
-                let few = if cluster == 0 {
-                    !listing
-                } else {
-                    nodes.len() * 4 < cluster
-                };
-                self.lists_through_scontrol() && nodes.len() > 1 && few
-            }) {
+        let by_name = self
+            .scontrol
+            .as_ref()
+            .filter(|_| self.reads_by_name(nodes.len(), cluster, listing));
+        let mut listed: HashMap<String, SlurmNode> = if let Some(sc) = by_name {
             match sc.nodes_named(nodes).await {
                 Ok(found) => found.into_iter().map(|n| (n.name.to_string(), n)).collect(),
                 Err(e) => {
@@ -265,6 +261,18 @@ impl Actuator {
             .buffered(IN_FLIGHT_MAX)
             .collect()
             .await
+    }
+
+    /// Whether `nodes` nodes are read together by name: where scontrol
+    /// lists, several nodes fewer than a quarter of the `cluster` (before
+    /// any listing, `cluster` 0: too few for a `listing`).
+    fn reads_by_name(&self, nodes: usize, cluster: usize, listing: bool) -> bool {
+        let few = if cluster == 0 {
+            !listing
+        } else {
+            nodes * 4 < cluster
+        };
+        self.lists_through_scontrol() && nodes > 1 && few
     }
 
     /// Every node Slurm knows, in one request.
