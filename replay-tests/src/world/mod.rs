@@ -385,7 +385,13 @@ pub struct World {
     pub(crate) setup: Setup,
     steps: Vec<Step>,
     pub(crate) now: Ms,
+    /// What is due, by (virtual time, order): a step's order is its
+    /// index, every other event's the next of [`World::order`]. Among
+    /// events due at one instant, the lower order runs first.
     queue: BTreeMap<(Ms, u64), Ev>,
+    /// The order the last event scheduled was given; it starts past the
+    /// steps' indices, so no event ever takes a step's place in the queue,
+    /// or another's.
     order: u64,
     pub(crate) rng: Rng,
     /// Draws of the Slurm jobs' lane alone.
@@ -433,7 +439,7 @@ impl World {
             steps: schedule.steps.clone(),
             now: 0,
             queue: BTreeMap::new(),
-            order: 0,
+            order: schedule.steps.len() as u64,
             end_ms: 0,
             cfg,
             setup,
@@ -451,7 +457,6 @@ impl World {
             w.facts.step_ms.push(t);
             w.queue.insert((t, i as u64), Ev::Step(i));
         }
-        w.order = w.steps.len() as u64;
         w.end_ms = t + w.cfg.quiet_ms;
         debug_assert!(w.end_ms >= w.quiet_since_ms());
         w.at(w.cfg.tick_interval_ms, Ev::Tick);
@@ -610,7 +615,8 @@ impl World {
     /// Schedules `ev` at `now + delay_ms`.
     pub(crate) fn at(&mut self, delay_ms: u64, ev: Ev) {
         self.order += 1;
-        self.queue.insert((self.now + delay_ms, self.order), ev);
+        let replaced = self.queue.insert((self.now + delay_ms, self.order), ev);
+        assert!(replaced.is_none(), "an event took the place of another");
     }
 
     /// Appends one event to lockstep's log and hands the actions it caused
