@@ -66,6 +66,26 @@ fn is_node_state(a: &Action) -> bool {
     )
 }
 
+/// What the Slurm actuator saw of a node at its read: who held it out. A
+/// drain or DOWN at the write is one it saw only if it is the
+/// same as at the read (same writer, same time); one set after the read,
+/// even within the same millisecond, is the window's race.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeRead {
+    drain: Option<(Actor, Ms)>,
+    down: Option<(Actor, super::slurm::DownWhy, Ms)>,
+}
+
+impl NodeRead {
+    fn saw_drain(&self, drain: &(Actor, Ms)) -> bool {
+        self.drain.as_ref() == Some(drain)
+    }
+
+    fn saw_down(&self, down: &(Actor, super::slurm::DownWhy, Ms)) -> bool {
+        self.down.as_ref() == Some(down)
+    }
+}
+
 fn failed(retryable: bool, error: &str) -> OutcomeResult {
     OutcomeResult::Failed {
         retryable,
@@ -95,8 +115,8 @@ impl World {
                 Some(result) => result,
                 None => {
                     let lat = self.rng.between(self.cfg.actuator_write_ms);
-                    let read_ms = self.now;
-                    self.at(lat, Ev::Write { index, read_ms });
+                    let read = Box::new(self.node_read(&issued.action));
+                    self.at(lat, Ev::Write { index, read });
                     return;
                 }
             }
@@ -163,8 +183,23 @@ impl World {
         }
     }
 
-    /// The Slurm actuator writes what it read the node for at `read_ms`.
-    pub(crate) fn write(&mut self, index: usize, read_ms: Ms) {
+    /// What the Slurm actuator sees of the node of `action` now.
+    fn node_read(&self, action: &Action) -> NodeRead {
+        let (Action::SlurmDrain { node, .. }
+        | Action::SlurmResume { node }
+        | Action::SlurmDown { node, .. }) = action
+        else {
+            unreachable!("only node state is read first")
+        };
+        let n = self.slurm.nodes.get(node);
+        NodeRead {
+            drain: n.and_then(|n| n.drain.clone()),
+            down: n.and_then(|n| n.down.clone()),
+        }
+    }
+
+    /// The Slurm actuator writes what it read the node for.
+    pub(crate) fn write(&mut self, index: usize, read: &NodeRead) {
         let issued = self.ls.issued[index].clone();
         let issued_ms = issued.time_ms.saturating_sub(EPOCH_MS);
         let by = Actor::Lockstep {
@@ -174,7 +209,7 @@ impl World {
         let result = if self.slurm.restd_down {
             failed(true, SLURMRESTD_DOWN)
         } else {
-            self.write_node(&issued.action, &by, read_ms, issued_ms)
+            self.write_node(&issued.action, &by, read, issued_ms)
         };
         self.outcome(index, result);
     }
@@ -183,7 +218,7 @@ impl World {
         &mut self,
         action: &Action,
         by: &Actor,
-        read_ms: Ms,
+        read: &NodeRead,
         issued_ms: Ms,
     ) -> OutcomeResult {
         match action {
@@ -191,11 +226,11 @@ impl World {
                 if !self.slurm.nodes.contains_key(node) {
                     return failed(false, "invalid node name specified");
                 }
-                self.check_replace(node, reason, read_ms);
+                self.check_replace(node, reason, read);
                 let n = &self.slurm.nodes[node];
                 let covered = match &n.drain {
                     Some((who, at)) if !who.is_lockstep() => {
-                        Some((who.clone(), *at, *at <= read_ms))
+                        Some((who.clone(), *at, read.saw_drain(&(who.clone(), *at))))
                     }
                     _ => n.covers_foreign.clone(),
                 };
@@ -206,9 +241,9 @@ impl World {
                 // carries lockstep's reason: from then on nothing tells it
                 // from lockstep's own (Slurm has no conditional write), so
                 // what follows from it is the race's, not a rule's.
-                if let Some((who, _, at)) = &mut n.down {
-                    if !who.is_lockstep() && *at > read_ms {
-                        *who = by.clone();
+                if let Some(down) = &mut n.down {
+                    if !down.0.is_lockstep() && !read.saw_down(down) {
+                        down.0 = by.clone();
                     }
                 }
                 OutcomeResult::Succeeded
@@ -220,7 +255,7 @@ impl World {
                 if n.drain.is_none() && n.down.is_none() {
                     return OutcomeResult::AlreadyDone;
                 }
-                self.check_resume(node, read_ms, issued_ms);
+                self.check_resume(node, read, issued_ms);
                 self.resume_node(node);
                 OutcomeResult::Succeeded
             }
@@ -228,7 +263,7 @@ impl World {
                 if !self.slurm.nodes.contains_key(node) {
                     return failed(false, "invalid node name specified");
                 }
-                self.check_replace(node, reason, read_ms);
+                self.check_replace(node, reason, read);
                 self.down_node(node, reason, LOCKSTEP_USER, by, None);
                 OutcomeResult::Succeeded
             }
@@ -238,7 +273,7 @@ impl World {
 
     /// lockstep replaces a node's reason: someone else's drain or DOWN
     /// that was there when the actuator read the node is theirs to keep.
-    fn check_replace(&mut self, node: &str, reason: &str, read_ms: Ms) {
+    fn check_replace(&mut self, node: &str, reason: &str, read: &NodeRead) {
         let n = &self.slurm.nodes[node];
         let old = n
             .reason
@@ -246,13 +281,14 @@ impl World {
             .map(|r| format!("{:?} by {}", r.0, r.1))
             .unwrap_or_default();
         let mut held = Vec::new();
-        if let Some((who, at)) = &n.drain {
-            if !who.is_lockstep() && *at <= read_ms {
+        if let Some(drain @ (who, _)) = &n.drain {
+            if !who.is_lockstep() && read.saw_drain(drain) {
                 held.push(format!("the drain {who} set"));
             }
         }
-        if let Some((who, why, at)) = &n.down {
-            if *why == super::slurm::DownWhy::Explicit && !who.is_lockstep() && *at <= read_ms {
+        if let Some(down @ (who, why, _)) = &n.down {
+            if *why == super::slurm::DownWhy::Explicit && !who.is_lockstep() && read.saw_down(down)
+            {
                 held.push(format!("the DOWN {who} set"));
             }
         }
@@ -538,20 +574,21 @@ impl World {
     }
 
     /// The drain rules a resume must keep (see the module doc): what held
-    /// the node when the actuator read it at `read_ms` is what it lifts.
-    fn check_resume(&mut self, node: &str, read_ms: Ms, issued_ms: Ms) {
+    /// the node when the actuator read it (`read`) is what it lifts.
+    fn check_resume(&mut self, node: &str, read: &NodeRead, issued_ms: Ms) {
         let n = &self.slurm.nodes[node];
         let mut foreign = Vec::new();
-        if let Some((who, at)) = &n.drain {
-            if !who.is_lockstep() && *at <= read_ms {
+        if let Some(drain @ (who, _)) = &n.drain {
+            if !who.is_lockstep() && read.saw_drain(drain) {
                 foreign.push(format!("the drain {who} set"));
             }
         }
-        if let Some((who, why, at)) = &n.down {
+        if let Some(down @ (who, why, _)) = &n.down {
             // A DOWN slurmctld set for not responding is lifted by Slurm
             // itself when slurmd registers again (ReturnToService 1 or 2);
             // a DOWN anyone else set is theirs.
-            if *why == super::slurm::DownWhy::Explicit && !who.is_lockstep() && *at <= read_ms {
+            if *why == super::slurm::DownWhy::Explicit && !who.is_lockstep() && read.saw_down(down)
+            {
                 foreign.push(format!("the DOWN {who} set"));
             }
         }

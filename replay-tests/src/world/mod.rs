@@ -257,10 +257,13 @@ pub(crate) enum Ev {
     /// An actuator takes up an action: it reads the target (and, for
     /// anything but Slurm's node state, writes it at once).
     Execute { index: usize },
-    /// The Slurm actuator writes what it decided on after its read at
-    /// `read_ms` (slurmrestd has no conditional write: whatever landed
-    /// between the read and now is overwritten).
-    Write { index: usize, read_ms: Ms },
+    /// The Slurm actuator writes what it decided on after its `read`
+    /// (slurmrestd has no conditional write: whatever landed between the
+    /// read and now is overwritten).
+    Write {
+        index: usize,
+        read: Box<actuate::NodeRead>,
+    },
     /// Slinky's slurm-operator syncs the worker pods on a Kubernetes node
     /// (its Node watch enqueued them; its slurm-client cache refreshed).
     SlinkySync { node: String },
@@ -677,7 +680,7 @@ impl World {
             Ev::JobPurged { job } => self.job_purged(job),
             Ev::SlurmPoll(lane) => self.slurm_poll(lane),
             Ev::Execute { index } => self.execute(index),
-            Ev::Write { index, read_ms } => self.write(index, read_ms),
+            Ev::Write { index, read } => self.write(index, &read),
             Ev::SlinkySync { node } => self.slinky_sync(&node),
             Ev::PreStop { uid } => self.pre_stop(&uid),
         }
