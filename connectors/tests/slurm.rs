@@ -813,6 +813,62 @@ async fn an_admin_drain_between_the_actuators_read_and_write_is_left_alone(c: &'
     }
 }
 
+/// What no read closes: a pod's preStop hook sets the node DOWN after the
+/// actuator's last read of a resume of lockstep's drain, before its write
+/// (Slinky's `state=down reason='slurm-operator: Pod is terminating'`).
+/// The resume of a node only drained is an UNDRAIN: it lifts lockstep's
+/// drain and leaves the DOWN, with the hook's reason; a RESUME would have
+/// returned the node to service. Alone and in a batch.
+async fn a_down_set_after_the_last_read_of_a_resume_stays(c: &'static Cluster) {
+    const N: &str = "ls-n1";
+    const PRESTOP: &str = "slurm-operator: Pod is terminating";
+    let _own = c.own(N).await;
+    let hook = BeforeWrite::new(move |a| {
+        let resumes = matches!(a, Action::SlurmResume { .. });
+        async move {
+            if resumes {
+                admin_update(c, N, &["state=down", &format!("reason={PRESTOP}")]);
+            }
+        }
+    });
+    let config = ActuatorConfig {
+        after_read: Some(hook),
+        ..ActuatorConfig::default()
+    };
+    let drain = issued(Action::SlurmDrain {
+        node: N.to_owned(),
+        reason: "lockstep: kubernetes node ls-n1 cordoned".to_owned(),
+    });
+    let resume = issued(Action::SlurmResume { node: N.to_owned() });
+    for (path, act) in actuators(c, &owned(), &config) {
+        for batched in [false, true] {
+            let what = format!("Slurm {} ({path}, batched {batched})", c.v.name());
+            assert_eq!(
+                act.execute(&drain).await.result,
+                OutcomeResult::Succeeded,
+                "{what}"
+            );
+            let out = if batched {
+                act.execute_all(std::slice::from_ref(&resume))
+                    .await
+                    .remove(0)
+            } else {
+                act.execute(&resume).await
+            };
+            assert_eq!(out.result, OutcomeResult::Succeeded, "{what}");
+            let n = c.node(N);
+            assert_eq!(n.state, SlurmBaseState::Down, "{what}: {n:?}");
+            assert!(!n.has(&SlurmNodeFlag::Drain), "{what}: {n:?}");
+            assert_eq!(n.reason.as_deref(), Some(PRESTOP), "{what}: {n:?}");
+            c.restore(N);
+        }
+        eprintln!(
+            "Slurm {} ({path}): a DOWN after the last read stays through the resume",
+            c.v.name()
+        );
+    }
+}
+
 /// lockstep drained the node; root then rewrote the reason (the node is
 /// root's now): lockstep's resume declines, and the node stays drained
 /// with root's reason.
@@ -2202,6 +2258,7 @@ macro_rules! on {
 on!(actuator_drain_shows_in_slurm_is_idempotent_and_resumes: v22_05, v24_11, v26_05);
 on!(an_admin_drain_between_the_actuators_read_and_write_is_left_alone: v22_05, v24_11, v26_05);
 on!(a_resume_of_a_drain_whose_reason_root_rewrote_is_declined: v22_05, v24_11, v26_05);
+on!(a_down_set_after_the_last_read_of_a_resume_stays: v22_05, v24_11, v26_05);
 on!(the_actuator_replaces_and_lifts_its_own_drains: v22_05, v24_11, v26_05);
 on!(drains_that_wait_together_are_written_together: v22_05, v24_11, v26_05);
 on!(actuator_reserves_for_maintenance_idempotently_and_releases: v22_05, v24_11, v26_05);

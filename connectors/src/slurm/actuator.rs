@@ -29,7 +29,7 @@
 //! | SlurmDrain / SlurmDown | otherwise (in service, or out by lockstep) | written: only lockstep's own reason is ever replaced |
 //! | SlurmResume | not out | `AlreadyDone` |
 //! | SlurmResume | out, reason not lockstep's (slurmctld's DOWN included) | `Declined { held_by }`, nothing written |
-//! | SlurmResume | out by lockstep | resumed |
+//! | SlurmResume | out by lockstep | resumed: `UNDRAIN` of a drain, `RESUME` of a DOWN or FAIL |
 //!
 //! `held_by` is [`Ownership::describe_holder`]: `IDLE+DRAIN by root: NVSwitch
 //! RMA`.
@@ -48,8 +48,15 @@
 //! (or one `scontrol update` run) and its answer. A drain or down an admin
 //! sets inside it is replaced by lockstep's and from then on reads as
 //! lockstep's own; nothing short of a conditional update in Slurm closes it.
+//! A resume of a node the read found only drained is an `UNDRAIN`, which
+//! lifts the drain alone: a DOWN set inside the window (a pod's preStop
+//! hook, an admin, slurmctld for a node not responding) stays, with its
+//! reason. A drain set there is lifted with lockstep's (Slurm has one DRAIN
+//! flag). Slurm 22.05, 24.11 and 26.05 take `UNDRAIN` through scontrol, and
+//! the last two through slurmrestd; on a node not drained it changes nothing.
 //! [`ActuatorConfig::before_write`] is a seam for tests that act inside the
-//! wider window the second read closes.
+//! wider window the second read closes, [`ActuatorConfig::after_read`] one
+//! for the window that remains.
 //!
 //! What it writes is clean whatever it was given: a reason loses its control
 //! characters and is cut to [`REASON_CHARS_MAX`] characters (its start, and
@@ -87,6 +94,12 @@ pub struct ActuatorConfig {
     /// an admin would while the action runs. It counts against
     /// `action_timeout_ms`.
     pub before_write: Option<BeforeWrite>,
+    /// A test seam, `None` in production: awaited after the last read of a
+    /// drain, down or resume that writes, right before its write (in a
+    /// batch, for each of its writes' actions). Tests change the node there
+    /// to show what the write does to a change it could not see: the
+    /// window no read closes (see the module docs).
+    pub after_read: Option<BeforeWrite>,
     /// From this many nodes on, and from a quarter of the nodes Slurm has
     /// (as the last listing showed), [`Actuator::execute_all`] reads the
     /// nodes of its drains, downs and resumes in one listing of every node
@@ -107,14 +120,15 @@ impl Default for ActuatorConfig {
         Self {
             action_timeout_ms: 30_000,
             before_write: None,
+            after_read: None,
             listing_read_min: 32,
             list_through_scontrol: false,
         }
     }
 }
 
-/// What [`ActuatorConfig::before_write`] awaits: a function of the action
-/// about to be written.
+/// What [`ActuatorConfig::before_write`] and [`ActuatorConfig::after_read`]
+/// await: a function of the action about to be written.
 #[derive(Clone)]
 pub struct BeforeWrite(Arc<HookFn>);
 
@@ -207,8 +221,13 @@ impl<'a> StateChange<'a> {
         already.then_some(Applied::AlreadyDone)
     }
 
-    /// The write that carries it out.
-    fn write(self) -> Write<'a> {
+    /// The write that carries it out on `n`, as read. A resume of a node
+    /// only drained is an UNDRAIN: it lifts the drain alone, so a DOWN that
+    /// lands between the read and the write (a pod's preStop hook, an
+    /// administrator, slurmctld for a node not responding) stays, with its
+    /// reason. A resume of lockstep's own DOWN (or FAIL) is a RESUME, which
+    /// lifts both.
+    fn write(self, n: &SlurmNode) -> Write<'a> {
         match self {
             Self::Drain(reason) => Write::State {
                 state: "DRAIN",
@@ -218,8 +237,14 @@ impl<'a> StateChange<'a> {
                 state: "DOWN",
                 reason: Some(reason),
             },
+            Self::Resume if n.state == SlurmBaseState::Down || n.has(&SlurmNodeFlag::Fail) => {
+                Write::State {
+                    state: "RESUME",
+                    reason: None,
+                }
+            }
             Self::Resume => Write::State {
-                state: "RESUME",
+                state: "UNDRAIN",
                 reason: None,
             },
         }
@@ -437,7 +462,10 @@ impl Actuator {
         if let Some(done) = change.decide(&n, &self.ownership().borrow()) {
             return Ok(done);
         }
-        self.write(node, change.write()).await?;
+        if let Some(hook) = &self.config.after_read {
+            (hook.0)(action).await;
+        }
+        self.write(node, change.write(&n)).await?;
         Ok(Applied::Changed)
     }
 
@@ -764,6 +792,14 @@ mod tests {
             "lockstep",
         );
         assert_eq!(resume, serde_json::json!({"state": ["RESUME"]}));
+        let undrain = rest_update(
+            &Write::State {
+                state: "UNDRAIN",
+                reason: None,
+            },
+            "lockstep",
+        );
+        assert_eq!(undrain, serde_json::json!({"state": ["UNDRAIN"]}));
         let f = ["gpu".to_owned(), "zone-a".to_owned()];
         assert_eq!(
             rest_update(&Write::Features(&f), "root"),
@@ -973,6 +1009,20 @@ mod tests {
             StateChange::Resume.decide(&mine_by_root, &by_user.borrow()),
             declined("IDLE+DRAIN by root: lockstep: cordoned")
         );
+        // A resume of a drain lifts the drain alone; one of lockstep's DOWN
+        // (or FAIL) lifts that too.
+        for (n, state) in [
+            (node(Idle, &[Drain], Some(MINE)), "UNDRAIN"),
+            (node(Down, &[], Some(MINE)), "RESUME"),
+            (node(Down, &[Drain], Some(MINE)), "RESUME"),
+            (node(Idle, &[Fail], Some(MINE)), "RESUME"),
+        ] {
+            let want = Write::State {
+                state,
+                reason: None,
+            };
+            assert_eq!(StateChange::Resume.write(&n), want, "{n:?}");
+        }
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //! policy in force and the prefixes of earlier ones), reporting
 //! `Declined { held_by }`; drained with the same reason is `AlreadyDone`,
 //! a resume of a node not out too. Otherwise it writes a moment later (`actuator_write_ms`: a GET, then an update;
-//! slurmrestd has no conditional write). While slurmrestd does not answer,
+//! slurmrestd has no conditional write). A resume of a node the read found
+//! only drained is an UNDRAIN, which leaves a DOWN set since; one of a node
+//! it found DOWN is a RESUME. While slurmrestd does not answer,
 //! every Slurm action fails, retryably, and changes nothing.
 //!
 //! A change lockstep makes is recorded as made by it ([`Actor::Lockstep`]),
@@ -255,8 +257,16 @@ impl World {
                 if n.drain.is_none() && n.down.is_none() {
                     return OutcomeResult::AlreadyDone;
                 }
-                self.check_resume(node, read, issued_ms);
-                self.resume_node(node);
+                // A node the read found DOWN is resumed (RESUME lifts the
+                // DOWN and the drain); one it found only drained is
+                // undrained (UNDRAIN: a DOWN set since stays).
+                let lifts_down = read.down.is_some();
+                self.check_resume(node, read, issued_ms, lifts_down);
+                if lifts_down {
+                    self.resume_node(node);
+                } else {
+                    self.undrain_node(node);
+                }
                 OutcomeResult::Succeeded
             }
             Action::SlurmDown { node, reason } => {
@@ -575,7 +585,7 @@ impl World {
 
     /// The drain rules a resume must keep (see the module doc): what held
     /// the node when the actuator read it (`read`) is what it lifts.
-    fn check_resume(&mut self, node: &str, read: &NodeRead, issued_ms: Ms) {
+    fn check_resume(&mut self, node: &str, read: &NodeRead, issued_ms: Ms, lifts_down: bool) {
         let n = &self.slurm.nodes[node];
         let mut foreign = Vec::new();
         if let Some(drain @ (who, _)) = &n.drain {
@@ -583,7 +593,7 @@ impl World {
                 foreign.push(format!("the drain {who} set"));
             }
         }
-        if let Some(down @ (who, why, _)) = &n.down {
+        if let Some(down @ (who, why, _)) = n.down.as_ref().filter(|_| lifts_down) {
             // A DOWN slurmctld set for not responding is lifted by Slurm
             // itself when slurmd registers again (ReturnToService 1 or 2);
             // a DOWN anyone else set is theirs.

@@ -18,7 +18,8 @@
 //! once and holds its node lock only for the update itself. With
 //! `drain.reason_names_nodes` off, every drain for one cause says the same
 //! (`kubernetes node cordoned`), and a pool's drains take one write per
-//! [`NODES_PER_WRITE_MAX`] nodes. Resumes carry no reason and always share.
+//! [`NODES_PER_WRITE_MAX`] nodes. Resumes carry no reason: the UNDRAINs of
+//! drains share a write, as do the RESUMEs of lockstep's downs.
 //!
 //! A write that names several nodes and fails is tried again node by node,
 //! so that each action reports its own node's answer (Slurm fails such a
@@ -158,10 +159,22 @@ impl Actuator {
         let own = self.ownership();
         let mut writes: BTreeMap<Write<'_>, Vec<usize>> = BTreeMap::new();
         for (k, read) in self.read_all(&names).await.into_iter().enumerate() {
-            match read.map(|n| items[k].change.decide(&n, &own.borrow())) {
-                Ok(None) => writes.entry(items[k].change.write()).or_default().push(k),
-                Ok(Some(done)) => results[k] = Some(Ok(done)),
-                Err(e) => results[k] = Some(Err(e)),
+            let change = items[k].change;
+            let n = match read {
+                Ok(n) => n,
+                Err(e) => {
+                    results[k] = Some(Err(e));
+                    continue;
+                }
+            };
+            match change.decide(&n, &own.borrow()) {
+                None => writes.entry(change.write(&n)).or_default().push(k),
+                Some(done) => results[k] = Some(Ok(done)),
+            }
+        }
+        if let Some(hook) = &self.config.after_read {
+            for &k in writes.values().flatten() {
+                (hook.0)(&items[k].issued.action).await;
             }
         }
         // One write per chunk of a kind and reason, several at a time.
