@@ -51,8 +51,8 @@
 //! A resume of a node the read found only drained is an `UNDRAIN`, which
 //! lifts the drain alone: a DOWN set inside the window (a pod's preStop
 //! hook, an admin, slurmctld for a node not responding) stays, with its
-//! reason. A drain set there is lifted with lockstep's (Slurm has one DRAIN
-//! flag). Slurm 22.05, 24.11 and 26.05 take `UNDRAIN` through scontrol, and
+//! reason. A drain or FAIL set there is lifted with lockstep's (Slurm has one
+//! DRAIN flag, and FAIL sets it too). Slurm 22.05, 24.11 and 26.05 take `UNDRAIN` through scontrol, and
 //! the last two through slurmrestd; on a node not drained it changes nothing.
 //! [`ActuatorConfig::before_write`] is a seam for tests that act inside the
 //! wider window the second read closes, [`ActuatorConfig::after_read`] one
