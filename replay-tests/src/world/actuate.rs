@@ -685,14 +685,16 @@ impl World {
                 secs(n.cordoned_since)
             ));
         }
+        // A cause of the host's is the Slurm node's only since its pod is
+        // bound there.
         if let Some(t) = n.not_ready_since {
-            if t + grace <= since {
+            if (t + grace).max(pod.bound_ms) <= since {
                 out.push(format!("{host} has not been Ready since {}", secs(t)));
             }
         }
         for c in &p.health.node_conditions {
             if let Some((ConditionStatus::True, t)) = n.conditions.get(c) {
-                if t + grace <= since {
+                if (t + grace).max(pod.bound_ms) <= since {
                     out.push(format!("{host} has had {c}=True since {}", secs(*t)));
                 }
             }
