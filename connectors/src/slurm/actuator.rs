@@ -784,22 +784,17 @@ mod tests {
             drain,
             serde_json::json!({"state": ["DRAIN"], "reason": "lockstep: cordoned", "reason_uid": "lockstep"})
         );
-        let resume = rest_update(
-            &Write::State {
-                state: "RESUME",
-                reason: None,
-            },
-            "lockstep",
-        );
-        assert_eq!(resume, serde_json::json!({"state": ["RESUME"]}));
-        let undrain = rest_update(
-            &Write::State {
-                state: "UNDRAIN",
-                reason: None,
-            },
-            "lockstep",
-        );
-        assert_eq!(undrain, serde_json::json!({"state": ["UNDRAIN"]}));
+        // Resumes carry no reason.
+        for state in ["RESUME", "UNDRAIN"] {
+            let body = rest_update(
+                &Write::State {
+                    state,
+                    reason: None,
+                },
+                "lockstep",
+            );
+            assert_eq!(body, serde_json::json!({ "state": [state] }));
+        }
         let f = ["gpu".to_owned(), "zone-a".to_owned()];
         assert_eq!(
             rest_update(&Write::Features(&f), "root"),

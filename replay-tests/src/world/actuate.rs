@@ -86,6 +86,13 @@ impl NodeRead {
     fn saw_down(&self, down: &(Actor, super::slurm::DownWhy, Ms)) -> bool {
         self.down.as_ref() == Some(down)
     }
+
+    /// Whether a resume after this read lifts a DOWN too: a node read DOWN
+    /// is resumed (`RESUME`), one read only drained is undrained
+    /// (`UNDRAIN`, which leaves a DOWN set since).
+    fn lifts_down(&self) -> bool {
+        self.down.is_some()
+    }
 }
 
 fn failed(retryable: bool, error: &str) -> OutcomeResult {
@@ -260,9 +267,8 @@ impl World {
                 // A node the read found DOWN is resumed (RESUME lifts the
                 // DOWN and the drain); one it found only drained is
                 // undrained (UNDRAIN: a DOWN set since stays).
-                let lifts_down = read.down.is_some();
-                self.check_resume(node, read, issued_ms, lifts_down);
-                if lifts_down {
+                self.check_resume(node, read, issued_ms);
+                if read.lifts_down() {
                     self.resume_node(node);
                 } else {
                     self.undrain_node(node);
@@ -585,7 +591,7 @@ impl World {
 
     /// The drain rules a resume must keep (see the module doc): what held
     /// the node when the actuator read it (`read`) is what it lifts.
-    fn check_resume(&mut self, node: &str, read: &NodeRead, issued_ms: Ms, lifts_down: bool) {
+    fn check_resume(&mut self, node: &str, read: &NodeRead, issued_ms: Ms) {
         let n = &self.slurm.nodes[node];
         let mut foreign = Vec::new();
         if let Some(drain @ (who, _)) = &n.drain {
@@ -593,7 +599,7 @@ impl World {
                 foreign.push(format!("the drain {who} set"));
             }
         }
-        if let Some(down @ (who, why, _)) = n.down.as_ref().filter(|_| lifts_down) {
+        if let Some(down @ (who, why, _)) = n.down.as_ref().filter(|_| read.lifts_down()) {
             // A DOWN slurmctld set for not responding is lifted by Slurm
             // itself when slurmd registers again (ReturnToService 1 or 2);
             // a DOWN anyone else set is theirs.
